@@ -1,0 +1,30 @@
+# hpvc: `make demo` and `make test` do everything on a fresh Debian machine.
+VENV := .venv
+PY := $(VENV)/bin/python
+HPVC := $(VENV)/bin/hpvc
+SNAPSHOT := $(CURDIR)/../shared/topologies/64amd64-4s2n4ca2co.tar.bz2
+
+.PHONY: setup demo test lint unit bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@bash scripts/demo.sh
+
+lint: setup
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy --strict src
+
+test: lint
+	$(VENV)/bin/pytest -q -ra
+
+unit: setup
+	$(VENV)/bin/pytest -q -ra tests/unit
+
+bench: setup
+	$(HPVC) bench plan --out bench/results
+
+clean:
+	rm -rf build .mypy_cache .ruff_cache .pytest_cache .hypothesis

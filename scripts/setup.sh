@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install what hpvc needs on a Debian bookworm host: Debian packages and a
+# virtualenv in .venv. Idempotent, and fast when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the project uses (tests and runtime). Keep sorted.
+APT_PACKAGES=(
+  hwloc            # hwloc-calc: reference counts for the topology tests
+  libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema
+  libxml2-utils    # xmllint, needed by virt-xml-validate
+  python3-venv
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "hpvc setup: missing Debian packages: ${missing[*]} (run 'sudo make setup')" >&2
+    exit 2
+  fi
+  echo "hpvc setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python 3.11 or newer for the virtualenv.
+PY=""
+for cand in python3.13 python3.12 python3.11 python3; do
+  if command -v "$cand" >/dev/null 2>&1 &&
+     "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+    PY=$("$cand" -c "import sys; print(sys.executable)"); break
+  fi
+done
+if [ -z "$PY" ]; then
+  echo "hpvc setup: Python 3.11 or newer not found (install python3 from Debian bookworm)" >&2
+  exit 2
+fi
+
+stamp=.venv/.hpvc-stamp
+want="$("$PY" -c 'import sys; print(sys.version)' | head -1) $(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "hpvc setup: creating .venv with $PY"
+  rm -rf .venv
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi

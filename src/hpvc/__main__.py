@@ -1,0 +1,3 @@
+from hpvc.cli import main
+
+main()

@@ -1,0 +1,191 @@
+"""The Plan: where every vCPU, memory cell, hugepage and address of a cluster goes.
+
+Plain immutable data; ``Plan.to_json()`` is the documented JSON form (docs/plan.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class VcpuPin:
+    vcpu: int
+    pcpu: int | None  # None: floating over the node's cpuset (shared pinning)
+    guest_node: int
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    guest_node: int
+    host_node: int
+    memory_mib: int
+    vcpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HugepageNeed:
+    size_kib: int
+    count: int
+
+
+@dataclass(frozen=True)
+class IOPlan:
+    read_bps: int | None = None
+    write_bps: int | None = None
+    read_iops: int | None = None
+    write_iops: int | None = None
+    weight: int | None = None
+
+
+@dataclass(frozen=True)
+class PlannedNode:
+    name: str
+    role: str
+    kind: str  # container | vm
+    host: str
+    partition: str  # hpc | commodity
+    pinning: str  # dedicated | shared
+    vcpus: tuple[VcpuPin, ...]
+    cpuset: tuple[int, ...]  # every host CPU the node's vCPUs may run on
+    emulator_cpus: tuple[int, ...]
+    numa: tuple[NumaCell, ...]
+    memory_mib: int
+    hugepages: HugepageNeed | None
+    mac: str
+    ip: str
+    io: IOPlan | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "kind": self.kind,
+            "host": self.host,
+            "partition": self.partition,
+            "pinning": self.pinning,
+            "vcpus": [
+                {"vcpu": v.vcpu, "pcpu": v.pcpu, "guest_node": v.guest_node} for v in self.vcpus
+            ],
+            "cpuset": list(self.cpuset),
+            "emulator_cpus": list(self.emulator_cpus),
+            "numa": [
+                {
+                    "guest_node": c.guest_node,
+                    "host_node": c.host_node,
+                    "memory_mib": c.memory_mib,
+                    "vcpus": list(c.vcpus),
+                }
+                for c in self.numa
+            ],
+            "memory_mib": self.memory_mib,
+            "hugepages": (
+                {"size_kib": self.hugepages.size_kib, "count": self.hugepages.count}
+                if self.hugepages
+                else None
+            ),
+            "mac": self.mac,
+            "ip": self.ip,
+            "io": (
+                {k: v for k, v in vars(self.io).items() if v is not None} if self.io else None
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class HostHugepages:
+    host_node: int
+    size_kib: int
+    count: int  # pages of this size the plan needs on the node
+    free: int  # pages free in the pool now
+    grow: int  # how far hpvc must grow the pool at `up` (max(0, count - free))
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    hpc_packages: tuple[int, ...]  # sockets reserved whole for the cluster
+    hugepages: tuple[HostHugepages, ...]
+    nodes: tuple[str, ...]  # virtual nodes placed on this host (the locality group)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hpc_packages": list(self.hpc_packages),
+            "hugepages": [
+                {
+                    "host_node": h.host_node,
+                    "size_kib": h.size_kib,
+                    "count": h.count,
+                    "free": h.free,
+                    "grow": h.grow,
+                }
+                for h in self.hugepages
+            ],
+            "nodes": list(self.nodes),
+        }
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    subnet: str
+    gateway: str
+    prefixlen: int
+    mtu: int
+    bridge: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: str
+    kind: str
+    image: str
+    network: NetworkPlan
+    nodes: tuple[PlannedNode, ...]
+    hosts: tuple[HostPlan, ...]
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def node(self, name: str) -> PlannedNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def locality(self) -> dict[str, list[str]]:
+        """Host name -> virtual nodes on it (co-resident nodes may share memory)."""
+        return {h.name: list(h.nodes) for h in self.hosts}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "kind": self.kind,
+            "image": self.image,
+            "network": vars(self.network).copy(),
+            "nodes": [n.to_json() for n in self.nodes],
+            "hosts": [h.to_json() for h in self.hosts],
+            "locality": self.locality(),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class HostReservation:
+    """What other clusters already hold on one host (read from hpvc's state)."""
+
+    host: str
+    dedicated_cpus: frozenset[int] = frozenset()  # pinned 1:1, never shared again
+    shared_cpus: frozenset[int] = frozenset()  # used by shared-pinning nodes
+    hpc_packages: frozenset[int] = frozenset()  # sockets reserved whole by an hpc cluster
+    commodity_packages: frozenset[int] = frozenset()  # sockets with commodity nodes on them
+
+
+@dataclass(frozen=True)
+class Reservations:
+    hosts: tuple[HostReservation, ...] = ()
+
+    def for_host(self, name: str) -> HostReservation:
+        for h in self.hosts:
+            if h.host == name:
+                return h
+        return HostReservation(host=name)

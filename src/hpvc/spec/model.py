@@ -1,0 +1,142 @@
+"""The cluster spec schema (pydantic). Every key is documented in docs/spec.md."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from hpvc.units import parse_size
+
+MIB = 1024 * 1024
+HUGEPAGE_KIB = {"none": 0, "2M": 2048, "1G": 1048576}
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,14}$")
+
+
+def _to_mib(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("a memory size must be a string such as '2GiB' or '512MiB'")
+    if isinstance(value, int):
+        raise ValueError(f"write the unit: '{value}MiB' or '{value}GiB', not a bare number")
+    size = parse_size(value)
+    if size % MIB:
+        raise ValueError(f"{value!r} is not a whole number of MiB")
+    return size // MIB
+
+
+def _to_bytes(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("a rate must be a string such as '50MB' or a number of bytes")
+    return parse_size(value)
+
+
+MiB = Annotated[int, BeforeValidator(_to_mib)]
+Rate = Annotated[int, BeforeValidator(_to_bytes)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IOLimits(Strict):
+    """Block-I/O limits of each node of a group (per device, bytes/s and IO/s)."""
+
+    read_bps: Rate | None = Field(default=None, gt=0)
+    write_bps: Rate | None = Field(default=None, gt=0)
+    read_iops: int | None = Field(default=None, gt=0)
+    write_iops: int | None = Field(default=None, gt=0)
+    weight: int | None = Field(default=None, ge=1, le=1000)
+
+
+class NodeGroup(Strict):
+    role: Literal["head", "compute", "storage"]
+    count: int = Field(default=1, ge=0, le=100000)
+    vcpus: int = Field(default=1, ge=1, le=1024)
+    memory: MiB = Field(default=1024, ge=64)
+    pinning: Literal["dedicated", "shared"] | None = None
+    io: IOLimits | None = None
+
+
+class Network(Strict):
+    subnet: str = "10.88.0.0/24"
+    mtu: int = Field(default=9000, ge=1280, le=65520)
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(v, strict=True)
+        except ValueError as e:
+            raise ValueError(f"{v!r} is not an IPv4 network such as '10.88.0.0/24' ({e})") from e
+        if net.prefixlen > 30:
+            raise ValueError(f"{v!r} is too small: use a /30 or larger network")
+        return str(net)
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.subnet)
+
+
+class Tuning(Strict):
+    pinning: Literal["dedicated", "shared"] = "dedicated"
+    hugepages: Literal["none", "2M", "1G"] = "2M"
+    numa: Literal["mirror", "none"] = "mirror"
+    partition: Literal["hpc", "commodity"] = "hpc"
+
+    @property
+    def hugepage_kib(self) -> int:
+        return HUGEPAGE_KIB[self.hugepages]
+
+
+class Spec(Strict):
+    name: str
+    kind: Literal["container", "vm"] = "container"
+    image: str = "hpc"
+    backend: Literal["qemu", "libvirt"] | None = None
+    network: Network = Network()
+    tuning: Tuning = Tuning()
+    nodes: list[NodeGroup] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r} is not a cluster name: use 1-15 lowercase letters, digits or '-',"
+                " starting with a letter"
+            )
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9][a-z0-9._-]{0,62}$", v):
+            raise ValueError(f"{v!r} is not an image name: use lowercase letters, digits, '.-_'")
+        return v
+
+    @model_validator(mode="after")
+    def _whole(self) -> Spec:
+        if self.backend is not None and self.kind != "vm":
+            raise ValueError("'backend' applies to kind = \"vm\" only; remove it")
+        page_mib = self.tuning.hugepage_kib // 1024
+        for i, g in enumerate(self.nodes):
+            if page_mib and g.memory % page_mib:
+                raise ValueError(
+                    f"nodes[{i}].memory: {g.memory}MiB is not a multiple of the"
+                    f" {self.tuning.hugepages} hugepage size"
+                )
+        total = sum(g.count for g in self.nodes)
+        hosts = self.network.network.num_addresses - 3  # network, gateway, broadcast
+        if total > hosts:
+            raise ValueError(
+                f"network.subnet: {self.network.subnet} has room for {hosts} nodes,"
+                f" the spec asks for {total}"
+            )
+        if total == 0:
+            raise ValueError("nodes: every group has count = 0; give at least one node")
+        return self
+
+    def pinning_of(self, group: NodeGroup) -> str:
+        return group.pinning or self.tuning.pinning

@@ -1,0 +1,60 @@
+"""Gate integration tests on what the host has; CI (HPVC_REQUIRE_ALL=1) refuses to skip.
+
+Only missing *hardware* may skip under HPVC_REQUIRE_ALL; missing software that
+``make setup`` installs is a failure there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")
+TOPOLOGIES = os.path.join(SHARED, "topologies")
+
+
+def _kvm() -> str | None:
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "no usable /dev/kvm"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return "cannot read /proc/cpuinfo"
+    if " vmx" not in flags and " svm" not in flags:
+        return "CPU has no vmx/svm (KVM here is not hardware virtualization)"
+    return None
+
+
+def _tool(name: str) -> Callable[[], str | None]:
+    return lambda: None if shutil.which(name) else f"{name} not installed (make setup)"
+
+
+# name -> (check returning a reason when missing, is_hardware)
+_CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
+    "root": (lambda: None if os.geteuid() == 0 else "needs root", False),
+    "hwloc": (_tool("hwloc-calc"), False),
+    "virt-xml-validate": (_tool("virt-xml-validate"), False),
+    "topologies": (
+        lambda: None if os.path.isdir(TOPOLOGIES) else f"{TOPOLOGIES} not found",
+        False,
+    ),
+    "kvm": (_kvm, True),
+}
+
+
+def requires(*what: str) -> None:
+    """Skip (or, under HPVC_REQUIRE_ALL=1, fail) unless the host has everything named."""
+    strict = os.environ.get("HPVC_REQUIRE_ALL") == "1"
+    for name in what:
+        check, hardware = _CHECKS[name]
+        reason = check()
+        if reason is None:
+            continue
+        if strict and not hardware:
+            pytest.fail(f"required by HPVC_REQUIRE_ALL=1: {reason}")
+        pytest.skip(reason)
