@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 
 from hpvc.cli import doctor, plan, render, topology
@@ -41,22 +40,15 @@ for module in (doctor, topology, plan, render):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI, turning HpvcError into one line and an exit code."""
-    args = sys.argv[1:] if argv is None else argv
-    command = typer.main.get_command(app)
+    """Entry point: run the CLI, turning HpvcError into one line and an exit code.
+
+    Typer (standalone mode) reports usage errors itself with exit code 2 and
+    lets every other exception through; ours become one line, no traceback.
+    """
     try:
-        rc = command.main(args, prog_name="hpvc", standalone_mode=False)
+        app(args=sys.argv[1:] if argv is None else argv, prog_name="hpvc")
     except HpvcError as e:
         if state.debug:
             raise
         err_console.print(f"hpvc: {e.line()}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err_console.print("hpvc: aborted")
-        sys.exit(1)
-    sys.exit(rc if isinstance(rc, int) else 0)

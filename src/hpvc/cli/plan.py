@@ -1,9 +1,85 @@
-"""Placeholder: `hpvc render` is being written."""
+"""``hpvc plan``: where every vCPU, memory cell, hugepage and address goes."""
 
 from __future__ import annotations
 
 import typer
+from rich.table import Table
+
+from hpvc.cli.common import console, print_json
+from hpvc.plan import Plan, PlannedNode, plan_cluster
+from hpvc.spec import load_spec
+from hpvc.topology.inventory import load_inventory, local_hosts
+from hpvc.units import format_cpulist, format_mib
+
+HELP = """Plan a cluster: pin vCPUs, map guest NUMA cells, count hugepages, give addresses.
+
+Plans against this machine by default, a topology snapshot with
+--topology-root, or many hosts with --hosts (an inventory TOML). Changes
+nothing on any host. Exits 2 with what is short when the cluster does not fit.
+
+Examples:
+
+  hpvc plan examples/small.toml
+
+  hpvc plan examples/cluster.toml --topology-root /tmp/t/64amd64-4s2n4ca2co --json
+
+  hpvc plan examples/cluster.toml --hosts examples/hosts.toml
+"""
+
+
+def _cells(n: PlannedNode) -> str:
+    return " ".join(f"{c.guest_node}->{c.host_node}:{format_mib(c.memory_mib)}" for c in n.numa)
+
+
+def show(p: Plan) -> None:
+    t = Table(title=f"cluster {p.cluster} ({p.kind}, image {p.image}, bridge {p.network.bridge})")
+    for col in ("node", "role", "host", "pinning", "vCPUs -> host CPUs", "emulator", "NUMA"):
+        t.add_column(col)
+    t.add_column("hugepages")
+    t.add_column("ip")
+    for n in p.nodes:
+        pins = (
+            format_cpulist(n.cpuset)
+            if n.pinning == "shared"
+            else " ".join(str(v.pcpu) for v in n.vcpus)
+        )
+        huge = f"{n.hugepages.count}x{n.hugepages.size_kib}k" if n.hugepages else "-"
+        emu = format_cpulist(n.emulator_cpus) or "-"
+        t.add_row(n.name, n.role, n.host, n.pinning, pins, emu, _cells(n), huge, n.ip)
+    console.print(t)
+    for h in p.hosts:
+        grow = ", ".join(
+            f"node{g.host_node} {g.size_kib}k: need {g.count}, free {g.free}, grow {g.grow}"
+            for g in h.hugepages
+        )
+        socks = ",".join(map(str, h.hpc_packages)) or "-"
+        console.print(
+            f"host {h.name}: {len(h.nodes)} nodes; hpc sockets {socks}; {grow or 'no hugepages'}"
+        )
+    for note in p.notes:
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def plan_cmd(
+    spec: str = typer.Argument(..., help="Cluster spec (TOML), e.g. examples/small.toml."),
+    topology_root: str | None = typer.Option(
+        None, "--topology-root", help="Plan against a sysfs snapshot root instead of this host."
+    ),
+    hosts: str | None = typer.Option(
+        None, "--hosts", help="Inventory TOML of hosts ([[hosts]] name, topology, count)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    s = load_spec(spec)
+    if hosts and topology_root:
+        raise typer.BadParameter("give --hosts or --topology-root, not both")
+    inventory = load_inventory(hosts) if hosts else local_hosts(topology_root)
+    p = plan_cluster(s, inventory)
+    if as_json:
+        print_json(p.to_json())
+    else:
+        show(p)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("plan", help=HELP)(plan_cmd)

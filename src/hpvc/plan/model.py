@@ -87,9 +87,7 @@ class PlannedNode:
             ),
             "mac": self.mac,
             "ip": self.ip,
-            "io": (
-                {k: v for k, v in vars(self.io).items() if v is not None} if self.io else None
-            ),
+            "io": ({k: v for k, v in vars(self.io).items() if v is not None} if self.io else None),
         }
 
 

@@ -1,12 +1,55 @@
-"""Placement (being written)."""
+"""plan_cluster(): the pure placement function, (spec, hosts, reservations) -> Plan.
+
+No file, no /sys, no subprocess: everything comes in as data. Hosts are filled
+first-fit in the order given (so a cluster stays on as few hosts as possible
+and its nodes can share memory), nodes largest first (first-fit decreasing),
+all 1:1-pinned nodes before floating ones so the floating ones know which CPUs
+stay free.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpvc.plan.model import Plan, Reservations
-from hpvc.spec.model import Spec
+from hpvc.errors import DoesNotFit, InputError
+from hpvc.plan.addresses import bridge_name, gateway, node_ip, node_mac
+from hpvc.plan.hoststate import HostState, host_state
+from hpvc.plan.model import (
+    HostHugepages,
+    HostPlan,
+    HugepageNeed,
+    IOPlan,
+    NetworkPlan,
+    NumaCell,
+    Plan,
+    PlannedNode,
+    Reservations,
+    VcpuPin,
+)
+from hpvc.plan.place import Placement, Rules, Want, place_dedicated, place_shared
+from hpvc.plan.shortage import explain
+from hpvc.spec.model import NodeGroup, Spec
 from hpvc.topology.model import Topology
+
+
+def expand(spec: Spec) -> list[tuple[Want, NodeGroup]]:
+    """Every virtual node of the spec, named <role><n>, in spec order."""
+    counters: dict[str, int] = {}
+    out: list[tuple[Want, NodeGroup]] = []
+    for g in spec.nodes:
+        for _ in range(g.count):
+            n = counters.get(g.role, 0)
+            counters[g.role] = n + 1
+            want = Want(
+                index=len(out),
+                name=f"{g.role}{n}",
+                role=g.role,
+                vcpus=g.vcpus,
+                memory_mib=g.memory,
+                dedicated=spec.pinning_of(g) == "dedicated",
+            )
+            out.append((want, g))
+    return out
 
 
 def plan_cluster(
@@ -14,4 +57,142 @@ def plan_cluster(
     hosts: Sequence[tuple[str, Topology]],
     reservations: Reservations | None = None,
 ) -> Plan:
-    raise NotImplementedError
+    """Place every node of ``spec`` on ``hosts``; raise DoesNotFit if it cannot."""
+    if not hosts:
+        raise InputError("no hosts to plan on", "the host list is empty", "give --hosts FILE")
+    names = [n for n, _ in hosts]
+    if len(set(names)) != len(names):
+        raise InputError("host inventory", "host names repeat", "give every host its own name")
+    res = reservations or Reservations()
+    rules = Rules(
+        vm=spec.kind == "vm",
+        hpc=spec.tuning.partition == "hpc",
+        mirror=spec.tuning.numa == "mirror",
+        page_kib=spec.tuning.hugepage_kib,
+    )
+    states = [host_state(n, t, rules.hpc, res.for_host(n)) for n, t in hosts]
+    by_name = {h.name: h for h in states}
+    wants = expand(spec)
+    placed = _place_all(states, [w for w, _ in wants], rules)
+    nodes = tuple(
+        _planned(spec, w, g, placed[w.index], by_name[placed[w.index].host], rules)
+        for w, g in wants
+    )
+    return Plan(
+        cluster=spec.name,
+        kind=spec.kind,
+        image=spec.image,
+        network=NetworkPlan(
+            subnet=spec.network.subnet,
+            gateway=gateway(spec.network.network),
+            prefixlen=spec.network.network.prefixlen,
+            mtu=spec.network.mtu,
+            bridge=bridge_name(spec.name),
+        ),
+        nodes=nodes,
+        hosts=tuple(
+            _host_plan(h, rules, tuple(n.name for n in nodes if n.host == h.name))
+            for h in states
+            if h.placed
+        ),
+        notes=tuple(sorted({note for _, t in hosts for note in t.notes})),
+    )
+
+
+def _place_all(states: list[HostState], wants: list[Want], rules: Rules) -> dict[int, Placement]:
+    """First-fit decreasing over hosts; dedicated nodes before shared ones."""
+    order = sorted(wants, key=lambda w: (not w.dedicated, -w.vcpus, -w.memory_mib, w.index))
+    placed: dict[int, Placement] = {}
+    # Hosts that already refused a node of some shape refuse it again (resources
+    # only shrink), so each shape resumes where the previous node of it stopped.
+    resume: dict[tuple[bool, int, int], int] = {}
+    for w in order:
+        shape = (w.dedicated, w.vcpus, w.memory_mib)
+        i = resume.get(shape, 0)
+        while i < len(states):
+            h = states[i]
+            p = place_dedicated(h, w, rules) if w.dedicated else place_shared(h, w, rules)
+            if p is not None:
+                placed[w.index] = p
+                break
+            i += 1
+        if i == len(states):
+            raise DoesNotFit(explain(w, states, rules, wants))
+        resume[shape] = i
+    return placed
+
+
+def _planned(
+    spec: Spec, w: Want, g: NodeGroup, p: Placement, h: HostState, rules: Rules
+) -> PlannedNode:
+    cells = tuple(
+        NumaCell(
+            guest_node=i,
+            host_node=host_node,
+            memory_mib=mib,
+            vcpus=tuple(v for v, c in enumerate(p.vcpu_cell) if c == i),
+        )
+        for i, (host_node, mib) in enumerate(p.cells)
+    )
+    io = g.io
+    return PlannedNode(
+        name=w.name,
+        role=w.role,
+        kind=spec.kind,
+        host=p.host,
+        partition=spec.tuning.partition,
+        pinning="dedicated" if w.dedicated else "shared",
+        vcpus=tuple(
+            VcpuPin(vcpu=i, pcpu=pcpu, guest_node=p.vcpu_cell[i]) for i, pcpu in enumerate(p.pins)
+        ),
+        cpuset=p.cpuset,
+        emulator_cpus=_emulator_cpus(h, p, rules) if rules.vm else (),
+        numa=cells,
+        memory_mib=w.memory_mib,
+        hugepages=(
+            HugepageNeed(size_kib=rules.page_kib, count=w.memory_mib * 1024 // rules.page_kib)
+            if rules.page_kib
+            else None
+        ),
+        mac=node_mac(spec.name, spec.network.network, w.index),
+        ip=node_ip(spec.network.network, w.index),
+        io=IOPlan(**io.model_dump()) if io is not None else None,
+    )
+
+
+def _emulator_cpus(h: HostState, p: Placement, rules: Rules) -> tuple[int, ...]:
+    """CPUs for a VM's emulator threads: never one a vCPU is pinned to.
+
+    Floating VMs keep their emulator with their vCPUs. Pinned ones get the
+    unpinned CPUs of their home socket, else of the sockets the cluster may
+    use, else any unpinned CPU outside other clusters' hpc sockets.
+    """
+    if None in p.pins:
+        return p.cpuset
+    home = h.nodes[p.cells[0][0]].package
+    spare_by_pkg: dict[int, list[int]] = {}
+    for n in h.nodes.values():
+        spare_by_pkg.setdefault(n.package, []).extend(c for c in n.all_cpus if c not in h.dedicated)
+    own = h.reserved if rules.hpc else h.usable_packages
+    for pkgs in ({home}, own, set(spare_by_pkg) - h.others_hpc):
+        cpus = sorted(c for pkg in pkgs for c in spare_by_pkg.get(pkg, ()))
+        if cpus:
+            return tuple(cpus)
+    raise DoesNotFit(
+        f"host {h.name!r} has no CPU left for emulator threads that no vCPU is pinned to",
+        'leave one CPU unpinned: fewer vCPUs, or pinning = "shared" for one group',
+    )
+
+
+def _host_plan(h: HostState, rules: Rules, names: tuple[str, ...]) -> HostPlan:
+    pages = []
+    for (node_id, size_kib), count in sorted(h.pages_needed.items()):
+        pool = h.topo.node(node_id).pool(size_kib)
+        free = pool.free if pool else 0
+        pages.append(HostHugepages(node_id, size_kib, count, free, max(0, count - free)))
+    return HostPlan(
+        name=h.name,
+        hpc_packages=tuple(sorted(h.reserved)) if rules.hpc else (),
+        hugepages=tuple(pages),
+        nodes=names,
+    )

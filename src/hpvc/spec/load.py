@@ -37,9 +37,16 @@ def _first_error(path: str, err: ValidationError) -> SpecError:
         return SpecError(path, key, "required key is missing", f"add it; {_FIX}")
     if e["type"] == "literal_error":
         return SpecError(path, key, f"got {e.get('input')!r}, {msg.lower()}", _FIX)
-    if not key and ": " in msg and msg.split(": ", 1)[0].replace(".", "").replace("[", "").replace(
-        "]", ""
-    ).replace("_", "").isalnum():
+    if (
+        not key
+        and ": " in msg
+        and msg.split(": ", 1)[0]
+        .replace(".", "")
+        .replace("[", "")
+        .replace("]", "")
+        .replace("_", "")
+        .isalnum()
+    ):
         key, msg = msg.split(": ", 1)
     return SpecError(path, key, msg, _FIX)
 

@@ -1,0 +1,262 @@
+"""Placing one virtual node on one host (pure; mutates only the HostState).
+
+Rules, after the tuning of seed 000 ("Guest Performance Tuning") and the
+partitioning of seed 002:
+- dedicated: each vCPU gets a host CPU of its own; whole cores are taken
+  before split ones, so hyper-thread siblings stay in one virtual node; a
+  node's vCPUs use as few host NUMA nodes as possible, inside one socket when
+  they can.
+- shared: the node floats over the CPUs no vCPU is pinned to.
+- mirror: one guest cell per host NUMA node used, memory split like the
+  vCPUs and bound strictly there; none: one guest cell on the home node.
+- hugepages: a cell fits when the node's free pages plus the pages its free
+  memory can still give cover it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpvc.plan.hoststate import CoreKey, HostState, NodeState
+
+
+@dataclass(frozen=True)
+class Want:
+    """A virtual node to place."""
+
+    index: int
+    name: str
+    role: str
+    vcpus: int
+    memory_mib: int
+    dedicated: bool
+
+
+@dataclass(frozen=True)
+class Placement:
+    host: str
+    pins: tuple[int | None, ...]  # per vCPU
+    vcpu_cell: tuple[int, ...]  # per vCPU: guest cell
+    cells: tuple[tuple[int, int], ...]  # per guest cell: (host node, memory MiB)
+    cpuset: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Rules:
+    vm: bool
+    hpc: bool
+    mirror: bool
+    page_kib: int  # 0: no hugepages
+
+
+def _pages(mib: int, page_kib: int) -> int:
+    return mib * 1024 // page_kib
+
+
+def mem_fits(node: NodeState, mib: int, page_kib: int) -> bool:
+    if not page_kib:
+        return mib <= node.mem_free_mib
+    if page_kib not in node.pages_free:
+        return False  # the host has no pool of this size at all
+    page_mib = page_kib // 1024
+    return _pages(mib, page_kib) <= node.pages_free[page_kib] + node.mem_free_mib // page_mib
+
+
+def _take_mem(h: HostState, node: NodeState, mib: int, page_kib: int) -> None:
+    if not page_kib:
+        node.mem_free_mib -= mib
+        return
+    need = _pages(mib, page_kib)
+    from_pool = min(need, node.pages_free[page_kib])
+    node.pages_free[page_kib] -= from_pool
+    node.mem_free_mib -= (need - from_pool) * (page_kib // 1024)
+    key = (node.id, page_kib)
+    h.pages_needed[key] = h.pages_needed.get(key, 0) + need
+
+
+def split(total: int, weights: list[int], unit: int) -> list[int]:
+    """Split ``total`` (a multiple of ``unit``) in proportion to ``weights``."""
+    units = total // unit
+    wsum = sum(weights)
+    shares = [units * w // wsum for w in weights]
+    rest = units - sum(shares)
+    order = sorted(range(len(weights)), key=lambda i: (-(units * weights[i] % wsum), i))
+    for i in order[:rest]:
+        shares[i] += 1
+    return [s * unit for s in shares]
+
+
+def _take_cpus(h: HostState, node: NodeState, count: int) -> list[int]:
+    """Take ``count`` free CPUs of a node, whole cores first, siblings together."""
+    cores = node.cores
+    picked: list[int] = []
+
+    def grab(key: CoreKey, n: int) -> None:
+        cpus = cores[key]
+        picked.extend(cpus[:n])
+        del cpus[:n]
+        if not cpus:
+            del cores[key]
+
+    need = count
+    for key in sorted(cores):
+        if need == 0:
+            break
+        if len(cores[key]) == h.core_size.get(key, 1) and len(cores[key]) <= need:
+            need -= len(cores[key])
+            grab(key, len(cores[key]))
+    while need:
+        # Best fit for the remainder: the core with the fewest free CPUs that
+        # still covers it (a split core before a whole one), else the largest.
+        fitting = [k for k in cores if len(cores[k]) >= need]
+        if fitting:
+            key = min(fitting, key=lambda k: (len(cores[k]), k))
+        else:
+            key = max(cores, key=lambda k: (len(cores[k]), [-x for x in k]))
+        n = min(need, len(cores[key]))
+        need -= n
+        grab(key, n)
+    node.free_cpus -= count
+    h.free_dedicated -= count
+    h.dedicated.update(picked)
+    h.emulator_spare -= count
+    return picked
+
+
+def _candidates(h: HostState) -> list[NodeState]:
+    return [n for n in h.nodes.values() if n.package in h.usable_packages]
+
+
+def _pref(h: HostState, n: NodeState) -> tuple[int, int]:
+    """Sort key: nodes in sockets the cluster already holds first (hpc)."""
+    return (0 if n.package in h.reserved else 1, n.package)
+
+
+def _choose_dedicated(h: HostState, w: Want, r: Rules) -> list[tuple[NodeState, int]] | None:
+    """Pick host NUMA nodes and how many vCPUs each takes, or None."""
+    cands = _candidates(h)
+    single = [n for n in cands if n.free_cpus >= w.vcpus and mem_fits(n, w.memory_mib, r.page_kib)]
+    if single:
+        best = min(single, key=lambda n: (_pref(h, n)[0], n.free_cpus - w.vcpus, n.id))
+        return [(best, w.vcpus)]
+    # Spread: one socket if it can hold the node, else across sockets.
+    by_pkg: dict[int, list[NodeState]] = {}
+    for n in cands:
+        if n.free_cpus:
+            by_pkg.setdefault(n.package, []).append(n)
+    groups = sorted(
+        by_pkg.values(),
+        key=lambda ns: (_pref(h, ns[0])[0], -sum(n.free_cpus for n in ns), ns[0].package),
+    )
+    for ns in [*(g for g in groups if sum(n.free_cpus for n in g) >= w.vcpus), None]:
+        pool = ns if ns is not None else [n for g in groups for n in g]
+        chosen = _fill(sorted(pool, key=lambda n: (_pref(h, n)[0], -n.free_cpus, n.id)), w.vcpus)
+        if chosen is None:
+            return None
+        if _cells_fit(chosen, w, r):
+            return chosen
+    return None
+
+
+def _fill(pool: list[NodeState], need: int) -> list[tuple[NodeState, int]] | None:
+    out: list[tuple[NodeState, int]] = []
+    for n in pool:
+        if need == 0:
+            break
+        k = min(n.free_cpus, need)
+        out.append((n, k))
+        need -= k
+    return out if need == 0 else None
+
+
+def _cells_fit(chosen: list[tuple[NodeState, int]], w: Want, r: Rules) -> bool:
+    if not r.mirror:
+        home = max(chosen, key=lambda c: c[1])[0]
+        return mem_fits(home, w.memory_mib, r.page_kib)
+    unit = r.page_kib // 1024 if r.page_kib else 1
+    shares = split(w.memory_mib, [k for _, k in chosen], unit)
+    return all(mem_fits(n, m, r.page_kib) for (n, _), m in zip(chosen, shares, strict=True))
+
+
+def place_dedicated(h: HostState, w: Want, r: Rules) -> Placement | None:
+    if w.vcpus > h.free_dedicated or (r.vm and h.emulator_spare - w.vcpus < 1):
+        return None
+    chosen = _choose_dedicated(h, w, r)
+    if chosen is None:
+        return None
+    pins: list[int | None] = []
+    vcpu_cell: list[int] = []
+    for cell, (n, k) in enumerate(chosen):
+        pins.extend(_take_cpus(h, n, k))
+        vcpu_cell.extend([cell if r.mirror else 0] * k)
+    cells = _commit_memory(h, chosen, w, r)
+    for n, _ in chosen:
+        if r.hpc:
+            h.reserved.add(n.package)
+    h.placed.append(w.name)
+    cpuset = tuple(sorted(p for p in pins if p is not None))
+    return Placement(h.name, tuple(pins), tuple(vcpu_cell), cells, cpuset)
+
+
+def _commit_memory(
+    h: HostState, chosen: list[tuple[NodeState, int]], w: Want, r: Rules
+) -> tuple[tuple[int, int], ...]:
+    if not r.mirror:
+        home = max(chosen, key=lambda c: c[1])[0]
+        _take_mem(h, home, w.memory_mib, r.page_kib)
+        return ((home.id, w.memory_mib),)
+    unit = r.page_kib // 1024 if r.page_kib else 1
+    shares = split(w.memory_mib, [k for _, k in chosen], unit)
+    for (n, _), m in zip(chosen, shares, strict=True):
+        _take_mem(h, n, m, r.page_kib)
+    return tuple((n.id, m) for (n, _), m in zip(chosen, shares, strict=True))
+
+
+def shared_pool(h: HostState, n: NodeState) -> list[int]:
+    """CPUs of a node that no vCPU is pinned to (where shared nodes float)."""
+    return [c for c in n.all_cpus if c not in h.dedicated]
+
+
+def place_shared(h: HostState, w: Want, r: Rules) -> Placement | None:
+    cands = []
+    for n in _candidates(h):
+        pool = shared_pool(h, n)
+        # Without mirroring all memory sits on one node; with it, it is split later.
+        if pool and (r.mirror or mem_fits(n, w.memory_mib, r.page_kib)):
+            cands.append((n, pool))
+    if not cands:
+        return None
+    cands.sort(
+        key=lambda c: (_pref(h, c[0])[0], h.shared_load.get(c[0].id, 0) / len(c[1]), c[0].id)
+    )
+    chosen: list[tuple[NodeState, list[int]]] = []
+    have = 0
+    for n, pool in cands:
+        if r.mirror and chosen and (have >= w.vcpus or len(chosen) >= w.vcpus):
+            break
+        chosen.append((n, pool))
+        have += len(pool)
+        if not r.mirror:
+            break
+    counts = _shared_counts(w.vcpus, [len(p) for _, p in chosen])
+    used = [(n, pool, k) for (n, pool), k in zip(chosen, counts, strict=True) if k]
+    pairs = [(n, k) for n, _, k in used]
+    if not _cells_fit(pairs, w, r):
+        return None
+    cells = _commit_memory(h, pairs, w, r)
+    vcpu_cell: list[int] = []
+    for cell, (n, k) in enumerate(pairs):
+        vcpu_cell.extend([cell if r.mirror else 0] * k)
+        h.shared_load[n.id] = h.shared_load.get(n.id, 0) + k
+        if r.hpc:
+            h.reserved.add(n.package)
+    cpuset = tuple(sorted(c for _, pool, _ in used for c in pool))
+    h.placed.append(w.name)
+    return Placement(h.name, (None,) * w.vcpus, tuple(vcpu_cell), cells, cpuset)
+
+
+def _shared_counts(vcpus: int, pools: list[int]) -> list[int]:
+    """vCPUs per chosen node, in proportion to the node's shared CPUs."""
+    if len(pools) == 1:
+        return [vcpus]
+    return split(vcpus, pools, 1)

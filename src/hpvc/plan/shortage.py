@@ -1,0 +1,75 @@
+"""Say exactly what is short when a node fits on no host."""
+
+from __future__ import annotations
+
+from hpvc.plan.hoststate import HostState
+from hpvc.plan.place import Rules, Want, shared_pool
+from hpvc.units import format_mib
+
+
+def _usable(h: HostState) -> list[int]:
+    return [n.id for n in h.nodes.values() if n.package in h.usable_packages]
+
+
+def _mem_capacity_mib(h: HostState, rules: Rules) -> int:
+    """What the usable NUMA nodes can still give in the spec's page size."""
+    total = 0
+    for nid in _usable(h):
+        n = h.nodes[nid]
+        if not rules.page_kib:
+            total += n.mem_free_mib
+        elif rules.page_kib in n.pages_free:
+            page_mib = rules.page_kib // 1024
+            total += n.pages_free[rules.page_kib] * page_mib
+            total += n.mem_free_mib // page_mib * page_mib
+    return total
+
+
+def _where(rules: Rules) -> str:
+    return " in sockets it may hold whole (partition hpc)" if rules.hpc else ""
+
+
+def explain(w: Want, states: list[HostState], rules: Rules, wants: list[Want]) -> str:
+    """One sentence naming the node, what it needs and the best any host offers."""
+    total_dedicated = sum(x.vcpus for x in wants if x.dedicated)
+    if w.dedicated:
+        best = max(states, key=lambda h: (h.free_dedicated, -states.index(h)))
+        extra = 1 if rules.vm else 0
+        if w.vcpus + extra > best.free_dedicated:
+            if len(states) == 1:
+                return (
+                    f"{w.name} needs {w.vcpus} dedicated CPUs"
+                    f"{' plus one for emulator threads' if extra else ''} on one host,"
+                    f" host {best.name!r} has {best.free_dedicated} free{_where(rules)}"
+                    f" (the cluster needs {total_dedicated} dedicated CPUs in all)"
+                )
+            return (
+                f"{w.name} needs {w.vcpus} dedicated CPUs"
+                f"{' plus one for emulator threads' if extra else ''} on one host,"
+                f" the most any host has free is {best.free_dedicated}"
+                f" (host {best.name!r}){_where(rules)}"
+            )
+    elif not any(shared_pool(h, h.nodes[n]) for h in states for n in _usable(h)):
+        return (
+            f"{w.name} (pinning shared) needs host CPUs that no vCPU is pinned to,"
+            f" and every usable CPU is pinned{_where(rules)}"
+        )
+    return _memory_reason(w, states, rules)
+
+
+def _memory_reason(w: Want, states: list[HostState], rules: Rules) -> str:
+    size = "1G" if rules.page_kib == 1048576 else "2M"
+    if rules.page_kib and not any(
+        rules.page_kib in n.pages_free for h in states for n in h.nodes.values()
+    ):
+        return f"no host has a {size} hugepage pool (use another tuning.hugepages size)"
+    best = max(states, key=lambda h: _mem_capacity_mib(h, rules))
+    kind = (
+        f"{'1G' if rules.page_kib == 1048576 else '2M'} hugepages" if rules.page_kib else "memory"
+    )
+    return (
+        f"{w.name} needs {format_mib(w.memory_mib)} of {kind} on the NUMA nodes of its"
+        f" {w.vcpus} vCPUs; host {best.name!r} can give at most"
+        f" {format_mib(_mem_capacity_mib(best, rules))}{_where(rules)}"
+        f" (free memory plus free pool pages)"
+    )
