@@ -24,7 +24,7 @@ unit: setup
 	$(VENV)/bin/pytest -q -ra tests/unit
 
 bench: setup
-	$(HPVC) bench plan --out bench/results
+	$(HPVC) bench plan --out bench/results/plan
 
 clean:
 	rm -rf build .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -14,49 +14,68 @@ from dataclasses import dataclass, field
 from hpvc.plan.model import HostReservation
 from hpvc.topology.model import Topology
 
-CoreKey = tuple[int, int]  # (package id, core id): core ids repeat across packages
+CoreKey = tuple[int, int]  # (package id, index of the core in the package)
+
+
+@dataclass
+class MemState:
+    """Memory and hugepages still free on one host NUMA node."""
+
+    id: int
+    free_mib: int
+    pages_free: dict[int, int]  # size_kib -> free pages in the pool now
 
 
 @dataclass
 class NodeState:
-    """Free resources of one host NUMA node that has CPUs."""
+    """A CPU slot: the online CPUs of one NUMA node on one socket.
 
-    id: int
+    Usually a NUMA node sits on one socket; on machines where one node spans
+    several sockets (old front-side-bus boxes, NUMA off in firmware) it is
+    split into one slot per socket, sharing the node's memory.
+    """
+
+    id: int  # the NUMA node
     package: int
     cores: dict[CoreKey, list[int]]  # free CPUs per core, for dedicated pinning
     free_cpus: int
     all_cpus: tuple[int, ...]
-    mem_free_mib: int
-    pages_free: dict[int, int]  # size_kib -> free pages in the pool now
+    mem: MemState
 
 
 @dataclass
 class HostState:
     name: str
     topo: Topology
-    nodes: dict[int, NodeState]
+    nodes: list[NodeState]
     package_nodes: dict[int, list[int]]
     usable_packages: set[int]  # packages this cluster may use
     others_hpc: set[int] = field(default_factory=set)  # sockets other clusters hold whole
     reserved: set[int] = field(default_factory=set)  # hpc: packages held whole
     dedicated: set[int] = field(default_factory=set)  # CPUs pinned by anyone
     pages_needed: dict[tuple[int, int], int] = field(default_factory=dict)
-    shared_load: dict[int, int] = field(default_factory=dict)  # node -> shared vCPUs
+    shared_load: dict[tuple[int, int], int] = field(default_factory=dict)  # slot -> vCPUs
     placed: list[str] = field(default_factory=list)
     emulator_spare: int = 0  # CPUs usable by emulator threads that no vCPU holds
     free_dedicated: int = 0  # CPUs free for pinning in usable packages (kept current)
     core_size: dict[CoreKey, int] = field(default_factory=dict)  # threads per core
+    cpu_package: dict[int, int] = field(default_factory=dict)
+
+
+def _cpu_maps(topo: Topology) -> tuple[dict[int, CoreKey], dict[int, int]]:
+    cpu_core: dict[int, CoreKey] = {}
+    cpu_pkg: dict[int, int] = {}
+    for p in topo.packages:
+        for i, c in enumerate(p.cores):
+            for cpu in c.cpus:
+                cpu_core[cpu] = (p.id, i)
+                cpu_pkg[cpu] = p.id
+    return cpu_core, cpu_pkg
 
 
 def host_state(name: str, topo: Topology, hpc: bool, reservation: HostReservation) -> HostState:
     """Build the starting state of a host for a cluster of the given partition."""
-    cpu_core: dict[int, CoreKey] = {}
-    cpu_pkg: dict[int, int] = {}
-    for p in topo.packages:
-        for c in p.cores:
-            for cpu in c.cpus:
-                cpu_core[cpu] = (p.id, c.id)
-                cpu_pkg[cpu] = p.id
+    cpu_core, cpu_pkg = _cpu_maps(topo)
     online = set(topo.online_cpus)
     taken = set(reservation.dedicated_cpus)
     # Another cluster's shared nodes float over their CPUs: never pin over them.
@@ -65,44 +84,41 @@ def host_state(name: str, topo: Topology, hpc: bool, reservation: HostReservatio
     for cpu in online:
         if cpu in cpu_core:
             core_size[cpu_core[cpu]] = core_size.get(cpu_core[cpu], 0) + 1
-    nodes: dict[int, NodeState] = {}
+    slots: list[NodeState] = []
     package_nodes: dict[int, list[int]] = {}
     for n in topo.numa_nodes:
-        cpus = tuple(c for c in n.cpus if c in online and c in cpu_pkg)
-        if not cpus:
-            continue  # memory-only node: vCPUs cannot sit there, so neither do cells
-        pkg = cpu_pkg[cpus[0]]
-        cores: dict[CoreKey, list[int]] = {}
-        for cpu in cpus:
-            if cpu not in unpinnable:
-                cores.setdefault(cpu_core[cpu], []).append(cpu)
-        nodes[n.id] = NodeState(
-            id=n.id,
-            package=pkg,
-            cores=cores,
-            free_cpus=sum(len(v) for v in cores.values()),
-            all_cpus=cpus,
-            mem_free_mib=n.free_mib,
-            pages_free={h.size_kib: h.free for h in n.hugepages},
-        )
-        package_nodes.setdefault(pkg, []).append(n.id)
+        mem = MemState(n.id, n.free_mib, {h.size_kib: h.free for h in n.hugepages})
+        by_pkg: dict[int, list[int]] = {}
+        for c in n.cpus:
+            if c in online and c in cpu_pkg:
+                by_pkg.setdefault(cpu_pkg[c], []).append(c)
+        # A node without CPUs holds no slot: cells follow vCPUs, so no memory from it.
+        for pkg, cpus in sorted(by_pkg.items()):
+            cores: dict[CoreKey, list[int]] = {}
+            for cpu in cpus:
+                if cpu not in unpinnable:
+                    cores.setdefault(cpu_core[cpu], []).append(cpu)
+            free = sum(len(v) for v in cores.values())
+            slots.append(NodeState(n.id, pkg, cores, free, tuple(cpus), mem))
+            package_nodes.setdefault(pkg, []).append(n.id)
     usable = _usable_packages(set(package_nodes), hpc, reservation, cpu_pkg)
     state = HostState(
         name=name,
         topo=topo,
-        nodes=nodes,
+        nodes=slots,
         package_nodes=package_nodes,
         usable_packages=usable,
         dedicated=taken,
         others_hpc=set(reservation.hpc_packages),
         core_size=core_size,
+        cpu_package=cpu_pkg,
     )
-    state.free_dedicated = sum(n.free_cpus for n in nodes.values() if n.package in usable)
+    state.free_dedicated = sum(n.free_cpus for n in slots if n.package in usable)
     # Emulator threads may run on any CPU no vCPU holds, outside other clusters'
     # hpc sockets (inside this cluster's own sockets first, see planner).
     held = set(reservation.hpc_packages)
     state.emulator_spare = sum(
-        1 for c in online if c in cpu_pkg and c not in taken and cpu_pkg[c] not in held
+        1 for n in slots if n.package not in held for c in n.all_cpus if c not in taken
     )
     return state
 

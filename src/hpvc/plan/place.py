@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpvc.plan.hoststate import CoreKey, HostState, NodeState
+from hpvc.plan.hoststate import CoreKey, HostState, MemState, NodeState
 
 
 @dataclass(frozen=True)
@@ -53,24 +53,24 @@ def _pages(mib: int, page_kib: int) -> int:
     return mib * 1024 // page_kib
 
 
-def mem_fits(node: NodeState, mib: int, page_kib: int) -> bool:
+def mem_fits(mem: MemState, mib: int, page_kib: int) -> bool:
     if not page_kib:
-        return mib <= node.mem_free_mib
-    if page_kib not in node.pages_free:
+        return mib <= mem.free_mib
+    if page_kib not in mem.pages_free:
         return False  # the host has no pool of this size at all
     page_mib = page_kib // 1024
-    return _pages(mib, page_kib) <= node.pages_free[page_kib] + node.mem_free_mib // page_mib
+    return _pages(mib, page_kib) <= mem.pages_free[page_kib] + mem.free_mib // page_mib
 
 
-def _take_mem(h: HostState, node: NodeState, mib: int, page_kib: int) -> None:
+def _take_mem(h: HostState, mem: MemState, mib: int, page_kib: int) -> None:
     if not page_kib:
-        node.mem_free_mib -= mib
+        mem.free_mib -= mib
         return
     need = _pages(mib, page_kib)
-    from_pool = min(need, node.pages_free[page_kib])
-    node.pages_free[page_kib] -= from_pool
-    node.mem_free_mib -= (need - from_pool) * (page_kib // 1024)
-    key = (node.id, page_kib)
+    from_pool = min(need, mem.pages_free[page_kib])
+    mem.pages_free[page_kib] -= from_pool
+    mem.free_mib -= (need - from_pool) * (page_kib // 1024)
+    key = (mem.id, page_kib)
     h.pages_needed[key] = h.pages_needed.get(key, 0) + need
 
 
@@ -87,7 +87,7 @@ def split(total: int, weights: list[int], unit: int) -> list[int]:
 
 
 def _take_cpus(h: HostState, node: NodeState, count: int) -> list[int]:
-    """Take ``count`` free CPUs of a node, whole cores first, siblings together."""
+    """Take ``count`` free CPUs of a slot, whole cores first, siblings together."""
     cores = node.cores
     picked: list[int] = []
 
@@ -124,20 +124,35 @@ def _take_cpus(h: HostState, node: NodeState, count: int) -> list[int]:
 
 
 def _candidates(h: HostState) -> list[NodeState]:
-    return [n for n in h.nodes.values() if n.package in h.usable_packages]
+    return [n for n in h.nodes if n.package in h.usable_packages]
 
 
-def _pref(h: HostState, n: NodeState) -> tuple[int, int]:
-    """Sort key: nodes in sockets the cluster already holds first (hpc)."""
-    return (0 if n.package in h.reserved else 1, n.package)
+def _pref(h: HostState, n: NodeState) -> int:
+    """Sort key: slots in sockets the cluster already holds come first (hpc)."""
+    return 0 if n.package in h.reserved else 1
+
+
+Cell = tuple[MemState, int]  # a guest cell: host NUMA node memory, vCPUs in it
+
+
+def cells_of(chosen: list[tuple[NodeState, int]]) -> list[Cell]:
+    """Merge slots of one NUMA node (on several sockets) into one guest cell."""
+    mems: dict[int, MemState] = {}
+    counts: dict[int, int] = {}
+    for n, k in chosen:
+        mems.setdefault(n.id, n.mem)
+        counts[n.id] = counts.get(n.id, 0) + k
+    return [(mems[i], counts[i]) for i in mems]
 
 
 def _choose_dedicated(h: HostState, w: Want, r: Rules) -> list[tuple[NodeState, int]] | None:
-    """Pick host NUMA nodes and how many vCPUs each takes, or None."""
+    """Pick CPU slots and how many vCPUs each takes, or None."""
     cands = _candidates(h)
-    single = [n for n in cands if n.free_cpus >= w.vcpus and mem_fits(n, w.memory_mib, r.page_kib)]
+    single = [
+        n for n in cands if n.free_cpus >= w.vcpus and mem_fits(n.mem, w.memory_mib, r.page_kib)
+    ]
     if single:
-        best = min(single, key=lambda n: (_pref(h, n)[0], n.free_cpus - w.vcpus, n.id))
+        best = min(single, key=lambda n: (_pref(h, n), n.free_cpus - w.vcpus, n.id, n.package))
         return [(best, w.vcpus)]
     # Spread: one socket if it can hold the node, else across sockets.
     by_pkg: dict[int, list[NodeState]] = {}
@@ -146,14 +161,15 @@ def _choose_dedicated(h: HostState, w: Want, r: Rules) -> list[tuple[NodeState, 
             by_pkg.setdefault(n.package, []).append(n)
     groups = sorted(
         by_pkg.values(),
-        key=lambda ns: (_pref(h, ns[0])[0], -sum(n.free_cpus for n in ns), ns[0].package),
+        key=lambda ns: (_pref(h, ns[0]), -sum(n.free_cpus for n in ns), ns[0].package),
     )
     for ns in [*(g for g in groups if sum(n.free_cpus for n in g) >= w.vcpus), None]:
         pool = ns if ns is not None else [n for g in groups for n in g]
-        chosen = _fill(sorted(pool, key=lambda n: (_pref(h, n)[0], -n.free_cpus, n.id)), w.vcpus)
+        ordered = sorted(pool, key=lambda n: (_pref(h, n), -n.free_cpus, n.id, n.package))
+        chosen = _fill(ordered, w.vcpus)
         if chosen is None:
             return None
-        if _cells_fit(chosen, w, r):
+        if _cells_fit(cells_of(chosen), w, r):
             return chosen
     return None
 
@@ -169,13 +185,34 @@ def _fill(pool: list[NodeState], need: int) -> list[tuple[NodeState, int]] | Non
     return out if need == 0 else None
 
 
-def _cells_fit(chosen: list[tuple[NodeState, int]], w: Want, r: Rules) -> bool:
+def _memory_shares(cells: list[Cell], w: Want, r: Rules) -> list[tuple[MemState, int]]:
+    """Memory per guest cell: all on the home node, or split like the vCPUs."""
     if not r.mirror:
-        home = max(chosen, key=lambda c: c[1])[0]
-        return mem_fits(home, w.memory_mib, r.page_kib)
+        home = max(cells, key=lambda c: c[1])[0]
+        return [(home, w.memory_mib)]
     unit = r.page_kib // 1024 if r.page_kib else 1
-    shares = split(w.memory_mib, [k for _, k in chosen], unit)
-    return all(mem_fits(n, m, r.page_kib) for (n, _), m in zip(chosen, shares, strict=True))
+    shares = split(w.memory_mib, [k for _, k in cells], unit)
+    return [(m, mib) for (m, _), mib in zip(cells, shares, strict=True)]
+
+
+def _cells_fit(cells: list[Cell], w: Want, r: Rules) -> bool:
+    return all(mem_fits(m, mib, r.page_kib) for m, mib in _memory_shares(cells, w, r))
+
+
+def _commit(
+    h: HostState, chosen: list[tuple[NodeState, int]], w: Want, r: Rules
+) -> tuple[tuple[tuple[int, int], ...], list[int]]:
+    """Take the memory; return the cells (host node, MiB) and each slot's cell index."""
+    cells = cells_of(chosen)
+    shares = _memory_shares(cells, w, r)
+    for m, mib in shares:
+        _take_mem(h, m, mib, r.page_kib)
+    index = {m.id: i for i, (m, _) in enumerate(cells)}
+    slot_cell = [index[n.id] if r.mirror else 0 for n, _ in chosen]
+    if r.hpc:
+        h.reserved.update(n.package for n, _ in chosen)
+    h.placed.append(w.name)
+    return tuple((m.id, mib) for m, mib in shares), slot_cell
 
 
 def place_dedicated(h: HostState, w: Want, r: Rules) -> Placement | None:
@@ -185,78 +222,57 @@ def place_dedicated(h: HostState, w: Want, r: Rules) -> Placement | None:
     if chosen is None:
         return None
     pins: list[int | None] = []
-    vcpu_cell: list[int] = []
-    for cell, (n, k) in enumerate(chosen):
+    for n, k in chosen:
         pins.extend(_take_cpus(h, n, k))
-        vcpu_cell.extend([cell if r.mirror else 0] * k)
-    cells = _commit_memory(h, chosen, w, r)
-    for n, _ in chosen:
-        if r.hpc:
-            h.reserved.add(n.package)
-    h.placed.append(w.name)
+    cells, slot_cell = _commit(h, chosen, w, r)
+    vcpu_cell = [c for (_, k), c in zip(chosen, slot_cell, strict=True) for _ in range(k)]
     cpuset = tuple(sorted(p for p in pins if p is not None))
     return Placement(h.name, tuple(pins), tuple(vcpu_cell), cells, cpuset)
 
 
-def _commit_memory(
-    h: HostState, chosen: list[tuple[NodeState, int]], w: Want, r: Rules
-) -> tuple[tuple[int, int], ...]:
-    if not r.mirror:
-        home = max(chosen, key=lambda c: c[1])[0]
-        _take_mem(h, home, w.memory_mib, r.page_kib)
-        return ((home.id, w.memory_mib),)
-    unit = r.page_kib // 1024 if r.page_kib else 1
-    shares = split(w.memory_mib, [k for _, k in chosen], unit)
-    for (n, _), m in zip(chosen, shares, strict=True):
-        _take_mem(h, n, m, r.page_kib)
-    return tuple((n.id, m) for (n, _), m in zip(chosen, shares, strict=True))
-
-
 def shared_pool(h: HostState, n: NodeState) -> list[int]:
-    """CPUs of a node that no vCPU is pinned to (where shared nodes float)."""
+    """CPUs of a slot that no vCPU is pinned to (where shared nodes float)."""
     return [c for c in n.all_cpus if c not in h.dedicated]
 
 
-def place_shared(h: HostState, w: Want, r: Rules) -> Placement | None:
+def _shared_slots(h: HostState, w: Want, r: Rules) -> list[tuple[NodeState, list[int]]]:
     cands = []
     for n in _candidates(h):
         pool = shared_pool(h, n)
         # Without mirroring all memory sits on one node; with it, it is split later.
-        if pool and (r.mirror or mem_fits(n, w.memory_mib, r.page_kib)):
+        if pool and (r.mirror or mem_fits(n.mem, w.memory_mib, r.page_kib)):
             cands.append((n, pool))
-    if not cands:
-        return None
     cands.sort(
-        key=lambda c: (_pref(h, c[0])[0], h.shared_load.get(c[0].id, 0) / len(c[1]), c[0].id)
+        key=lambda c: (
+            _pref(h, c[0]),
+            h.shared_load.get((c[0].id, c[0].package), 0) / len(c[1]),
+            c[0].id,
+            c[0].package,
+        )
     )
     chosen: list[tuple[NodeState, list[int]]] = []
     have = 0
     for n, pool in cands:
-        if r.mirror and chosen and (have >= w.vcpus or len(chosen) >= w.vcpus):
+        if chosen and (not r.mirror or have >= w.vcpus or len(chosen) >= w.vcpus):
             break
         chosen.append((n, pool))
         have += len(pool)
-        if not r.mirror:
-            break
-    counts = _shared_counts(w.vcpus, [len(p) for _, p in chosen])
-    used = [(n, pool, k) for (n, pool), k in zip(chosen, counts, strict=True) if k]
-    pairs = [(n, k) for n, _, k in used]
-    if not _cells_fit(pairs, w, r):
+    return chosen
+
+
+def place_shared(h: HostState, w: Want, r: Rules) -> Placement | None:
+    slots = _shared_slots(h, w, r)
+    if not slots:
         return None
-    cells = _commit_memory(h, pairs, w, r)
-    vcpu_cell: list[int] = []
-    for cell, (n, k) in enumerate(pairs):
-        vcpu_cell.extend([cell if r.mirror else 0] * k)
-        h.shared_load[n.id] = h.shared_load.get(n.id, 0) + k
-        if r.hpc:
-            h.reserved.add(n.package)
+    counts = split(w.vcpus, [len(p) for _, p in slots], 1) if len(slots) > 1 else [w.vcpus]
+    used = [(n, pool, k) for (n, pool), k in zip(slots, counts, strict=True) if k]
+    chosen = [(n, k) for n, _, k in used]
+    if not _cells_fit(cells_of(chosen), w, r):
+        return None
+    cells, slot_cell = _commit(h, chosen, w, r)
+    vcpu_cell = [c for (_, k), c in zip(chosen, slot_cell, strict=True) for _ in range(k)]
+    for n, k in chosen:
+        key = (n.id, n.package)
+        h.shared_load[key] = h.shared_load.get(key, 0) + k
     cpuset = tuple(sorted(c for _, pool, _ in used for c in pool))
-    h.placed.append(w.name)
     return Placement(h.name, (None,) * w.vcpus, tuple(vcpu_cell), cells, cpuset)
-
-
-def _shared_counts(vcpus: int, pools: list[int]) -> list[int]:
-    """vCPUs per chosen node, in proportion to the node's shared CPUs."""
-    if len(pools) == 1:
-        return [vcpus]
-    return split(vcpus, pools, 1)

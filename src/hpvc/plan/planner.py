@@ -78,6 +78,9 @@ def plan_cluster(
         _planned(spec, w, g, placed[w.index], by_name[placed[w.index].host], rules)
         for w, g in wants
     )
+    on_host: dict[str, list[str]] = {}
+    for n in nodes:
+        on_host.setdefault(n.host, []).append(n.name)
     return Plan(
         cluster=spec.name,
         kind=spec.kind,
@@ -90,11 +93,7 @@ def plan_cluster(
             bridge=bridge_name(spec.name),
         ),
         nodes=nodes,
-        hosts=tuple(
-            _host_plan(h, rules, tuple(n.name for n in nodes if n.host == h.name))
-            for h in states
-            if h.placed
-        ),
+        hosts=tuple(_host_plan(h, rules, tuple(on_host[h.name])) for h in states if h.placed),
         notes=tuple(sorted({note for _, t in hosts for note in t.notes})),
     )
 
@@ -169,9 +168,9 @@ def _emulator_cpus(h: HostState, p: Placement, rules: Rules) -> tuple[int, ...]:
     """
     if None in p.pins:
         return p.cpuset
-    home = h.nodes[p.cells[0][0]].package
+    home = h.cpu_package[p.cpuset[0]]
     spare_by_pkg: dict[int, list[int]] = {}
-    for n in h.nodes.values():
+    for n in h.nodes:
         spare_by_pkg.setdefault(n.package, []).extend(c for c in n.all_cpus if c not in h.dedicated)
     own = h.reserved if rules.hpc else h.usable_packages
     for pkgs in ({home}, own, set(spare_by_pkg) - h.others_hpc):

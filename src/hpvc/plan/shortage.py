@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from hpvc.plan.hoststate import HostState
+from hpvc.plan.hoststate import HostState, NodeState
 from hpvc.plan.place import Rules, Want, shared_pool
 from hpvc.units import format_mib
 
 
-def _usable(h: HostState) -> list[int]:
-    return [n.id for n in h.nodes.values() if n.package in h.usable_packages]
+def _usable(h: HostState) -> list[NodeState]:
+    return [n for n in h.nodes if n.package in h.usable_packages]
 
 
 def _mem_capacity_mib(h: HostState, rules: Rules) -> int:
     """What the usable NUMA nodes can still give in the spec's page size."""
     total = 0
-    for nid in _usable(h):
-        n = h.nodes[nid]
+    mems = {n.id: n.mem for n in _usable(h)}
+    for m in mems.values():
         if not rules.page_kib:
-            total += n.mem_free_mib
-        elif rules.page_kib in n.pages_free:
+            total += m.free_mib
+        elif rules.page_kib in m.pages_free:
             page_mib = rules.page_kib // 1024
-            total += n.pages_free[rules.page_kib] * page_mib
-            total += n.mem_free_mib // page_mib * page_mib
+            total += m.pages_free[rules.page_kib] * page_mib
+            total += m.free_mib // page_mib * page_mib
     return total
 
 
@@ -49,7 +49,7 @@ def explain(w: Want, states: list[HostState], rules: Rules, wants: list[Want]) -
                 f" the most any host has free is {best.free_dedicated}"
                 f" (host {best.name!r}){_where(rules)}"
             )
-    elif not any(shared_pool(h, h.nodes[n]) for h in states for n in _usable(h)):
+    elif not any(shared_pool(h, n) for h in states for n in _usable(h)):
         return (
             f"{w.name} (pinning shared) needs host CPUs that no vCPU is pinned to,"
             f" and every usable CPU is pinned{_where(rules)}"
@@ -60,7 +60,7 @@ def explain(w: Want, states: list[HostState], rules: Rules, wants: list[Want]) -
 def _memory_reason(w: Want, states: list[HostState], rules: Rules) -> str:
     size = "1G" if rules.page_kib == 1048576 else "2M"
     if rules.page_kib and not any(
-        rules.page_kib in n.pages_free for h in states for n in h.nodes.values()
+        rules.page_kib in n.mem.pages_free for h in states for n in h.nodes
     ):
         return f"no host has a {size} hugepage pool (use another tuning.hugepages size)"
     best = max(states, key=lambda h: _mem_capacity_mib(h, rules))

@@ -1,0 +1,1 @@
+"""Benchmarks: each writes results.json (every sample) and a report."""
