@@ -9,8 +9,10 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Piped output (logs, CI) gets 120 columns rather than rich's 80, so tables of
+# CPU lists and addresses stay on one line per row.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
 
 
 @dataclass

@@ -28,33 +28,41 @@ Examples:
 
 
 def _cells(n: PlannedNode) -> str:
-    return " ".join(f"{c.guest_node}->{c.host_node}:{format_mib(c.memory_mib)}" for c in n.numa)
+    return " ".join(f"{c.guest_node}>{c.host_node}:{format_mib(c.memory_mib)}" for c in n.numa)
+
+
+def _page(size_kib: int) -> str:
+    return f"{size_kib // 1048576}G" if size_kib >= 1048576 else f"{size_kib // 1024}M"
 
 
 def show(p: Plan) -> None:
-    t = Table(title=f"cluster {p.cluster} ({p.kind}, image {p.image}, bridge {p.network.bridge})")
-    for col in ("node", "role", "host", "pinning", "vCPUs -> host CPUs", "emulator", "NUMA"):
-        t.add_column(col)
-    t.add_column("hugepages")
-    t.add_column("ip")
+    t = Table(
+        title=f"cluster {p.cluster}: {p.kind}, image {p.image}, bridge {p.network.bridge}",
+        caption="CPUs: host CPU of each vCPU, or ~set for floating (shared) nodes;"
+        " NUMA: guest cell>host node:memory",
+    )
+    for col in ("node", "host", "CPUs", "emulator", "NUMA", "hugepages", "ip"):
+        t.add_column(col, overflow="fold")
     for n in p.nodes:
-        pins = (
-            format_cpulist(n.cpuset)
+        cpus = (
+            "~" + format_cpulist(n.cpuset)
             if n.pinning == "shared"
-            else " ".join(str(v.pcpu) for v in n.vcpus)
+            else ",".join(str(v.pcpu) for v in n.vcpus)
         )
-        huge = f"{n.hugepages.count}x{n.hugepages.size_kib}k" if n.hugepages else "-"
+        huge = f"{n.hugepages.count}x{_page(n.hugepages.size_kib)}" if n.hugepages else "-"
         emu = format_cpulist(n.emulator_cpus) or "-"
-        t.add_row(n.name, n.role, n.host, n.pinning, pins, emu, _cells(n), huge, n.ip)
+        t.add_row(n.name, n.host, cpus, emu, _cells(n), huge, n.ip)
     console.print(t)
     for h in p.hosts:
-        grow = ", ".join(
-            f"node{g.host_node} {g.size_kib}k: need {g.count}, free {g.free}, grow {g.grow}"
+        grow = "; ".join(
+            f"node {g.host_node} {_page(g.size_kib)} pages: need {g.count},"
+            f" free {g.free}, grow {g.grow}"
             for g in h.hugepages
         )
-        socks = ",".join(map(str, h.hpc_packages)) or "-"
+        socks = ",".join(map(str, h.hpc_packages)) or "none"
         console.print(
-            f"host {h.name}: {len(h.nodes)} nodes; hpc sockets {socks}; {grow or 'no hugepages'}"
+            f"host {h.name}: {len(h.nodes)} nodes; sockets held whole: {socks};"
+            f" {grow or 'no hugepages'}"
         )
     for note in p.notes:
         console.print(f"[dim]note: {note}[/dim]")

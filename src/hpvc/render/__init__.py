@@ -1,0 +1,82 @@
+"""Pure renderers: Plan (+ RenderContext) -> domain XML, QEMU argv, OCI config, files."""
+
+from __future__ import annotations
+
+import shlex
+
+from hpvc.plan.model import Plan
+from hpvc.render.context import RenderContext, tap_name
+from hpvc.render.files import (
+    arp_entries,
+    ethers,
+    guest_network,
+    guest_network_script,
+    hostfile,
+    hosts,
+    locality_json,
+    mpi_nodes,
+    plan_json,
+)
+from hpvc.render.libvirt import domain_name, render_domain_xml
+from hpvc.render.oci import dumps as oci_dumps
+from hpvc.render.oci import render_oci_config
+from hpvc.render.qemu import QemuLaunch, QemuPinning, qemu_argv, qemu_pinning, render_qemu
+from hpvc.units import format_cpulist
+
+__all__ = [
+    "QemuLaunch",
+    "QemuPinning",
+    "RenderContext",
+    "arp_entries",
+    "domain_name",
+    "ethers",
+    "guest_network",
+    "guest_network_script",
+    "hostfile",
+    "hosts",
+    "locality_json",
+    "mpi_nodes",
+    "plan_json",
+    "qemu_argv",
+    "qemu_pinning",
+    "qemu_script",
+    "render_cluster",
+    "render_domain_xml",
+    "render_oci_config",
+    "render_qemu",
+    "tap_name",
+]
+
+
+def qemu_script(launch: QemuLaunch) -> str:
+    """A shell script that execs the QEMU command (pinning is applied after start)."""
+    pins = " ".join(f"{v}:{format_cpulist(c)}" for v, c in launch.pinning.vcpus)
+    return (
+        "#!/bin/sh\n"
+        f"# vCPU pinning after start (vcpu:cpus): {pins}\n"
+        f"# emulator threads: {format_cpulist(launch.pinning.emulator) or 'not pinned'}\n"
+        f"exec {shlex.join(launch.argv)}\n"
+    )
+
+
+def render_cluster(plan: Plan, ctx: RenderContext) -> dict[str, str]:
+    """Every artifact of a cluster: relative path -> text, in a stable order.
+
+    VM nodes: ``NODE.xml``, ``NODE.qemu.sh``, ``NODE.network``; container nodes:
+    ``NODE/config.json``; then ``hostfile``, ``hosts``, ``ethers``,
+    ``locality.json`` and ``plan.json``.
+    """
+    out: dict[str, str] = {}
+    for node in plan.nodes:
+        if node.kind == "vm":
+            out[f"{node.name}.xml"] = render_domain_xml(plan, node, ctx)
+            out[f"{node.name}.qemu.sh"] = qemu_script(render_qemu(plan, node, ctx))
+            out[f"{node.name}.network"] = guest_network(plan, node)
+        else:
+            out[f"{node.name}/config.json"] = oci_dumps(render_oci_config(plan, node, ctx))
+    out["hostfile"] = hostfile(plan)
+    out["hosts"] = hosts(plan)
+    out["ethers"] = ethers(plan)
+    out["locality.json"] = locality_json(plan)
+    out["plan.json"] = plan_json(plan)
+    return out

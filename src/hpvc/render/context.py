@@ -1,0 +1,124 @@
+"""What the artifacts need beyond the Plan: paths, accelerator, binaries, limits.
+
+A ``RenderContext`` is plain immutable data. Every path has a default derived
+from ``base_dir`` (hpvc's state directory), so rendering needs no host; the
+backends fill in what they probed (accelerator, block device, kernel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+Accel = Literal["kvm", "tcg"]
+
+DEFAULT_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TERM=xterm",
+)
+KERNEL_ARGS = "console=ttyS0 root=/dev/vda rw no_timer_check"
+IFNAMSIZ = 15  # usable bytes of a Linux interface name
+
+
+def tap_name(cluster: str, node: str) -> str:
+    """Deterministic host tap/veth name of a node, short enough for IFNAMSIZ.
+
+    Cluster names may hold '-', so joining names could collide; a digest of
+    ``cluster/node`` cannot in practice and always fits (``hv`` + 12 hex).
+    """
+    digest = hashlib.sha256(f"{cluster}/{node}".encode()).hexdigest()
+    return f"hv{digest[:12]}"
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Host-side facts the renderers need; defaults live under ``base_dir``.
+
+    Per-node paths are methods so one context serves every node of a cluster.
+    ``hugetlbfs`` maps a page size in KiB to the mount of that size;
+    ``disk_images`` and ``netns`` override the derived per-node paths.
+    """
+
+    base_dir: str = "/var/lib/hpvc"
+    run_dir: str | None = None  # sockets and pid files; default <base_dir>/run
+    accel: Accel = "tcg"
+    qemu_binary: str = "/usr/bin/qemu-system-x86_64"
+    kernel: str | None = None
+    initrd: str | None = None
+    kernel_args: str = ""  # appended to KERNEL_ARGS
+    hugetlbfs: tuple[tuple[int, str], ...] = ()  # (page KiB, mount); default <base>/hugepages/
+    disk_images: tuple[tuple[str, str], ...] = ()  # (node, raw image) overrides
+    rootfs: str | None = None  # container rootfs; default <base>/images/<image>/rootfs
+    rootfs_readonly: bool = False
+    netns_dir: str | None = "/run/netns"  # None: containers get a fresh, unwired netns
+    netns: tuple[tuple[str, str], ...] = ()  # (node, netns path) overrides
+    block_device: tuple[int, int] | None = None  # (major, minor) the I/O limits apply to
+    shm_size_mib: int = 1024
+    pids_limit: int = 32768
+    command: tuple[str, ...] = ("/bin/sh",)
+    env: tuple[str, ...] = DEFAULT_ENV
+    cgroup_parent: str = "/hpvc"
+    vhost: bool | None = None  # None: vhost-net with kvm, userspace virtio-net with tcg
+
+    def cluster_dir(self, cluster: str) -> str:
+        """State directory of one cluster (rendered artifacts, the hosts file)."""
+        return os.path.join(self.base_dir, "clusters", cluster)
+
+    def node_dir(self, cluster: str, node: str) -> str:
+        """State directory of one node; for a container it is the OCI bundle."""
+        return os.path.join(self.cluster_dir(cluster), "nodes", node)
+
+    def node_run_dir(self, cluster: str, node: str) -> str:
+        """Where a node's sockets and pid file live."""
+        run = self.run_dir or os.path.join(self.base_dir, "run")
+        return os.path.join(run, cluster, node)
+
+    def disk_image(self, cluster: str, node: str) -> str:
+        """Raw root disk of a VM node."""
+        return dict(self.disk_images).get(node) or os.path.join(
+            self.node_dir(cluster, node), "disk.raw"
+        )
+
+    def console_log(self, cluster: str, node: str) -> str:
+        return os.path.join(self.node_dir(cluster, node), "console.log")
+
+    def qmp_socket(self, cluster: str, node: str) -> str:
+        return os.path.join(self.node_run_dir(cluster, node), "qmp.sock")
+
+    def console_socket(self, cluster: str, node: str) -> str:
+        return os.path.join(self.node_run_dir(cluster, node), "console.sock")
+
+    def pidfile(self, cluster: str, node: str) -> str:
+        return os.path.join(self.node_run_dir(cluster, node), "qemu.pid")
+
+    def hosts_file(self, cluster: str) -> str:
+        """The cluster's /etc/hosts, bind-mounted into containers."""
+        return os.path.join(self.cluster_dir(cluster), "hosts")
+
+    def hugetlbfs_path(self, size_kib: int) -> str:
+        """hugetlbfs mount for pages of ``size_kib`` (the host layer mounts it)."""
+        return dict(self.hugetlbfs).get(size_kib) or os.path.join(
+            self.base_dir, "hugepages", f"{size_kib}kB"
+        )
+
+    def container_rootfs(self, image: str) -> str:
+        return self.rootfs or os.path.join(self.base_dir, "images", image, "rootfs")
+
+    def netns_path(self, cluster: str, node: str) -> str | None:
+        """Network namespace a container joins, or None for a fresh one."""
+        given = dict(self.netns).get(node)
+        if given or self.netns_dir is None:
+            return given
+        return os.path.join(self.netns_dir, f"hpvc-{cluster}-{node}")
+
+    def cgroup_path(self, cluster: str, node: str) -> str:
+        """cgroupfs path (relative to each controller's root) of a container."""
+        return f"{self.cgroup_parent.rstrip('/')}/{cluster}/{node}"
+
+    def use_vhost(self) -> bool:
+        return self.accel == "kvm" if self.vhost is None else self.vhost
+
+    def full_kernel_args(self) -> str:
+        return f"{KERNEL_ARGS} {self.kernel_args}".strip()

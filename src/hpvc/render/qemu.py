@@ -1,0 +1,159 @@
+"""Plan node -> QEMU command line for the direct-QEMU backend (pure).
+
+The argv is the equivalent of the libvirt domain XML. QEMU cannot pin its own
+threads, so the renderer also returns the pinning the backend applies after
+start (``-name ...,debug-threads=on`` names the vCPU threads "CPU n/KVM|TCG").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpvc.plan.model import NumaCell, Plan, PlannedNode
+from hpvc.render.context import RenderContext, tap_name
+from hpvc.render.libvirt import domain_name, guest_topology
+from hpvc.units import format_cpulist
+
+
+@dataclass(frozen=True)
+class QemuPinning:
+    """What the backend pins once QEMU runs: vCPU index -> host CPUs, emulator CPUs.
+
+    A dedicated vCPU maps to one host CPU; a shared one to the node's cpuset.
+    """
+
+    vcpus: tuple[tuple[int, tuple[int, ...]], ...]
+    emulator: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class QemuLaunch:
+    """Everything the direct-QEMU backend needs to start and tune one node."""
+
+    argv: tuple[str, ...]
+    pinning: QemuPinning
+    tap: str
+    qmp_socket: str
+    pidfile: str
+
+
+def _v(value: str) -> str:
+    """Escape a value inside a QEMU option string (a comma is written twice)."""
+    return value.replace(",", ",,")
+
+
+def _backend(cell_id: int, mib: int, cell: NumaCell | None, node: PlannedNode, hp: str) -> str:
+    """A memory-backend object: hugetlbfs file or RAM, preallocated, bound to its host node."""
+    if node.hugepages is not None:
+        opts = f"memory-backend-file,id=mem{cell_id},size={mib}M,mem-path={_v(hp)}"
+        opts += ",prealloc=on,share=on"
+    else:
+        opts = f"memory-backend-ram,id=mem{cell_id},size={mib}M,prealloc=on"
+    if cell is not None:
+        opts += f",host-nodes={cell.host_node},policy=bind"
+    return opts
+
+
+def _memory_args(node: PlannedNode, ctx: RenderContext) -> list[str]:
+    hp = ctx.hugetlbfs_path(node.hugepages.size_kib) if node.hugepages else ""
+    args = ["-m", f"{node.memory_mib}M"]
+    if not node.numa:
+        return [*args, "-object", _backend(0, node.memory_mib, None, node, hp)]
+    for cell in sorted(node.numa, key=lambda c: c.guest_node):
+        i = cell.guest_node
+        args += ["-object", _backend(i, cell.memory_mib, cell, node, hp)]
+        cpus = "".join(f",cpus={r}" for r in format_cpulist(cell.vcpus).split(",") if r)
+        args += ["-numa", f"node,nodeid={i}{cpus},memdev=mem{i}"]
+    return args
+
+
+def _machine_args(node: PlannedNode, ctx: RenderContext) -> list[str]:
+    machine = "q35,mem-merge=off"
+    if not node.numa:
+        machine += ",memory-backend=mem0"
+    # The accelerator goes in -accel only: QEMU refuses -accel with -machine accel=.
+    if ctx.accel == "kvm":
+        accel, cpu = "kvm", "host,-arch-capabilities"
+    else:
+        accel, cpu = "tcg,thread=multi", "max"
+    sockets, cores, threads = guest_topology(node)
+    smp = f"{len(node.vcpus)},sockets={sockets},cores={cores},threads={threads}"
+    return ["-machine", machine, "-accel", accel, "-cpu", cpu, "-smp", smp]
+
+
+def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
+    disk = ctx.disk_image(plan.cluster, node.name)
+    vhost = "on" if ctx.use_vhost() else "off"
+    console = (
+        f"socket,id=console0,path={_v(ctx.console_socket(plan.cluster, node.name))}"
+        f",server=on,wait=off,logfile={_v(ctx.console_log(plan.cluster, node.name))},logappend=off"
+    )
+    return [
+        # aio=native needs O_DIRECT: cache=none gives it.
+        "-drive",
+        f"file={_v(disk)},if=none,id=disk0,format=raw,cache=none,aio=native",
+        "-device",
+        "virtio-blk-pci,drive=disk0",
+        "-netdev",
+        f"tap,id=net0,ifname={tap_name(plan.cluster, node.name)},script=no,downscript=no"
+        f",vhost={vhost}",
+        "-device",
+        f"virtio-net-pci,netdev=net0,mac={node.mac},host_mtu={plan.network.mtu}",
+        "-chardev",
+        console,
+        "-serial",
+        "chardev:console0",
+    ]
+
+
+def _boot_args(ctx: RenderContext) -> list[str]:
+    if not ctx.kernel:
+        return []
+    args = ["-kernel", ctx.kernel]
+    if ctx.initrd:
+        args += ["-initrd", ctx.initrd]
+    return [*args, "-append", ctx.full_kernel_args()]
+
+
+def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
+    """The QEMU command line of one VM node (binary first)."""
+    qmp = ctx.qmp_socket(plan.cluster, node.name)
+    return [
+        ctx.qemu_binary,
+        "-name",
+        f"{domain_name(plan, node)},debug-threads=on",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        *_machine_args(node, ctx),
+        *_memory_args(node, ctx),
+        *_device_args(plan, node, ctx),
+        *_boot_args(ctx),
+        "-rtc",
+        "base=utc",
+        "-qmp",
+        f"unix:{_v(qmp)},server=on,wait=off",
+        "-pidfile",
+        ctx.pidfile(plan.cluster, node.name),
+    ]
+
+
+def qemu_pinning(node: PlannedNode) -> QemuPinning:
+    """vCPU -> host CPUs (one for dedicated, the cpuset for shared) and emulator CPUs."""
+    pins = tuple(
+        (v.vcpu, (v.pcpu,) if v.pcpu is not None else tuple(node.cpuset))
+        for v in sorted(node.vcpus, key=lambda v: v.vcpu)
+    )
+    return QemuPinning(vcpus=pins, emulator=tuple(node.emulator_cpus))
+
+
+def render_qemu(plan: Plan, node: PlannedNode, ctx: RenderContext) -> QemuLaunch:
+    """argv, pinning, tap name, QMP socket and pid file of one VM node."""
+    return QemuLaunch(
+        argv=tuple(qemu_argv(plan, node, ctx)),
+        pinning=qemu_pinning(node),
+        tap=tap_name(plan.cluster, node.name),
+        qmp_socket=ctx.qmp_socket(plan.cluster, node.name),
+        pidfile=ctx.pidfile(plan.cluster, node.name),
+    )
