@@ -191,3 +191,32 @@ def test_plan_json_has_the_documented_keys() -> None:
     assert set(j["nodes"][0]["hugepages"]) == {"size_kib", "count"}
     assert {"name", "hugepages"} <= set(j["hosts"][0])
     assert {"host_node", "size_kib", "count"} <= set(j["hosts"][0]["hugepages"][0])
+
+
+def test_scaling_keeps_running_nodes_and_adds_new_ones() -> None:
+    topo = make_topology(packages=2, cores_per_node=4, threads=1, pages_2m_free=100)
+    base = [
+        {"role": "head", "vcpus": 1, "memory": "1GiB", "pinning": "shared"},
+        {"role": "compute", "count": 2, "vcpus": 2, "memory": "1GiB"},
+    ]
+    first = plan_on(spec(base), topo)
+    grown = [base[0], {**base[1], "count": 3}]
+    second = plan_cluster(spec(grown), [("h0", topo)], existing=first)
+    check_plan(second, {"h0": topo}, scaled=True)
+    for n in first.nodes:  # running nodes keep cells and addresses, pinned ones CPUs
+        kept = second.node(n.name)
+        assert (kept.ip, kept.mac, kept.numa) == (n.ip, n.mac, n.numa)
+        if n.pinning == "dedicated":
+            assert kept == n
+    new = second.node("compute2")
+    head = second.node("head0")  # the floating head gave up the CPUs compute2 took
+    assert set(head.cpuset) == set(first.node("head0").cpuset) - set(new.cpuset)
+    assert new.ip == "10.88.0.5" and not set(new.cpuset) & set(first.node("compute0").cpuset)
+    # Pool: 100 free pages. The running nodes (3 GiB = 1536 pages) already use
+    # them all, so the new 512 pages all have to be grown.
+    g = {h.host_node: h for h in second.hosts[0].hugepages}
+    assert sum(h.count for h in g.values()) == 2048 and sum(h.grow for h in g.values()) == 512
+    shrunk = [base[0], {**base[1], "count": 1}]
+    third = plan_cluster(spec(shrunk), [("h0", topo)], existing=second)
+    assert [n.name for n in third.nodes] == ["head0", "compute0"]
+    assert third.node("compute0") == first.node("compute0")

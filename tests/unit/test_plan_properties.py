@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,3 +49,30 @@ def test_two_clusters_never_collide(
     except DoesNotFit:
         return
     check_plan(b, hosts, res)
+
+
+@SETTINGS
+@given(spec=specs(), topo=topologies(), extra=st.integers(0, 3), group=st.integers(0, 2))
+def test_scaling_keeps_running_nodes(
+    spec: dict[str, Any], topo: Topology, extra: int, group: int
+) -> None:
+    hosts = [("h0", topo)]
+    try:
+        first = plan_cluster(parse_spec(spec), hosts)
+    except DoesNotFit:
+        return
+    groups = [dict(g) for g in spec["nodes"]]
+    g = groups[group % len(groups)]
+    g["count"] = int(g["count"]) + extra
+    try:
+        second = plan_cluster(parse_spec({**spec, "nodes": groups}), hosts, existing=first)
+    except DoesNotFit:
+        return
+    check_plan(second, dict(hosts), scaled=True)
+    for n in first.nodes:
+        kept = second.node(n.name)
+        assert (kept.ip, kept.mac, kept.numa, kept.host) == (n.ip, n.mac, n.numa, n.host)
+        if n.pinning == "dedicated":  # same pins; emulator threads may have moved
+            assert replace(kept, emulator_cpus=n.emulator_cpus) == n
+        else:
+            assert set(kept.cpuset) <= set(n.cpuset)

@@ -53,7 +53,8 @@ class HostState:
     others_hpc: set[int] = field(default_factory=set)  # sockets other clusters hold whole
     reserved: set[int] = field(default_factory=set)  # hpc: packages held whole
     dedicated: set[int] = field(default_factory=set)  # CPUs pinned by anyone
-    pages_needed: dict[tuple[int, int], int] = field(default_factory=dict)
+    pages_needed: dict[tuple[int, int], int] = field(default_factory=dict)  # new nodes
+    pages_seeded: dict[tuple[int, int], int] = field(default_factory=dict)  # running nodes
     shared_load: dict[tuple[int, int], int] = field(default_factory=dict)  # slot -> vCPUs
     placed: list[str] = field(default_factory=list)
     emulator_spare: int = 0  # CPUs usable by emulator threads that no vCPU holds

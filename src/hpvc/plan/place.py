@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpvc.plan.hoststate import CoreKey, HostState, MemState, NodeState
+from hpvc.plan.model import PlannedNode
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,18 @@ def mem_fits(mem: MemState, mib: int, page_kib: int) -> bool:
     return _pages(mib, page_kib) <= mem.pages_free[page_kib] + mem.free_mib // page_mib
 
 
-def _take_mem(h: HostState, mem: MemState, mib: int, page_kib: int) -> None:
+def _take_mem(h: HostState, mem: MemState, mib: int, page_kib: int, seeded: bool = False) -> None:
     if not page_kib:
         mem.free_mib -= mib
         return
     need = _pages(mib, page_kib)
-    from_pool = min(need, mem.pages_free[page_kib])
-    mem.pages_free[page_kib] -= from_pool
+    from_pool = min(need, mem.pages_free.get(page_kib, 0))
+    if page_kib in mem.pages_free:
+        mem.pages_free[page_kib] -= from_pool
     mem.free_mib -= (need - from_pool) * (page_kib // 1024)
     key = (mem.id, page_kib)
-    h.pages_needed[key] = h.pages_needed.get(key, 0) + need
+    book = h.pages_seeded if seeded else h.pages_needed
+    book[key] = book.get(key, 0) + need
 
 
 def split(total: int, weights: list[int], unit: int) -> list[int]:
@@ -276,3 +279,44 @@ def place_shared(h: HostState, w: Want, r: Rules) -> Placement | None:
         h.shared_load[key] = h.shared_load.get(key, 0) + k
     cpuset = tuple(sorted(c for _, pool, _ in used for c in pool))
     return Placement(h.name, (None,) * w.vcpus, tuple(vcpu_cell), cells, cpuset)
+
+
+def _unpin(h: HostState, slot: NodeState, cpu: int) -> bool:
+    """Take a CPU out of a slot's pinnable CPUs; False if it was not there."""
+    for key, cpus in list(slot.cores.items()):
+        if cpu in cpus:
+            cpus.remove(cpu)
+            if not cpus:
+                del slot.cores[key]
+            slot.free_cpus -= 1
+            if slot.package in h.usable_packages:
+                h.free_dedicated -= 1
+            return True
+    return False
+
+
+def seed(h: HostState, node: PlannedNode, r: Rules) -> None:
+    """Account for a node that already runs here (scaling a live cluster).
+
+    Its pinned CPUs are taken. A floating node of this cluster does not hold
+    its CPUs: new nodes may pin them, and the planner shrinks its set after.
+    """
+    by_cpu = {c: n for n in h.nodes for c in n.all_cpus}
+    if node.pinning == "dedicated":
+        for cpu in node.cpuset:
+            slot = by_cpu.get(cpu)
+            if slot is not None and _unpin(h, slot, cpu):
+                h.emulator_spare -= 1
+            h.dedicated.add(cpu)
+    else:
+        for cell in node.numa:
+            slots = [(n.id, n.package) for n in h.nodes if n.id == cell.host_node]
+            if slots:
+                h.shared_load[slots[0]] = h.shared_load.get(slots[0], 0) + len(cell.vcpus)
+    mems = {n.id: n.mem for n in h.nodes}
+    for cell in node.numa:
+        if cell.host_node in mems:
+            _take_mem(h, mems[cell.host_node], cell.memory_mib, r.page_kib, seeded=True)
+    if r.hpc:
+        h.reserved.update(by_cpu[c].package for c in node.cpuset if c in by_cpu)
+    h.placed.append(node.name)

@@ -9,7 +9,9 @@ stay free.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hpvc.errors import DoesNotFit, InputError
 from hpvc.plan.addresses import bridge_name, gateway, node_ip, node_mac
@@ -26,7 +28,7 @@ from hpvc.plan.model import (
     Reservations,
     VcpuPin,
 )
-from hpvc.plan.place import Placement, Rules, Want, place_dedicated, place_shared
+from hpvc.plan.place import Placement, Rules, Want, place_dedicated, place_shared, seed
 from hpvc.plan.shortage import explain
 from hpvc.spec.model import NodeGroup, Spec
 from hpvc.topology.model import Topology
@@ -56,8 +58,16 @@ def plan_cluster(
     spec: Spec,
     hosts: Sequence[tuple[str, Topology]],
     reservations: Reservations | None = None,
+    existing: Plan | None = None,
 ) -> Plan:
-    """Place every node of ``spec`` on ``hosts``; raise DoesNotFit if it cannot."""
+    """Place every node of ``spec`` on ``hosts``; raise DoesNotFit if it cannot.
+
+    ``existing`` is the plan of the running cluster when it is being scaled:
+    its nodes that the spec still asks for keep their place, name and
+    addresses; only the others are placed. ``reservations`` must then hold the
+    other clusters only. Host hugepage counts cover every node, ``grow`` only
+    the new ones.
+    """
     if not hosts:
         raise InputError("no hosts to plan on", "the host list is empty", "give --hosts FILE")
     names = [n for n, _ in hosts]
@@ -73,9 +83,19 @@ def plan_cluster(
     states = [host_state(n, t, rules.hpc, res.for_host(n)) for n, t in hosts]
     by_name = {h.name: h for h in states}
     wants = expand(spec)
-    placed = _place_all(states, [w for w, _ in wants], rules)
+    kept = _kept(existing, wants, by_name)
+    for node in kept.values():
+        seed(by_name[node.host], node, rules)
+    new = [w for w, _ in wants if w.name not in kept]
+    placed = _place_all(states, new, rules)
+    kept = {k: _refloat(n, by_name[n.host], rules) for k, n in kept.items()}
+    index = _address_indices(spec, kept, new)
     nodes = tuple(
-        _planned(spec, w, g, placed[w.index], by_name[placed[w.index].host], rules)
+        kept[w.name]
+        if w.name in kept
+        else _planned(
+            spec, w, g, placed[w.index], by_name[placed[w.index].host], rules, index[w.name]
+        )
         for w, g in wants
     )
     on_host: dict[str, list[str]] = {}
@@ -93,9 +113,58 @@ def plan_cluster(
             bridge=bridge_name(spec.name),
         ),
         nodes=nodes,
-        hosts=tuple(_host_plan(h, rules, tuple(on_host[h.name])) for h in states if h.placed),
+        hosts=tuple(
+            _host_plan(h, rules, tuple(on_host[h.name])) for h in states if h.name in on_host
+        ),
         notes=tuple(sorted({note for _, t in hosts for note in t.notes})),
     )
+
+
+def _kept(
+    existing: Plan | None, wants: list[tuple[Want, NodeGroup]], hosts: dict[str, HostState]
+) -> dict[str, PlannedNode]:
+    """Nodes of the running plan that the spec still asks for, on known hosts."""
+    if existing is None:
+        return {}
+    wanted = {w.name for w, _ in wants}
+    return {n.name: n for n in existing.nodes if n.name in wanted and n.host in hosts}
+
+
+def _refloat(node: PlannedNode, h: HostState, rules: Rules) -> PlannedNode:
+    """Running nodes give up CPUs that new nodes pinned: a floating node's set,
+    a VM's emulator CPUs (both can be changed live)."""
+    if node.pinning == "shared":
+        cpus = tuple(c for c in node.cpuset if c not in h.dedicated)
+        if not cpus:
+            raise DoesNotFit(
+                f"the new nodes would pin every CPU {node.name} (pinning shared) runs on",
+                "add fewer nodes, or give the floating group CPUs of its own",
+            )
+        emulator = cpus if node.kind == "vm" else node.emulator_cpus
+        return replace(node, cpuset=cpus, emulator_cpus=emulator)
+    if not rules.vm:
+        return node
+    emulator = tuple(c for c in node.emulator_cpus if c not in h.dedicated)
+    if not emulator:
+        pins = tuple(v.pcpu for v in node.vcpus)
+        cells = tuple((c.host_node, c.memory_mib) for c in node.numa)
+        cell_of = tuple(v.guest_node for v in node.vcpus)
+        emulator = _emulator_cpus(h, Placement(h.name, pins, cell_of, cells, node.cpuset), rules)
+    return replace(node, emulator_cpus=emulator)
+
+
+def _address_indices(spec: Spec, kept: dict[str, PlannedNode], new: list[Want]) -> dict[str, int]:
+    """Address index of each new node: the lowest ones no kept node uses."""
+    base = int(spec.network.network.network_address) + 2
+    used = {int(ipaddress.IPv4Address(n.ip)) - base for n in kept.values()}
+    out: dict[str, int] = {}
+    i = 0
+    for w in sorted(new, key=lambda w: w.index):
+        while i in used:
+            i += 1
+        out[w.name] = i
+        i += 1
+    return out
 
 
 def _place_all(states: list[HostState], wants: list[Want], rules: Rules) -> dict[int, Placement]:
@@ -122,7 +191,7 @@ def _place_all(states: list[HostState], wants: list[Want], rules: Rules) -> dict
 
 
 def _planned(
-    spec: Spec, w: Want, g: NodeGroup, p: Placement, h: HostState, rules: Rules
+    spec: Spec, w: Want, g: NodeGroup, p: Placement, h: HostState, rules: Rules, addr: int
 ) -> PlannedNode:
     cells = tuple(
         NumaCell(
@@ -153,8 +222,8 @@ def _planned(
             if rules.page_kib
             else None
         ),
-        mac=node_mac(spec.name, spec.network.network, w.index),
-        ip=node_ip(spec.network.network, w.index),
+        mac=node_mac(spec.name, spec.network.network, addr),
+        ip=node_ip(spec.network.network, addr),
         io=IOPlan(**io.model_dump()) if io is not None else None,
     )
 
@@ -185,10 +254,14 @@ def _emulator_cpus(h: HostState, p: Placement, rules: Rules) -> tuple[int, ...]:
 
 def _host_plan(h: HostState, rules: Rules, names: tuple[str, ...]) -> HostPlan:
     pages = []
-    for (node_id, size_kib), count in sorted(h.pages_needed.items()):
+    for key in sorted(set(h.pages_needed) | set(h.pages_seeded)):
+        node_id, size_kib = key
         pool = h.topo.node(node_id).pool(size_kib)
         free = pool.free if pool else 0
-        pages.append(HostHugepages(node_id, size_kib, count, free, max(0, count - free)))
+        new, old = h.pages_needed.get(key, 0), h.pages_seeded.get(key, 0)
+        # Free pages first serve the running nodes, then the new ones.
+        grow = new - min(new, max(0, free - old))
+        pages.append(HostHugepages(node_id, size_kib, new + old, free, grow))
     return HostPlan(
         name=h.name,
         hpc_packages=tuple(sorted(h.reserved)) if rules.hpc else (),
