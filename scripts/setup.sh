@@ -6,7 +6,14 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the project uses (tests and runtime). Keep sorted.
 APT_PACKAGES=(
+  crun             # OCI runtime for container nodes
+  debootstrap      # builds the Debian image rootfs
+  e2fsprogs        # mkfs.ext4 -d: VM disk images without mounting
+  fio              # block-I/O throttle measurements
+  hpcc             # HPC Challenge (native side of the benchmarks)
   hwloc            # hwloc-calc: reference counts for the topology tests
+  iproute2         # ip, bridge: inspected by tests
+  openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
   libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema
   libxml2-utils    # xmllint, needed by virt-xml-validate
   python3-venv

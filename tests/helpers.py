@@ -43,6 +43,11 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
         lambda: None if os.path.isdir(TOPOLOGIES) else f"{TOPOLOGIES} not found",
         False,
     ),
+    "crun": (_tool("crun"), False),
+    "debootstrap": (_tool("debootstrap"), False),
+    "mpi": (_tool("mpirun.openmpi"), False),
+    "fio": (_tool("fio"), False),
+    "ip": (_tool("ip"), False),
     "kvm": (_kvm, True),
 }
 

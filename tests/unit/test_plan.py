@@ -220,3 +220,17 @@ def test_scaling_keeps_running_nodes_and_adds_new_ones() -> None:
     third = plan_cluster(spec(shrunk), [("h0", topo)], existing=second)
     assert [n.name for n in third.nodes] == ["head0", "compute0"]
     assert third.node("compute0") == first.node("compute0")
+
+
+def test_plan_json_round_trip() -> None:
+    from hpvc.plan.model import plan_from_json
+
+    s = spec(
+        [
+            {"role": "head", "vcpus": 2, "memory": "1GiB", "pinning": "shared"},
+            {"role": "compute", "count": 2, "vcpus": 3, "memory": "2GiB", "io": {"weight": 10}},
+        ],
+        kind="vm",
+    )
+    p = plan_on(s, make_topology(packages=2, nodes_per_package=2, cores_per_node=2))
+    assert plan_from_json(p.to_json()) == p

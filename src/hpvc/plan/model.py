@@ -187,3 +187,48 @@ class Reservations:
             if h.host == name:
                 return h
         return HostReservation(host=name)
+
+
+def plan_from_json(d: dict[str, Any]) -> Plan:
+    """Inverse of ``Plan.to_json`` (state files hold plans as JSON)."""
+    nodes = tuple(
+        PlannedNode(
+            name=n["name"],
+            role=n["role"],
+            kind=n["kind"],
+            host=n["host"],
+            partition=n["partition"],
+            pinning=n["pinning"],
+            vcpus=tuple(VcpuPin(v["vcpu"], v["pcpu"], v["guest_node"]) for v in n["vcpus"]),
+            cpuset=tuple(n["cpuset"]),
+            emulator_cpus=tuple(n["emulator_cpus"]),
+            numa=tuple(
+                NumaCell(c["guest_node"], c["host_node"], c["memory_mib"], tuple(c["vcpus"]))
+                for c in n["numa"]
+            ),
+            memory_mib=n["memory_mib"],
+            hugepages=HugepageNeed(**n["hugepages"]) if n["hugepages"] else None,
+            mac=n["mac"],
+            ip=n["ip"],
+            io=IOPlan(**n["io"]) if n["io"] else None,
+        )
+        for n in d["nodes"]
+    )
+    hosts = tuple(
+        HostPlan(
+            name=h["name"],
+            hpc_packages=tuple(h["hpc_packages"]),
+            hugepages=tuple(HostHugepages(**g) for g in h["hugepages"]),
+            nodes=tuple(h["nodes"]),
+        )
+        for h in d["hosts"]
+    )
+    return Plan(
+        cluster=d["cluster"],
+        kind=d["kind"],
+        image=d["image"],
+        network=NetworkPlan(**d["network"]),
+        nodes=nodes,
+        hosts=hosts,
+        notes=tuple(d.get("notes", ())),
+    )

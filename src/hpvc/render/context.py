@@ -61,6 +61,14 @@ class RenderContext:
     env: tuple[str, ...] = DEFAULT_ENV
     cgroup_parent: str = "/hpvc"
     vhost: bool | None = None  # None: vhost-net with kvm, userspace virtio-net with tcg
+    # Containers, as the container backend runs them:
+    node_rootfs: bool = False  # root is <node_dir>/rootfs (the node's overlay), not `rootfs`
+    # Locality: co-resident nodes join the IPC and PID namespaces of this holder
+    # process and share the host directory `shared_shm` as /dev/shm, so MPI
+    # ranks in different nodes use shared memory and CMA between them.
+    shared_ns_pid: int | None = None
+    shared_shm: str | None = None
+    binds: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only)
 
     def cluster_dir(self, cluster: str) -> str:
         """State directory of one cluster (rendered artifacts, the hosts file)."""
@@ -105,6 +113,11 @@ class RenderContext:
 
     def container_rootfs(self, image: str) -> str:
         return self.rootfs or os.path.join(self.base_dir, "images", image, "rootfs")
+
+    def node_container_rootfs(self, cluster: str, node: str, image: str) -> str:
+        if self.node_rootfs:
+            return os.path.join(self.node_dir(cluster, node), "rootfs")
+        return self.container_rootfs(image)
 
     def netns_path(self, cluster: str, node: str) -> str | None:
         """Network namespace a container joins, or None for a fresh one."""

@@ -84,7 +84,10 @@ def _mounts(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[dict[str,
             ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
         ),
         # The runtime default is 64k; MPI's shared-memory transport needs real room.
-        _mount("/dev/shm", "tmpfs", "shm", [*ns, "mode=1777", f"size={ctx.shm_size_mib}m"]),
+        # With locality, co-resident nodes share one host tmpfs instead.
+        _mount("/dev/shm", "bind", ctx.shared_shm, ["rbind", "nosuid", "nodev"])
+        if ctx.shared_shm
+        else _mount("/dev/shm", "tmpfs", "shm", [*ns, "mode=1777", f"size={ctx.shm_size_mib}m"]),
         _mount("/dev/mqueue", "mqueue", "mqueue", ns),
         _mount("/sys", "sysfs", "sysfs", [*ns, "ro"]),
         _mount("/sys/fs/cgroup", "cgroup", "cgroup", [*ns, "relatime", "ro"]),
@@ -94,11 +97,17 @@ def _mounts(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[dict[str,
         # The host's hugetlbfs mount of this page size; co-resident nodes share it.
         hp = ctx.hugetlbfs_path(node.hugepages.size_kib)
         mounts.append(_mount("/dev/hugepages", "bind", hp, ["rbind", "nosuid", "nodev"]))
+    for src, dst, ro in ctx.binds:
+        mounts.append(_mount(dst, "bind", src, ["rbind", "ro" if ro else "rw"]))
     return mounts
 
 
 def _namespaces(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[dict[str, str]]:
-    spaces = [{"type": t} for t in ("pid", "mount", "uts", "ipc")]
+    spaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "mount", "uts", "ipc")]
+    if ctx.shared_ns_pid is not None:
+        for sp in spaces:
+            if sp["type"] in ("pid", "ipc"):
+                sp["path"] = f"/proc/{ctx.shared_ns_pid}/ns/{sp['type']}"
     net: dict[str, str] = {"type": "network"}
     path = ctx.netns_path(plan.cluster, node.name)
     if path:
@@ -183,7 +192,8 @@ def _process(ctx: RenderContext) -> dict[str, Any]:
         "env": list(ctx.env),
         "cwd": "/",
         "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
-        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
+        # No rlimits: nodes inherit the runtime's. A fixed RLIMIT_NOFILE above the
+        # host's hard limit makes crun fail with EPERM on some hosts.
         "noNewPrivileges": True,
     }
 
@@ -193,7 +203,10 @@ def render_oci_config(plan: Plan, node: PlannedNode, ctx: RenderContext) -> dict
     return {
         "ociVersion": OCI_VERSION,
         "process": _process(ctx),
-        "root": {"path": ctx.container_rootfs(plan.image), "readonly": ctx.rootfs_readonly},
+        "root": {
+            "path": ctx.node_container_rootfs(plan.cluster, node.name, plan.image),
+            "readonly": ctx.rootfs_readonly,
+        },
         "hostname": node.name,
         "mounts": _mounts(plan, node, ctx),
         "annotations": {"org.hpvc.cluster": plan.cluster, "org.hpvc.node": node.name},

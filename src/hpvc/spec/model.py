@@ -84,6 +84,7 @@ class Tuning(Strict):
     hugepages: Literal["none", "2M", "1G"] = "2M"
     numa: Literal["mirror", "none"] = "mirror"
     partition: Literal["hpc", "commodity"] = "hpc"
+    locality: Literal["shm", "none"] = "shm"
 
     @property
     def hugepage_kib(self) -> int:

@@ -1,0 +1,256 @@
+"""Container nodes with crun: overlay root, own netns on the cluster bridge, limits.
+
+Every step records its undo in a journal before it changes the host (see
+hpvc.host.journal); the cluster layer undoes a node's journal to remove it and
+the cluster's journal last. Nothing here decides placement: the Plan says
+where each node goes; this module only carries it out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpvc.errors import HpvcError, MissingDependency
+from hpvc.host import net
+from hpvc.host.journal import Args, Journal, undoer
+from hpvc.plan.model import Plan, PlannedNode
+from hpvc.render import files as render_files
+from hpvc.render.context import RenderContext
+from hpvc.render.oci import dumps, render_oci_config
+
+RUNTIME = "crun"
+# PID 1 of a node: reaps children, exits on SIGTERM, costs nothing while idle.
+INIT = ("/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def container_id(cluster: str, node: str) -> str:
+    return f"hpvc-{cluster}-{node}"
+
+
+def runtime() -> str:
+    path = shutil.which(RUNTIME)
+    if path is None:
+        raise MissingDependency("container backend", "crun not found", "apt-get install crun")
+    return path
+
+
+def _run(argv: list[str], what: str) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        why = (r.stderr or r.stdout).strip().splitlines()
+        raise HpvcError(what, why[-1] if why else f"exit code {r.returncode}")
+    return r.stdout
+
+
+# ---- undo functions -------------------------------------------------------
+
+
+@undoer("container")
+def _undo_container(args: Args) -> None:
+    crun = shutil.which(RUNTIME)
+    if crun is not None:
+        subprocess.run([crun, "delete", "-f", args["id"]], capture_output=True, check=False)
+    # A failed `crun run` can leave its cgroups behind (HOST-NOTES): remove them.
+    rel = str(args.get("cgroup", "")).strip("/")
+    if rel:
+        for ctrl in sorted(CGROUP_V1.iterdir()) if CGROUP_V1.is_dir() else []:
+            d = ctrl / rel
+            if d.is_dir():
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+
+def _umount(path: str) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["umount", "-l", path], capture_output=True, check=False)
+
+
+@undoer("overlay")
+def _undo_overlay(args: Args) -> None:
+    _umount(args["path"])
+
+
+@undoer("tmpfs")
+def _undo_tmpfs(args: Args) -> None:
+    _umount(args["path"])
+
+
+@undoer("tree")
+def _undo_tree(args: Args) -> None:
+    path = Path(args["path"])
+    if "clusters" not in path.parts:  # only ever a cluster's own state directory
+        raise HpvcError(f"refusing to remove {path}", "not under a cluster's state directory")
+    for sub in ("rootfs", "shm"):
+        _umount(str(path / sub))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+@undoer("holder")
+def _undo_holder(args: Args) -> None:
+    """Kill the namespace holder this cluster started (by PID, start time checked)."""
+    try:
+        pid, started = Path(args["pidfile"]).read_text().split()
+    except (OSError, ValueError):
+        return
+    for p in [*_children(int(pid)), int(pid)]:
+        if p == int(pid) and _start_time(p) != started:
+            continue  # the PID was reused by someone else's process
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+# ---- cluster-wide pieces --------------------------------------------------
+
+
+def start_holder(journal: Journal, pidfile: Path) -> int:
+    """A process owning an IPC and a PID namespace that co-resident nodes join.
+
+    Returns the PID of the namespaces' init (whose /proc/PID/ns/* the nodes use).
+    """
+    journal.record("holder", pidfile=str(pidfile))
+    proc = subprocess.Popen(
+        ["unshare", "--ipc", "--pid", "--fork", "--kill-child", "sleep", "infinity"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        kids = _children(proc.pid)
+        if kids:
+            return kids[0]
+        if proc.poll() is not None:
+            break
+        time.sleep(0.005)
+    raise HpvcError("namespace holder", "unshare did not start (is util-linux installed?)")
+
+
+def mount_tmpfs(journal: Journal, path: Path, size_mib: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    journal.record("tmpfs", path=str(path))
+    _run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=1777", "tmpfs", str(path)],
+        f"tmpfs {path}",
+    )
+
+
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite a file keeping its inode (it is bind-mounted into running nodes)."""
+    with open(path, "a+") as f:
+        f.seek(0)
+        f.truncate()
+        f.write(text)
+
+
+# ---- one node -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeHandle:
+    id: str
+    netns: str
+    host_ifname: str
+
+
+def mount_overlay(journal: Journal, lower: Path, node_dir: Path) -> Path:
+    upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "rootfs"
+    for d in (upper, work, merged):
+        d.mkdir(parents=True, exist_ok=True)
+    journal.record("overlay", path=str(merged))
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    _run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], f"overlay {merged}")
+    return merged
+
+
+def wire_node(journal: Journal, plan: Plan, node: PlannedNode) -> NodeHandle:
+    """The node's network namespace and veth on the cluster bridge, static ARP."""
+    ns_name = f"hpvc-{plan.cluster}-{node.name}"
+    net.create_netns(journal, ns_name)
+    ifname = net.short_ifname("hc", plan.cluster, node.name)
+    net.add_node_link(
+        journal,
+        bridge=plan.network.bridge,
+        netns=ns_name,
+        host_ifname=ifname,
+        mtu=plan.network.mtu,
+        address=node.ip,
+        prefixlen=plan.network.prefixlen,
+        mac=node.mac,
+        gateway=plan.network.gateway,
+    )
+    net.set_static_neighbors(ns_name, render_files.arp_entries(plan))
+    return NodeHandle(container_id(plan.cluster, node.name), ns_name, ifname)
+
+
+def start_container(
+    journal: Journal, plan: Plan, node: PlannedNode, ctx: RenderContext, node_dir: Path
+) -> str:
+    """Write config.json into the node's bundle and run it detached with crun."""
+    cid = container_id(plan.cluster, node.name)
+    config = render_oci_config(plan, node, ctx)
+    (node_dir / "config.json").write_text(dumps(config))
+    journal.record("container", id=cid, cgroup=config["linux"]["cgroupsPath"])
+    # The node's init inherits crun's stdio: give it a log file, not our pipes
+    # (a pipe would stay open for the container's life and block us forever).
+    log = node_dir / "console.log"
+    with open(log, "ab") as out:
+        r = subprocess.run(
+            [runtime(), "run", "--detach", "--bundle", str(node_dir), cid],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            check=False,
+        )
+    if r.returncode != 0:
+        lines = log.read_text(errors="replace").strip().splitlines()
+        raise HpvcError(f"container {cid}", lines[-1] if lines else f"crun exit {r.returncode}")
+    return cid
+
+
+def container_state(cid: str) -> str:
+    """crun's view: running, stopped, created, or 'missing'."""
+    r = subprocess.run([runtime(), "state", cid], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        return "missing"
+    state = json.loads(r.stdout)
+    return str(state.get("status", "unknown"))
+
+
+def exec_argv(cid: str, argv: list[str], env: list[str] | None = None) -> list[str]:
+    """The crun command that runs ``argv`` inside a node (stdio passed through)."""
+    out = [runtime(), "exec"]
+    for kv in env or []:
+        out += ["--env", kv]
+    return [*out, cid, *argv]
+
+
+def update_cpus(cid: str, cpus: str) -> None:
+    """Move a running node to another CPU set (a floating node around new pins)."""
+    _run([runtime(), "update", "--cpuset-cpus", cpus, cid], f"container {cid}")

@@ -1,0 +1,182 @@
+"""``hpvc up | ls | status | exec | run | scale | down``: running clusters."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from hpvc.cli.common import console, err_console, print_json
+from hpvc.cluster import lifecycle, ops
+from hpvc.errors import InputError
+
+UP_HELP = """Bring a cluster up on this host: plan, then start every node.
+
+Checks the spec, the image and the host first and changes nothing if any is
+wrong (exit 2). Any failure half-way undoes what was done; `hpvc down NAME`
+cleans up after a crash.
+
+Examples:
+
+  hpvc image build hpc && hpvc up examples/small.toml
+
+  hpvc up examples/small.toml --json
+"""
+
+
+def _progress(msg: str) -> None:
+    err_console.print(f"[dim]{msg}[/dim]")
+
+
+def up_cmd(
+    spec: str = typer.Argument(..., help="Cluster spec (TOML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the cluster's status as JSON."),
+) -> None:
+    t0 = time.perf_counter()
+    with err_console.status("bringing the cluster up"):
+        rec = lifecycle.up(spec, progress=_progress)
+    if as_json:
+        print_json(ops.status(rec.name))
+        return
+    console.print(f"cluster {rec.name} up in {time.perf_counter() - t0:.2f} s")
+    show_status(ops.status(rec.name))
+
+
+def _limits(lim: dict[str, Any]) -> str:
+    if "error" in lim:
+        return str(lim["error"])
+    parts = []
+    if isinstance(lim.get("memory_limit"), int):
+        parts.append(f"mem {lim['memory_limit'] // 2**20}MiB")
+    if lim.get("cpu_shares"):
+        parts.append(f"shares {lim['cpu_shares']}")
+    io = lim.get("io") or {}
+    for key, label in (("read_bps", "rd"), ("write_bps", "wr")):
+        for dev, v in (io.get(key) or {}).items():
+            parts.append(f"{label} {int(v) / 1e6:g}MB/s@{dev}")
+    if lim.get("io_weight"):
+        parts.append(f"weight {lim['io_weight']}")
+    if lim.get("pids_max"):
+        parts.append(f"pids {lim['pids_max']}")
+    return " ".join(parts)
+
+
+def show_status(st: dict[str, Any]) -> None:
+    t = Table(
+        title=f"cluster {st['cluster']}: {st['status']}, bridge {st['bridge']} {st['subnet']}"
+        f" mtu {st['mtu']}, locality {st['locality']}",
+        caption="read back from the kernel: cgroups, netns",
+    )
+    for col in ("node", "state", "ip", "mtu", "cpus", "mems", "limits"):
+        t.add_column(col, overflow="fold")
+    for n in st["nodes"]:
+        netw, lim = n["network"], n["limits"]
+        t.add_row(
+            n["name"],
+            n["state"],
+            str(netw.get("address", netw.get("error", "-"))),
+            str(netw.get("mtu", "-")),
+            str(lim.get("cpus", "-")),
+            str(lim.get("mems", "-")),
+            _limits(lim),
+        )
+    console.print(t)
+
+
+def status_cmd(
+    name: str = typer.Argument(..., help="Cluster name."),
+    as_json: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """Nodes, states, IPs, CPUs and limits, read back from the kernel.
+
+    Example: hpvc status small --json
+    """
+    st = ops.status(name)
+    if as_json:
+        print_json(st)
+    else:
+        show_status(st)
+
+
+def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
+    """List the clusters on this host.
+
+    Example: hpvc ls --json
+    """
+    rows = ops.list_clusters()
+    if as_json:
+        print_json(rows)
+        return
+    t = Table(title="clusters")
+    for col in ("name", "status", "kind", "nodes", "vCPUs", "subnet", "age"):
+        t.add_column(col)
+    for r in rows:
+        age = f"{time.time() - r['created']:.0f}s"
+        t.add_row(
+            r["name"], r["status"], r["kind"], str(r["nodes"]), str(r["vcpus"]), r["subnet"], age
+        )
+    console.print(t if rows else "no clusters")
+
+
+def exec_cmd(
+    name: str = typer.Argument(..., help="Cluster name."),
+    node: str = typer.Argument(..., help="Node name, e.g. compute0."),
+    cmd: list[str] = typer.Argument(None, help="Command to run (after --)."),
+) -> None:
+    """Run a command inside one node.
+
+    Example: hpvc exec small compute0 -- ip -br addr
+    """
+    raise typer.Exit(ops.exec_node(name, node, list(cmd or [])))
+
+
+def run_cmd(
+    name: str = typer.Argument(..., help="Cluster name."),
+    cmd: list[str] = typer.Argument(None, help="Program and arguments (after --)."),
+    n: int | None = typer.Option(None, "-n", help="Ranks (default: one per vCPU)."),
+) -> None:
+    """Launch an MPI job over the cluster's compute nodes, one rank per vCPU.
+
+    Example: hpvc run small -n 2 -- hostname
+    """
+    raise typer.Exit(ops.run(name, list(cmd or []), n))
+
+
+def scale_cmd(
+    name: str = typer.Argument(..., help="Cluster name."),
+    counts: list[str] = typer.Argument(..., help="ROLE=COUNT, e.g. compute=4."),
+) -> None:
+    """Add or remove nodes while the cluster runs.
+
+    Example: hpvc scale small compute=3
+    """
+    changes: dict[str, int] = {}
+    for c in counts:
+        role, _, num = c.partition("=")
+        if not num.isdigit():
+            raise InputError(f"scale {c!r}", "not ROLE=COUNT", "e.g. compute=4")
+        changes[role] = int(num)
+    lifecycle.scale(name, changes, progress=_progress)
+    show_status(ops.status(name))
+
+
+def down_cmd(name: str = typer.Argument(..., help="Cluster name.")) -> None:
+    """Stop the cluster and remove everything it made on this host.
+
+    Example: hpvc down small
+    """
+    t0 = time.perf_counter()
+    lifecycle.down(name, progress=lambda m: None)
+    console.print(f"cluster {name} down in {time.perf_counter() - t0:.2f} s")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up", help=UP_HELP)(up_cmd)
+    app.command("ls")(ls_cmd)
+    app.command("status")(status_cmd)
+    app.command("exec")(exec_cmd)
+    app.command("run")(run_cmd)
+    app.command("scale")(scale_cmd)
+    app.command("down")(down_cmd)

@@ -1,0 +1,189 @@
+"""``hpvc image build|ls|rm``: Debian root filesystems for the nodes, cached by content."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hpvc.cli.common import console, err_console, print_json
+from hpvc.image import (
+    DEFAULT_MIRROR,
+    DEFAULT_PACKAGES,
+    Image,
+    build_image,
+    list_images,
+    remove_image,
+)
+from hpvc.image.model import split_packages
+
+image_app = typer.Typer(
+    help=(
+        "Build, list and remove node images: Debian root filesystems made by debootstrap,"
+        " stored by the digest of their recipe (suite, packages, mirror) so an identical"
+        " rebuild is instant.\n\n"
+        "Examples:\n\n"
+        "  hpvc image build hpc\n\n"
+        "  hpvc image ls\n\n"
+        "  hpvc image rm hpc"
+    ),
+    no_args_is_help=True,
+)
+
+BUILD_HELP = f"""Build the image NAME (or reuse an identical build at once) and point NAME at it.
+
+The rootfs is `debootstrap --variant=minbase` of Debian bookworm with the
+default packages ({",".join(DEFAULT_PACKAGES)}) plus any given with
+--packages. Needs root and debootstrap; downloads are cached in
+/var/cache/hpvc/debootstrap. The store is $HPVC_IMAGE_DIR, else
+/var/lib/hpvc/images.
+
+Examples:
+
+  hpvc image build hpc
+
+  hpvc image build tools --packages strace,gdb
+
+  hpvc image build bare --packages busybox --no-defaults
+
+  hpvc image build hpc --mirror http://ftp.de.debian.org/debian --force --json
+"""
+
+LS_HELP = """List the images in the store: name, digest, size, creation time, packages.
+
+Examples:
+
+  hpvc image ls
+
+  hpvc image ls --json
+"""
+
+RM_HELP = """Remove the image NAME. Its rootfs is deleted when no other name points to it.
+
+Examples:
+
+  hpvc image rm tools
+"""
+
+
+def human_size(n: int) -> str:
+    """``123456789`` -> ``117.7 MiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+@contextmanager
+def _spinner(name: str) -> Iterator[Callable[[str], None]]:
+    """A progress callback: a spinner with the current step and elapsed time on a
+    terminal; elsewhere (logs, CI) one line each time the kind of step changes."""
+    if err_console.is_terminal:
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task(f"image {name}: starting", total=None)
+            yield lambda step: bar.update(task, description=f"image {name}: {step}")
+        return
+    started = time.monotonic()
+    last = [""]
+
+    def plain(step: str) -> None:
+        kind = step.split(" ", 1)[0]
+        if kind != last[0]:
+            last[0] = kind
+            err_console.print(f"[{time.monotonic() - started:5.1f}s] {step}", markup=False)
+
+    yield plain
+
+
+def _packages(packages: str | None, no_defaults: bool) -> list[str] | None:
+    if packages is None:
+        if no_defaults:
+            raise typer.BadParameter("--no-defaults needs --packages", param_hint="--packages")
+        return None
+    extra = split_packages(packages)
+    return extra if no_defaults else [*DEFAULT_PACKAGES, *extra]
+
+
+@image_app.command("build", help=BUILD_HELP)
+def build_cmd(
+    name: str = typer.Argument(..., help="Image name, e.g. hpc."),
+    packages: str | None = typer.Option(
+        None, "--packages", help="Extra Debian packages, comma-separated. Example: strace,gdb"
+    ),
+    no_defaults: bool = typer.Option(
+        False, "--no-defaults", help="Include only the --packages, not the default set."
+    ),
+    mirror: str = typer.Option(DEFAULT_MIRROR, "--mirror", help="Debian mirror URL."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even if an identical image exists."),
+    store: Path | None = typer.Option(None, "--store", help="Image store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the image as JSON."),
+) -> None:
+    with _spinner(name) as progress:
+        image = build_image(
+            name,
+            _packages(packages, no_defaults),
+            store=store,
+            mirror=mirror,
+            force=force,
+            progress=progress,
+        )
+    if as_json:
+        print_json(image.as_dict())
+        return
+    how = "reused" if image.reused else f"built in {image.build_seconds:.0f} s"
+    console.print(
+        f"image {image.name}: {image.short_digest}, {human_size(image.size_bytes)}, {how}",
+        markup=False,
+    )
+    console.print(f"rootfs: {image.rootfs}", markup=False)
+
+
+def _table(images: list[Image]) -> Table:
+    t = Table(show_header=True, header_style="bold")
+    for col in ("name", "digest", "size", "created", "packages"):
+        t.add_column(col, overflow="fold")
+    for i in images:
+        t.add_row(
+            i.name, i.short_digest, human_size(i.size_bytes), i.created, ", ".join(i.packages)
+        )
+    return t
+
+
+@image_app.command("ls", help=LS_HELP)
+def ls_cmd(
+    store: Path | None = typer.Option(None, "--store", help="Image store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the images as JSON."),
+) -> None:
+    images = list_images(store)
+    if as_json:
+        print_json([i.as_dict() for i in images])
+    elif images:
+        console.print(_table(images))
+    else:
+        console.print("no images (build one: hpvc image build hpc)", markup=False)
+
+
+@image_app.command("rm", help=RM_HELP)
+def rm_cmd(
+    name: str = typer.Argument(..., help="Image name."),
+    store: Path | None = typer.Option(None, "--store", help="Image store directory."),
+) -> None:
+    removed = remove_image(name, store)
+    if removed.deleted:
+        console.print(f"removed {name} ({removed.digest[:12]}, rootfs deleted)", markup=False)
+    else:
+        kept = ", ".join(removed.kept_for) or "in use"
+        console.print(f"removed {name} ({removed.digest[:12]} kept: {kept})", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``image`` to the app."""
+    app.add_typer(image_app, name="image")

@@ -1,0 +1,170 @@
+"""Working with a running cluster: status (read back from the kernel), exec, run."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from hpvc.backends import container as ct
+from hpvc.cluster.lifecycle import Env
+from hpvc.cluster.state import Store
+from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host import cgroups, net
+from hpvc.plan import Plan, PlannedNode
+from hpvc.render.files import mpi_nodes
+
+MPIRUN = "mpirun.openmpi"
+
+
+def _node_status(plan: Plan, node: PlannedNode) -> dict[str, Any]:
+    cid = ct.container_id(plan.cluster, node.name)
+    out: dict[str, Any] = {
+        "name": node.name,
+        "role": node.role,
+        "host": node.host,
+        "state": ct.container_state(cid),
+        "planned": {"cpus": list(node.cpuset), "memory_mib": node.memory_mib, "ip": node.ip},
+    }
+    try:
+        out["network"] = dict(net.read_link(f"hpvc-{plan.cluster}-{node.name}"))
+    except HpvcError as e:
+        out["network"] = {"error": e.why}
+    try:
+        out["limits"] = cgroups.read_node_limits(plan.cluster, node.name)
+    except (HpvcError, OSError) as e:
+        out["limits"] = {"error": str(e)}
+    return out
+
+
+def status(name: str, store: Store | None = None) -> dict[str, Any]:
+    """Nodes, states, addresses and limits as the kernel reports them now."""
+    store = store or Store()
+    rec = store.get(name)
+    plan = rec.the_plan()
+    return {
+        "cluster": name,
+        "status": rec.status,
+        "kind": plan.kind,
+        "image": plan.image,
+        "bridge": plan.network.bridge,
+        "subnet": plan.network.subnet,
+        "mtu": plan.network.mtu,
+        "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
+        "up_seconds": rec.extra.get("up_seconds"),
+        "nodes": [_node_status(plan, n) for n in plan.nodes],
+    }
+
+
+def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
+    store = store or Store()
+    out = []
+    for name in store.names():
+        rec = store.load(name)
+        if rec is None:
+            continue
+        plan = rec.the_plan()
+        out.append(
+            {
+                "name": name,
+                "status": rec.status,
+                "kind": plan.kind,
+                "nodes": len(plan.nodes),
+                "vcpus": sum(len(n.vcpus) for n in plan.nodes),
+                "subnet": plan.network.subnet,
+                "created": rec.created,
+            }
+        )
+    return out
+
+
+def exec_node(name: str, node: str, argv: list[str], store: Store | None = None) -> int:
+    """Run a command inside one node, stdio attached; return its exit code."""
+    store = store or Store()
+    plan = store.get(name).the_plan()
+    try:
+        plan.node(node)
+    except KeyError:
+        known = ", ".join(n.name for n in plan.nodes)
+        raise InputError(f"node {node!r}", f"not in cluster {name!r}", f"one of: {known}") from None
+    if not argv:
+        raise InputError("hpvc exec", "no command given", "hpvc exec NAME NODE -- CMD")
+    return subprocess.run(ct.exec_argv(ct.container_id(name, node), argv), check=False).returncode
+
+
+RANK_SCRIPT = """#!/bin/bash
+# hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its node (see ranks beside this file).
+set -e
+here=$(dirname "$0")
+node=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
+args=()
+while IFS= read -r -d '' kv; do
+  case "$kv" in OMPI_*|PMIX_*|OPAL_*|ORTE_*|HPVC_*) args+=(--env "$kv");; esac
+done < <(env -0)
+exec {crun} exec "${{args[@]}}" --env PATH=/usr/local/bin:/usr/bin:/bin "$node" "$@"
+"""
+
+
+def rank_layout(plan: Plan, n: int) -> list[str]:
+    """Container of each rank: nodes filled in order, one rank per vCPU."""
+    slots = [(ct.container_id(plan.cluster, x.name), len(x.vcpus)) for x in mpi_nodes(plan)]
+    total = sum(s for _, s in slots)
+    if n > total:
+        raise InputError(f"-n {n}", f"the cluster's MPI nodes have {total} vCPUs", f"-n {total}")
+    out: list[str] = []
+    for cid, s in slots:
+        out += [cid] * s
+    return out[:n]
+
+
+def mpirun_argv(env: Env, plan: Plan, n: int, argv: list[str], locality: str) -> list[str]:
+    """Host mpirun, each rank exec'd into its node (the PMIx server on the bridge).
+
+    With locality "shm" the nodes share IPC, PID namespace and /dev/shm, so
+    Open MPI's shared-memory transport (and CMA) works between them; with
+    "none" only the network path is allowed.
+    """
+    mpirun = shutil.which(MPIRUN)
+    if mpirun is None:
+        raise MissingDependency("hpvc run", f"{MPIRUN} not found", "apt-get install openmpi-bin")
+    out = [mpirun, "--allow-run-as-root", "-n", str(n), "--host", f"localhost:{n}"]
+    out += ["--bind-to", "none", "--mca", "orte_tmpdir_base", str(env.dir / "mpi")]
+    out += ["--mca", "btl_tcp_if_include", "eth0"]
+    if locality != "shm":
+        out += ["--mca", "btl", "tcp,self"]
+    return [*out, str(env.dir / "rankexec"), *argv]
+
+
+def run(name: str, argv: list[str], n: int | None = None, store: Store | None = None) -> int:
+    """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code."""
+    store = store or Store()
+    rec = store.get(name)
+    if rec.status != "running":
+        raise InputError(f"cluster {name!r}", f"is {rec.status}", "wait for it, or hpvc up")
+    if not argv:
+        raise InputError("hpvc run", "no command given", "hpvc run NAME -n 2 -- CMD")
+    plan = rec.the_plan()
+    env = Env(store, rec)
+    total = sum(len(x.vcpus) for x in mpi_nodes(plan))
+    layout = rank_layout(plan, n or total)
+    (env.dir / "ranks").write_text("".join(c + "\n" for c in layout))
+    script = env.dir / "rankexec"
+    script.write_text(RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())))
+    script.chmod(0o755)
+    locality = str(rec.spec.get("tuning", {}).get("locality", "shm"))
+    cmd = mpirun_argv(env, plan, len(layout), argv, locality)
+    child_env = {
+        **os.environ,
+        # Ranks sit in other network namespaces: the PMIx server must listen on
+        # the cluster bridge, not on the host's loopback.
+        "PMIX_MCA_ptl_tcp_remote_connections": "1",
+        "PMIX_MCA_ptl_tcp_if_include": plan.network.bridge,
+    }
+    return subprocess.run(cmd, env=child_env, check=False).returncode
+
+
+def rank_file(store: Store, name: str) -> Path:
+    return store.cluster_dir(name) / "ranks"

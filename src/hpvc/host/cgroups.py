@@ -1,0 +1,739 @@
+"""cgroups of hpvc clusters (v1, as on these hosts, and v2), with undo and read-back.
+
+Layout: ``/hpvc`` (shared by every cluster, never exclusive; on v1 its cpuset
+copies the root's CPUs and memory nodes) holds ``/hpvc/<cluster>``, which holds
+the cluster's CPUs and memory nodes. crun creates each node's cgroup
+``/hpvc/<cluster>/<node>`` from ``cgroupsPath`` (cgroupfs manager), so the
+nodes nest under the cluster's cpuset. On v1 hpvc creates both levels in every
+hierarchy crun uses (``CRUN_V1``); on v2 in the unified tree, with the
+controllers the root delegates enabled in ``cgroup.subtree_control``.
+
+Exclusive CPUs: the kernel (v1 ``cpuset.cpu_exclusive``, v2
+``cpuset.cpus.partition``) makes a cpuset exclusive only when its parent is.
+``/hpvc`` stays non-exclusive (HOST-NOTES: an exclusive top-level cpuset breaks
+Slurm and crun, which create cpusets beside it with the root's CPUs), so a
+cluster asked to be exclusive gets the flag only where an administrator made
+``/hpvc`` exclusive; otherwise ``ClusterCgroup.notes`` says so and the CPUs
+stay exclusive by hpvc's own reservations. ``read_node_limits`` reports what
+the kernel holds.
+
+Undo kinds (DESIGN rule 3):
+
+``"cgroup"`` ``{root, path, hierarchies}``
+    removes ``path`` and everything below it (node cgroups a failed ``crun run``
+    left), leaf first, in every cgroup hierarchy mounted then or at undo time:
+    crun also makes the path in ``name=systemd`` and in the cgroup2 tree of a
+    hybrid host and leaves the parents behind. Then ``/hpvc`` goes too if no
+    cluster is left in it. Only ``rmdir``: a cgroup with tasks is kept, and the
+    undo raises ``HpvcError`` listing the PIDs (hpvc never kills them).
+``"cgroup-v1-mount"`` ``{root, target, controller, created_dir}``
+    host-wide, for the host journal: binding hugetlb to v1 (crun 1.8 refuses a
+    hybrid host otherwise). Its undo unmounts only when nothing uses the
+    hierarchy (no cgroup below its root, no ``/hpvc`` in any hierarchy), else it
+    leaves the mount, which is what crun needs anyway, and says so in the log.
+    So another cluster relying on it is never broken.
+``"blk-scheduler"`` ``{root, device, previous}``
+    host-wide: ``ensure_bfq`` switched a device to bfq; the undo puts the
+    previous scheduler back if bfq is still the active one.
+
+Every function takes ``root`` (``/`` or a fake tree); mounts, unmounts and
+modprobe go through ``_runner``, which refuses a fake root unless a test set it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hpvc.errors import HpvcError, InputError
+from hpvc.host.journal import Args, Journal, undoer
+from hpvc.host.probe import CgroupLayout, cgroup_layout, read_mounts
+from hpvc.plan.model import IOPlan
+from hpvc.units import format_cpulist, parse_cpulist
+
+PARENT = "hpvc"
+CRUN_V1 = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "pids", "hugetlb", "devices", "freezer")
+V2_CONTROLLERS = ("cpuset", "cpu", "memory", "io", "pids", "hugetlb")
+THROTTLES = (
+    ("read_bps", "rbps"),
+    ("write_bps", "wbps"),
+    ("read_iops", "riops"),
+    ("write_iops", "wiops"),
+)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_UNLIMITED = 1 << 62  # v1 prints "no limit" as PAGE_COUNTER_MAX * page size
+_log = logging.getLogger(__name__)
+Runner = Callable[[Sequence[str]], None]
+Version = Literal["v1", "v2"]
+
+
+def _host_run(argv: Sequence[str]) -> None:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    except FileNotFoundError as e:
+        pkg = {"modprobe": "kmod"}.get(argv[0], "mount")
+        raise HpvcError(" ".join(argv), f"{argv[0]} not found", f"apt-get install {pkg}") from e
+    if done.returncode != 0:
+        raise HpvcError(" ".join(argv), done.stderr.strip() or f"exit status {done.returncode}")
+
+
+_runner: Runner = _host_run
+_rmdir: Callable[[Path], None] = os.rmdir
+
+
+def _run(root: Path, argv: Sequence[str]) -> None:
+    if root != Path("/") and _runner is _host_run:
+        raise RuntimeError(f"refusing to run {list(argv)} for the fake root {root}")
+    _runner(argv)
+
+
+# --- small helpers -------------------------------------------------------------------
+
+
+def _at(root: Path, abs_path: str) -> Path:
+    return root / abs_path.lstrip("/")
+
+
+def _check_name(what: str, name: str) -> None:
+    if not _NAME.fullmatch(name):
+        raise InputError(
+            f"{what} name {name!r}",
+            "not usable as a cgroup name",
+            "use letters, digits, '_', '.', '-' (at most 64, not starting with '.' or '-')",
+        )
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    """An integer file; ``max``, ``-1`` and v1's huge "no limit" read as None."""
+    if text is None or text in ("max", "-1") or not text.lstrip("-").isdigit():
+        return None
+    value = int(text)
+    return None if value >= _UNLIMITED else value
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as e:
+        raise HpvcError(f"write {value!r} to {path}", e.strerror or str(e)) from e
+
+
+def _cpulist(value: str | Iterable[int]) -> str:
+    cpus = parse_cpulist(value) if isinstance(value, str) else list(value)
+    return format_cpulist(cpus)
+
+
+def _version(layout: CgroupLayout) -> Version:
+    if layout.v1:
+        return "v1"
+    if layout.v2_path is not None:
+        return "v2"
+    raise HpvcError(
+        "cgroups", "no cgroup filesystem is mounted", "mount -t cgroup2 none /sys/fs/cgroup"
+    )
+
+
+def _all_hierarchies(root: Path) -> list[str]:
+    """Mount points of every cgroup hierarchy (v1, named v1 like systemd, cgroup2)."""
+    targets = [m.target for m in read_mounts(root) if m.fstype in ("cgroup", "cgroup2")]
+    return list(dict.fromkeys(targets))
+
+
+def _crun_targets(layout: CgroupLayout) -> list[str]:
+    """v1 mount points of the controllers crun uses (co-mounted ones once)."""
+    return list(dict.fromkeys(layout.v1[c] for c in CRUN_V1 if layout.v1.get(c)))
+
+
+def _procs(d: Path) -> list[int]:
+    return [int(t) for t in (_read(d / "cgroup.procs") or "").split() if t.isdigit()]
+
+
+def _subdirs(d: Path) -> list[Path]:
+    try:
+        return [p for p in d.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+# --- hugetlb on v1 -------------------------------------------------------------------
+
+
+def ensure_hugetlb_v1(journal: Journal, root: Path = Path("/")) -> bool:
+    """Bind hugetlb to cgroup v1 where the host uses v1 without it; True when hpvc mounted it.
+
+    Host-wide: pass the host journal. crun 1.8 refuses a hybrid host until this is done.
+    """
+    layout = cgroup_layout(root)
+    if not layout.v1 or "hugetlb" in layout.v1:
+        return False
+    bases = sorted({str(Path(t).parent) for t in layout.v1.values() if t})
+    target = f"{bases[0] if bases else '/sys/fs/cgroup'}/hugetlb"
+    real = _at(root, target)
+    journal.record(
+        "cgroup-v1-mount",
+        root=str(root),
+        target=target,
+        controller="hugetlb",
+        created_dir=not real.exists(),
+    )
+    real.mkdir(exist_ok=True)
+    try:
+        _run(root, ["mount", "-t", "cgroup", "-o", "hugetlb", "cgroup", str(real)])
+    except HpvcError as e:
+        raise HpvcError(
+            "bind hugetlb to cgroup v1",
+            e.why,
+            "check that no cgroup2 cgroup.subtree_control enables hugetlb",
+        ) from e
+    return True
+
+
+def _hpvc_cgroups_left(root: Path) -> list[str]:
+    return [t for t in _all_hierarchies(root) if (_at(root, t) / PARENT).is_dir()]
+
+
+@undoer("cgroup-v1-mount")
+def _undo_v1_mount(args: Args) -> None:
+    root, target = Path(args["root"]), args["target"]
+    real = _at(root, target)
+    mounted = any(
+        m.target == target and m.fstype == "cgroup" and args["controller"] in m.options
+        for m in read_mounts(root)
+    )
+    if mounted:
+        users = [p.name for p in _subdirs(real)] + _hpvc_cgroups_left(root)
+        if users:
+            _log.info("leaving %s mounted: still used by %s", target, ", ".join(users))
+            return
+        _run(root, ["umount", str(real)])
+    if args.get("created_dir"):
+        with suppress(OSError):
+            real.rmdir()
+
+
+# --- cluster cgroups -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterCgroup:
+    """What ``ensure_cluster_cgroup`` left in the kernel."""
+
+    path: str  # "/hpvc/<cluster>", the same in every hierarchy
+    version: Version
+    dirs: tuple[Path, ...]
+    exclusive: bool  # what the kernel holds, not what was asked
+    notes: tuple[str, ...] = ()
+
+
+def cluster_path(cluster: str) -> str:
+    return f"/{PARENT}/{cluster}"
+
+
+def node_path(cluster: str, node: str) -> str:
+    """cgroupsPath of a node's container (what crun creates)."""
+    return f"/{PARENT}/{cluster}/{node}"
+
+
+def ensure_cluster_cgroup(
+    journal: Journal,
+    cluster: str,
+    *,
+    cpus: str | Iterable[int],
+    mems: str | Iterable[int],
+    exclusive: bool,
+    root: Path = Path("/"),
+) -> ClusterCgroup:
+    """Create ``/hpvc/<cluster>`` with the cluster's CPUs and memory nodes (undo kind "cgroup")."""
+    _check_name("cluster", cluster)
+    cpus_s, mems_s = _cpulist(cpus), _cpulist(mems)
+    layout = cgroup_layout(root)
+    version = _version(layout)
+    targets = _crun_targets(layout) if version == "v1" else [layout.v2_path or ""]
+    rel = cluster_path(cluster)
+    journal.record("cgroup", root=str(root), path=rel, hierarchies=targets)
+    if version == "v1":
+        excl, notes = _ensure_v1(root, layout, cluster, cpus_s, mems_s, exclusive)
+    else:
+        excl, notes = _ensure_v2(
+            root, _at(root, layout.v2_path or ""), cluster, cpus_s, mems_s, exclusive
+        )
+    dirs = tuple(_at(root, t) / PARENT / cluster for t in targets)
+    return ClusterCgroup(rel, version, dirs, excl, tuple(notes))
+
+
+def _mkdir(d: Path) -> None:
+    try:
+        d.mkdir(exist_ok=True)
+    except OSError as e:
+        raise HpvcError(f"create cgroup {d}", e.strerror or str(e)) from e
+
+
+def _ensure_v1(
+    root: Path, layout: CgroupLayout, cluster: str, cpus: str, mems: str, exclusive: bool
+) -> tuple[bool, list[str]]:
+    notes: list[str] = []
+    lacking = [c for c in CRUN_V1 if not layout.v1.get(c)]
+    if lacking:
+        notes.append(
+            f"cgroup v1 lacks {','.join(lacking)}: crun will refuse to start"
+            + (" (ensure_hugetlb_v1 binds hugetlb)" if "hugetlb" in lacking else "")
+        )
+    cpuset_root = _at(root, layout.v1["cpuset"]) if layout.v1.get("cpuset") else None
+    for target in _crun_targets(layout):
+        base = _at(root, target)
+        if base == cpuset_root:
+            continue
+        _mkdir(base / PARENT)
+        _mkdir(base / PARENT / cluster)
+    if cpuset_root is None:
+        notes.append("no v1 cpuset hierarchy: the cluster's CPUs are not confined")
+        return False, notes
+    top = cpuset_root / PARENT
+    _mkdir(top)
+    if _read(top / "cpuset.cpu_exclusive") != "1":
+        for name in ("cpuset.cpus", "cpuset.mems"):  # the root's: a superset of any child's
+            _write(top / name, _read(cpuset_root / name) or "")
+    cl = top / cluster
+    _mkdir(cl)
+    _write(cl / "cpuset.cpus", cpus)
+    _write(cl / "cpuset.mems", mems)
+    excl, note = _exclusive_v1(top, cl, exclusive)
+    return excl, notes + note
+
+
+def _exclusive_v1(top: Path, cl: Path, want: bool) -> tuple[bool, list[str]]:
+    flag = cl / "cpuset.cpu_exclusive"
+    if not want:
+        if _read(flag) == "1":
+            _write(flag, "0")
+        return False, []
+    if _read(top / "cpuset.cpu_exclusive") != "1":
+        return False, [_not_exclusive_note(cl)]
+    try:
+        flag.write_text("1")
+    except OSError as e:
+        siblings = [p.name for p in _subdirs(top) if p != cl]
+        raise HpvcError(
+            f"make cpuset {cl} exclusive",
+            f"{e.strerror or e}: its CPUs overlap another cpuset beside it ({', '.join(siblings)})",
+            "give the cluster CPUs no other cluster holds",
+        ) from e
+    return True, []
+
+
+def _not_exclusive_note(cl: Path) -> str:
+    return (
+        f"{cl}: not marked exclusive: the kernel allows that only under an exclusive "
+        f"parent, and /{PARENT} stays shared so Slurm and crun can still create cpusets "
+        "beside it; hpvc's reservations keep these CPUs to this cluster"
+    )
+
+
+def _ensure_v2(
+    root: Path, base: Path, cluster: str, cpus: str, mems: str, exclusive: bool
+) -> tuple[bool, list[str]]:
+    delegated = (_read(base / "cgroup.subtree_control") or "").split()
+    wanted = [c for c in V2_CONTROLLERS if c in delegated]
+    notes = []
+    if len(wanted) < len(V2_CONTROLLERS):
+        lacking = ",".join(c for c in V2_CONTROLLERS if c not in wanted)
+        notes.append(f"the cgroup2 root does not delegate {lacking}: those limits will not apply")
+    top, cl = base / PARENT, base / PARENT / cluster
+    _mkdir(top)
+    _mkdir(cl)
+    for d in (top, cl):
+        have = (_read(d / "cgroup.subtree_control") or "").split()
+        missing = [f"+{c}" for c in wanted if c not in have]
+        if missing:  # one write: the kernel takes all or none
+            _write(d / "cgroup.subtree_control", " ".join(missing))
+    if "cpuset" not in wanted:
+        return False, notes
+    _write(cl / "cpuset.cpus", cpus)
+    _write(cl / "cpuset.mems", mems)
+    if not exclusive:
+        return False, notes
+    if not (_read(top / "cpuset.cpus.partition") or "").startswith("root"):
+        return False, [*notes, _not_exclusive_note(cl)]
+    _write(cl / "cpuset.cpus.partition", "root")
+    return _read(cl / "cpuset.cpus.partition") == "root", notes
+
+
+@undoer("cgroup")
+def _undo_cgroup(args: Args) -> None:
+    root, rel = Path(args["root"]), args["path"].strip("/")
+    parts = rel.split("/")
+    if len(parts) < 2 or parts[0] != PARENT or not all(_NAME.fullmatch(p) for p in parts[1:]):
+        raise HpvcError(f"undo cgroup {args['path']!r}", f"not a path below /{PARENT}")
+    targets = dict.fromkeys([*args.get("hierarchies", []), *_all_hierarchies(root)])
+    busy: dict[str, list[int]] = {}
+    for target in targets:
+        base = _at(root, target)
+        busy.update(_remove_tree(base / rel))
+        _prune(base, rel)
+    if busy:
+        listed = "; ".join(f"{d}: {' '.join(map(str, p))}" for d, p in busy.items())
+        raise HpvcError(
+            f"remove cgroup /{rel}",
+            f"tasks are still in it ({listed})",
+            "stop those processes (hpvc down stops the cluster's nodes), then undo again",
+        )
+
+
+def _remove_tree(top: Path) -> dict[str, list[int]]:
+    """rmdir ``top`` and every cgroup below it, leaf first; return the busy ones' PIDs."""
+    if not top.is_dir():
+        return {}
+    busy: dict[str, list[int]] = {}
+    for dirpath, _, _ in os.walk(top, topdown=False):
+        d = Path(dirpath)
+        pids = _procs(d)
+        if pids:
+            busy[str(d)] = pids
+            continue
+        if _subdirs(d):
+            continue  # a busy cgroup below
+        try:
+            _rmdir(d)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            busy.setdefault(str(d), _procs(d))
+            _log.warning("cannot remove %s: %s", d, e.strerror or e)
+    return busy
+
+
+def _prune(base: Path, rel: str) -> None:
+    """rmdir the now-empty ancestors of ``rel`` (``/hpvc`` when no cluster is left)."""
+    parent = Path(rel).parent
+    while parent != Path("."):
+        d = base / parent
+        if not d.is_dir() or _subdirs(d) or _procs(d):
+            return
+        try:
+            _rmdir(d)
+        except OSError:
+            return  # another cluster is being created in it right now
+        parent = parent.parent
+
+
+def cluster_cgroup_exists(cluster: str, root: Path = Path("/")) -> bool:
+    """Does ``/hpvc/<cluster>`` exist in any cgroup hierarchy."""
+    _check_name("cluster", cluster)
+    rel = cluster_path(cluster)
+    return any((_at(root, t) / rel.lstrip("/")).is_dir() for t in _all_hierarchies(root))
+
+
+# --- per-node block I/O --------------------------------------------------------------
+
+
+def _scheduler(path: Path) -> tuple[str, list[str]] | None:
+    """(active, offered) from a queue/scheduler file, or None when unreadable."""
+    text = _read(path)
+    if text is None:
+        return None
+    offered = text.replace("[", "").replace("]", "").split()
+    active = re.search(r"\[([^\]]+)\]", text)
+    if active:
+        return active.group(1), offered
+    return (offered[0] if len(offered) == 1 else "none"), offered
+
+
+def ensure_bfq(journal: Journal, device_name: str, root: Path = Path("/")) -> list[str]:
+    """Make bfq the scheduler of ``device_name`` (undo kind "blk-scheduler"); return notes.
+
+    Host-wide: pass the host journal. Loads the bfq module with ``modprobe bfq`` only
+    when the device does not offer bfq (the module stays loaded, and a note says so).
+    """
+    path = _at(root, f"/sys/block/{device_name}/queue/scheduler")
+    state = _scheduler(path)
+    if state is None:
+        raise HpvcError(f"block device {device_name}", f"no {path}", "name a disk in /sys/block")
+    active, offered = state
+    if active == "bfq":
+        return []
+    notes = []
+    if "bfq" not in offered:
+        _run(root, ["modprobe", "bfq"])
+        notes.append("loaded the bfq module (modprobe bfq); hpvc leaves it loaded")
+        state = _scheduler(path)
+        if state is None or "bfq" not in state[1]:
+            raise HpvcError(f"bfq on {device_name}", "the kernel offers no bfq scheduler")
+    journal.record("blk-scheduler", root=str(root), device=device_name, previous=active)
+    _write(path, "bfq")
+    now = _scheduler(path)
+    if now is None or now[0] != "bfq":
+        raise HpvcError(f"bfq on {device_name}", f"the scheduler is still {now[0] if now else '?'}")
+    notes.append(f"{device_name}: I/O scheduler {active} -> bfq")
+    return notes
+
+
+@undoer("blk-scheduler")
+def _undo_scheduler(args: Args) -> None:
+    path = _at(Path(args["root"]), f"/sys/block/{args['device']}/queue/scheduler")
+    state = _scheduler(path)
+    if state is not None and state[0] == "bfq" and args["previous"] in state[1]:
+        _write(path, args["previous"])
+
+
+def device_name(device: tuple[int, int], root: Path = Path("/")) -> str:
+    """Disk name of a block device number (a partition's disk, which holds the scheduler)."""
+    link = _at(root, f"/sys/dev/block/{device[0]}:{device[1]}")
+    if not link.exists():
+        raise HpvcError(f"block device {device[0]}:{device[1]}", f"no {link}")
+    real = link.resolve()
+    return real.parent.name if (real / "partition").exists() else real.name
+
+
+def _node_dir(root: Path, cluster: str, node: str, controller: str) -> tuple[Version, Path]:
+    _check_name("cluster", cluster)
+    _check_name("node", node)
+    layout = cgroup_layout(root)
+    version = _version(layout)
+    target = layout.v1.get(controller) if version == "v1" else layout.v2_path
+    d = _at(root, target or "/nonexistent") / node_path(cluster, node).lstrip("/")
+    if not target or not d.is_dir():
+        raise HpvcError(
+            f"node {node} of cluster {cluster}",
+            f"no {controller} cgroup {node_path(cluster, node)}",
+            "is the node running? its container's cgroup appears when it starts",
+        )
+    return version, d
+
+
+def apply_node_extras(
+    cluster: str,
+    node: str,
+    *,
+    io: IOPlan | None,
+    device: tuple[int, int] | None,
+    root: Path = Path("/"),
+) -> list[str]:
+    """Set what crun cannot (bfq weight) and check crun's throttles; return what was set."""
+    if io is None:
+        return []
+    version, d = _node_dir(root, cluster, node, "blkio")
+    done: list[str] = []
+    if io.weight is not None:
+        done += _apply_weight(root, version, d, io.weight, device)
+    wanted = {name: getattr(io, name) for name, _ in THROTTLES if getattr(io, name) is not None}
+    if wanted and device is None:
+        done.append("block I/O throttles not checked: no block device given")
+    elif wanted and device is not None:
+        key = f"{device[0]}:{device[1]}"
+        setter = _throttle_v1 if version == "v1" else _throttle_v2
+        done += [setter(d, key, name, value) for name, value in wanted.items()]
+    return [line for line in done if line]
+
+
+def _weight_value(text: str | None) -> int | None:
+    """``100`` or ``default 100`` (plus per-device lines) -> 100."""
+    first = (text or "").splitlines()[0].split() if text else []
+    return _int(first[-1]) if first else None
+
+
+def _apply_weight(
+    root: Path, version: Version, d: Path, weight: int, device: tuple[int, int] | None
+) -> list[str]:
+    if device is not None:
+        name = device_name(device, root)
+        state = _scheduler(_at(root, f"/sys/block/{name}/queue/scheduler"))
+        if state is None or state[0] != "bfq":
+            raise HpvcError(
+                f"block I/O weight {weight} of {d}",
+                f"{name} uses the {state[0] if state else '?'} scheduler; weights need bfq",
+                f"hpvc switches it at up (ensure_bfq); by hand: echo bfq > /sys/block/{name}"
+                "/queue/scheduler",
+            )
+    path = d / ("blkio.bfq.weight" if version == "v1" else "io.bfq.weight")
+    if not path.exists():
+        raise HpvcError(f"block I/O weight of {d}", f"no {path.name}", "modprobe bfq")
+    _write(path, str(weight))
+    if _weight_value(_read(path)) != weight:
+        raise HpvcError(f"block I/O weight of {d}", f"{path.name} reads {_read(path)!r}")
+    return [f"{path.name} = {weight}"]
+
+
+def parse_device_map(text: str | None) -> dict[str, int]:
+    """``8:0 1048576`` lines (v1 blkio.throttle.*) -> {"8:0": 1048576}."""
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def parse_io_max(text: str | None) -> dict[str, dict[str, int | None]]:
+    """v2 io.max lines -> {"8:0": {"rbps": 1048576, "wbps": None, ...}}."""
+    out: dict[str, dict[str, int | None]] = {}
+    for line in (text or "").splitlines():
+        dev, *pairs = line.split()
+        out[dev] = {k: _int(v) for k, _, v in (p.partition("=") for p in pairs)}
+    return out
+
+
+def _throttle_v1(d: Path, key: str, name: str, value: int) -> str:
+    path = d / f"blkio.throttle.{name}_device"
+    if parse_device_map(_read(path)).get(key) == value:
+        return ""
+    _write(path, f"{key} {value}")
+    if parse_device_map(_read(path)).get(key) != value:
+        raise HpvcError(f"block I/O limit of {d}", f"{path.name} does not hold {key} {value}")
+    return f"{path.name} = {key} {value} (crun had not set it)"
+
+
+def _throttle_v2(d: Path, key: str, name: str, value: int) -> str:
+    field = dict(THROTTLES)[name]
+    path = d / "io.max"
+    if parse_io_max(_read(path)).get(key, {}).get(field) == value:
+        return ""
+    _write(path, f"{key} {field}={value}")
+    if parse_io_max(_read(path)).get(key, {}).get(field) != value:
+        raise HpvcError(f"block I/O limit of {d}", f"io.max does not hold {key} {field}={value}")
+    return f"io.max = {key} {field}={value} (crun had not set it)"
+
+
+# --- read-back -----------------------------------------------------------------------
+
+
+def node_tasks(cluster: str, node: str, root: Path = Path("/")) -> list[int]:
+    """PIDs in the node's cgroup and below it (empty when it has none)."""
+    for controller in ("pids", "memory", "cpuset", "freezer"):
+        try:
+            _, d = _node_dir(root, cluster, node, controller)
+        except HpvcError:
+            continue
+        pids: set[int] = set()
+        for dirpath, _, _ in os.walk(d):
+            pids.update(_procs(Path(dirpath)))
+        return sorted(pids)
+    return []
+
+
+def _hugetlb_kib(name: str) -> int | None:
+    """``2MB`` -> 2048 (the size in hugetlb.<size>.* file names)."""
+    m = re.fullmatch(r"(\d+)([KMG])B", name)
+    if not m:
+        return None
+    return int(m.group(1)) << {"K": 0, "M": 10, "G": 20}[m.group(2)]
+
+
+def _hugetlb(d: Path | None, limit: str, usage: str) -> dict[str, dict[str, int | None]]:
+    out: dict[str, dict[str, int | None]] = {}
+    if d is None or not d.is_dir():
+        return out
+    for f in sorted(d.glob(f"hugetlb.*.{limit}")):
+        size = _hugetlb_kib(f.name.split(".")[1])
+        if size is not None and not f.name.split(".")[2].startswith("rsvd"):
+            usage_text = _read(d / f"hugetlb.{f.name.split('.')[1]}.{usage}")
+            out[f"{size}kB"] = {"limit": _int(_read(f)), "usage": _int(usage_text)}
+    return out
+
+
+def read_node_limits(cluster: str, node: str, root: Path = Path("/")) -> dict[str, Any]:
+    """The limits the kernel holds for a node (for ``hpvc status``); None: no limit / unknown.
+
+    Keys: cgroup ("v1"|"v2"), path, cpus, mems (the node's), cluster_cpus, cluster_mems,
+    cpu_exclusive (of the cluster's cpuset), memory_limit, memory_usage, cpu_shares (v1),
+    cpu_weight (v2), cpu_quota_us, cpu_period_us, io {read_bps, write_bps, read_iops,
+    write_iops: {"MAJ:MIN": value}}, io_weight (bfq), pids_max, pids_current,
+    hugetlb {"2048kB": {limit, usage}} (bytes).
+    """
+    _check_name("cluster", cluster)
+    _check_name("node", node)
+    layout = cgroup_layout(root)
+    if _version(layout) == "v1":
+        return _limits_v1(root, layout, cluster, node)
+    _, d = _node_dir(root, cluster, node, "cgroup2")
+    return _limits_v2(d, d.parent)
+
+
+def _v1_reader(root: Path, layout: CgroupLayout, rel: str) -> Callable[[str, str], str | None]:
+    def read(controller: str, name: str) -> str | None:
+        target = layout.v1.get(controller)
+        return _read(_at(root, target) / rel / name) if target else None
+
+    return read
+
+
+def _limits_v1(root: Path, layout: CgroupLayout, cluster: str, node: str) -> dict[str, Any]:
+    rel = node_path(cluster, node).lstrip("/")
+    if not any((_at(root, t) / rel).is_dir() for t in _crun_targets(layout)):
+        _node_dir(root, cluster, node, "pids")  # raises the "is it running?" error
+    n = _v1_reader(root, layout, rel)
+    c = _v1_reader(root, layout, cluster_path(cluster).lstrip("/"))
+    hugetlb = layout.v1.get("hugetlb")
+    return {
+        "cgroup": "v1",
+        "path": "/" + rel,
+        "cpus": n("cpuset", "cpuset.cpus"),
+        "mems": n("cpuset", "cpuset.mems"),
+        "cluster_cpus": c("cpuset", "cpuset.cpus"),
+        "cluster_mems": c("cpuset", "cpuset.mems"),
+        "cpu_exclusive": c("cpuset", "cpuset.cpu_exclusive") == "1",
+        "memory_limit": _int(n("memory", "memory.limit_in_bytes")),
+        "memory_usage": _int(n("memory", "memory.usage_in_bytes")),
+        "cpu_shares": _int(n("cpu", "cpu.shares")),
+        "cpu_weight": None,
+        "cpu_quota_us": _int(n("cpu", "cpu.cfs_quota_us")),
+        "cpu_period_us": _int(n("cpu", "cpu.cfs_period_us")),
+        "io": {
+            name: parse_device_map(n("blkio", f"blkio.throttle.{name}_device"))
+            for name, _ in THROTTLES
+        },
+        "io_weight": _weight_value(n("blkio", "blkio.bfq.weight")),
+        "pids_max": _int(n("pids", "pids.max")),
+        "pids_current": _int(n("pids", "pids.current")),
+        "hugetlb": _hugetlb(
+            _at(root, hugetlb) / rel if hugetlb else None, "limit_in_bytes", "usage_in_bytes"
+        ),
+    }
+
+
+def _io_field(io_max: dict[str, dict[str, int | None]], field: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for dev, values in io_max.items():
+        value = values.get(field)
+        if value is not None:
+            out[dev] = value
+    return out
+
+
+def _limits_v2(d: Path, cl: Path) -> dict[str, Any]:
+    cpu_max = (_read(d / "cpu.max") or "").split()
+    io_max = parse_io_max(_read(d / "io.max"))
+    partition = _read(cl / "cpuset.cpus.partition") or ""
+    return {
+        "cgroup": "v2",
+        "path": "/" + "/".join(d.parts[-3:]),
+        "cpus": _read(d / "cpuset.cpus.effective"),
+        "mems": _read(d / "cpuset.mems.effective"),
+        "cluster_cpus": _read(cl / "cpuset.cpus.effective"),
+        "cluster_mems": _read(cl / "cpuset.mems.effective"),
+        "cpu_exclusive": partition in ("root", "isolated"),
+        "memory_limit": _int(_read(d / "memory.max")),
+        "memory_usage": _int(_read(d / "memory.current")),
+        "cpu_shares": None,
+        "cpu_weight": _int(_read(d / "cpu.weight")),
+        "cpu_quota_us": _int(cpu_max[0]) if cpu_max else None,
+        "cpu_period_us": _int(cpu_max[1]) if len(cpu_max) > 1 else None,
+        "io": {name: _io_field(io_max, f) for name, f in THROTTLES},
+        "io_weight": _weight_value(_read(d / "io.bfq.weight")),
+        "pids_max": _int(_read(d / "pids.max")),
+        "pids_current": _int(_read(d / "pids.current")),
+        "hugetlb": _hugetlb(d, "max", "current"),
+    }

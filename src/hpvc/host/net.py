@@ -1,0 +1,340 @@
+"""Cluster networks on one host: a bridge per cluster, a namespace and a veth per node.
+
+Layout, for a cluster whose nodes are containers::
+
+    host:  bridge (gateway address, MTU) ── hc<hash> (veth host end, no address)
+                                                 │
+    netns /run/netns/<name>:                    eth0 (node MAC, address, MTU), lo
+
+Nothing leaves the bridge: no NAT, no default route in the namespaces, only the
+subnet route that comes with each address. IPv6 is switched off on every
+interface made here (no link-local address, no DAD or router solicitations),
+where the kernel lets us.
+
+DESIGN rule 3: every change is written to the ``Journal`` before it is made;
+the undo kinds are ``"bridge"``, ``"netns"`` and ``"veth"``, each idempotent.
+Errors become ``HpvcError`` naming the interface and the kernel's reason.
+Namespaces are joined by path (``nsenter --net=PATH``, crun), never with
+``ip netns exec``, which remounts /sys (HOST-NOTES).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, TypedDict
+
+from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
+from pyroute2 import netns as pr_netns
+
+from hpvc.errors import HpvcError
+from hpvc.host.journal import Args, Journal, undoer
+
+NETNS_DIR = "/run/netns"
+NODE_IFNAME = "eth0"
+IFNAME_MAX = 15  # IFNAMSIZ - 1
+NUD_PERMANENT = 0x80
+CLONE_NEWNET = 0x40000000
+_ENODEV = 19
+_NETNS_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
+_PREFIX = re.compile(r"[a-z][a-z0-9]{0,6}")
+
+
+class Neighbor(TypedDict):
+    """One permanent ARP entry."""
+
+    ip: str
+    mac: str
+
+
+class LinkInfo(TypedDict):
+    """What the kernel says about a node's interface (read back, not planned)."""
+
+    ifname: str
+    address: str | None
+    prefixlen: int | None
+    mac: str
+    mtu: int
+    operstate: str
+    neighbors: list[Neighbor]
+
+
+def short_ifname(prefix: str, *parts: str) -> str:
+    """A deterministic interface name of exactly 15 characters: prefix + hex hash of parts.
+
+    ``short_ifname("hc", cluster, node)`` gives ``hc`` + 13 hex digits. The
+    prefix is 1 to 7 lowercase letters or digits (so at least 8 hex digits
+    remain); the renderer's tap names (``hv`` + 12 hex) cannot collide with ``hc``.
+    """
+    if not _PREFIX.fullmatch(prefix):
+        raise ValueError(f"interface name prefix {prefix!r}: want 1-7 of [a-z0-9], a letter first")
+    if not parts:
+        raise ValueError("short_ifname needs at least one part to hash")
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return prefix + digest[: IFNAME_MAX - len(prefix)]
+
+
+def netns_path(netns: str) -> str:
+    """The bind-mount path of a named namespace; a path (with '/') is returned as is."""
+    return netns if "/" in netns else f"{NETNS_DIR}/{netns}"
+
+
+def _fail(what: str, err: Exception, fix: str = "") -> HpvcError:
+    code = getattr(err, "code", None) if isinstance(err, NetlinkError) else None
+    if code is None and isinstance(err, OSError):
+        code = err.errno
+    why = os.strerror(code) if isinstance(code, int) and code > 0 else str(err)
+    return HpvcError(what, why.lower(), fix)
+
+
+@contextmanager
+def _rtnl(what: str, netns: str | None = None) -> Iterator[Any]:
+    """A netlink socket (inside ``netns`` when given); failures become ``HpvcError(what)``."""
+    if netns is not None and not os.path.exists(netns_path(netns)):
+        raise HpvcError(what, f"network namespace {netns_path(netns)} does not exist")
+    try:
+        ipr = IPRoute() if netns is None else IPRoute(netns=netns_path(netns), flags=0)
+    except (NetlinkError, OSError) as e:
+        raise _fail(what, e) from e
+    try:
+        yield ipr
+    except (NetlinkError, OSError) as e:
+        raise _fail(what, e) from e
+    finally:
+        ipr.close()
+
+
+def _index(ipr: Any, ifname: str) -> int | None:
+    found = ipr.link_lookup(ifname=ifname)
+    return int(found[0]) if found else None
+
+
+def _require_index(ipr: Any, ifname: str, what: str, where: str = "on the host") -> int:
+    index = _index(ipr, ifname)
+    if index is None:
+        raise HpvcError(what, f"no interface {ifname} {where}")
+    return index
+
+
+def _kind(ipr: Any, index: int) -> str | None:
+    kind = ipr.link("get", index=index)[0].get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
+    return None if kind is None else str(kind)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _in_netns(netns: str, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on a short-lived thread that joined ``netns`` (setns is per thread)."""
+
+    def run() -> None:
+        fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), netns_path(netns))
+        finally:
+            os.close(fd)
+        fn()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpvc-netns") as pool:
+        pool.submit(run).result()
+
+
+def _disable_ipv6(ifname: str, netns: str | None = None) -> None:
+    """Switch IPv6 off on one interface if the kernel lets us (no DAD, no RS noise)."""
+    path = Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6")
+
+    def write() -> None:
+        # No IPv6 in this kernel, or a read-only /proc/sys: fine, IPv6 just stays on.
+        with suppress(OSError):
+            path.write_text("1\n")
+
+    if netns is None:
+        write()
+    else:
+        _in_netns(netns, write)
+
+
+def _ensure_addr(ipr: Any, index: int, address: str, prefixlen: int) -> None:
+    for msg in ipr.addr("dump", index=index, family=socket.AF_INET):
+        if msg.get("IFA_LOCAL") == address and msg["prefixlen"] == prefixlen:
+            return
+    ipr.addr("add", index=index, address=address, prefixlen=prefixlen)
+
+
+def ensure_bridge(journal: Journal, name: str, address: str, prefixlen: int, mtu: int) -> None:
+    """Create the cluster's bridge (or adopt it when it exists), with MTU and gateway address, up.
+
+    A bridge left by an earlier ``up`` of the same cluster is adopted without a
+    second journal record; an interface of that name that is not a bridge is an error.
+    """
+    what = f"bridge {name}"
+    with _rtnl(what) as ipr:
+        index = _index(ipr, name)
+        if index is None:
+            journal.record("bridge", name=name)
+            ipr.link("add", ifname=name, kind="bridge")
+            index = _require_index(ipr, name, what)
+        elif _kind(ipr, index) != "bridge":
+            raise HpvcError(what, f"{name} exists and is not a bridge", "remove it or rename")
+        _disable_ipv6(name)
+        ipr.link("set", index=index, mtu=mtu)
+        _ensure_addr(ipr, index, address, prefixlen)
+        ipr.link("set", index=index, state="up")
+
+
+def create_netns(journal: Journal, name: str) -> str:
+    """Create the named network namespace; return its path (``/run/netns/<name>``)."""
+    what = f"network namespace {name}"
+    if not _NETNS_NAME.fullmatch(name) or name in (".", ".."):
+        raise HpvcError(what, "not a valid name (letters, digits, '._-', at most 255)")
+    path = netns_path(name)
+    if os.path.lexists(path):
+        raise HpvcError(what, f"{path} already exists", "run 'hpvc down' for its cluster first")
+    journal.record("netns", name=name)
+    try:
+        pr_netns.create(path)
+    except OSError as e:
+        raise _fail(what, e) from e
+    return path
+
+
+def _check_subnet(address: str, prefixlen: int, gateway: str) -> None:
+    net = ipaddress.ip_interface(f"{address}/{prefixlen}").network
+    if ipaddress.ip_address(gateway) not in net:
+        raise HpvcError(f"node address {address}/{prefixlen}", f"gateway {gateway} is outside")
+
+
+def add_node_link(
+    journal: Journal,
+    *,
+    bridge: str,
+    netns: str,
+    host_ifname: str,
+    mtu: int,
+    address: str,
+    prefixlen: int,
+    mac: str,
+    gateway: str,
+) -> None:
+    """Wire one node: a veth from ``bridge`` into ``netns``, where it is ``eth0``.
+
+    The host end ``host_ifname`` (<= 15 chars, see ``short_ifname``) joins the
+    bridge; ``eth0`` gets ``mac``, ``mtu`` and ``address/prefixlen``; ``lo`` is
+    brought up. ``gateway`` (the bridge's address) is only checked to lie in the
+    node's subnet: no route goes through it, the cluster network is local.
+    """
+    _check_subnet(address, prefixlen, gateway)
+    what = f"veth {host_ifname}"
+    with _rtnl(what) as ipr:
+        master = _require_index(ipr, bridge, what)
+        if _index(ipr, host_ifname) is not None:
+            raise HpvcError(what, "already exists", "run 'hpvc down' for its cluster first")
+        journal.record("veth", ifname=host_ifname, netns=netns)
+        fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            peer = {"ifname": NODE_IFNAME, "net_ns_fd": fd, "mtu": mtu, "address": mac}
+            ipr.link("add", ifname=host_ifname, kind="veth", mtu=mtu, peer=peer)
+        finally:
+            os.close(fd)
+        index = _require_index(ipr, host_ifname, what)
+        _disable_ipv6(host_ifname)
+        ipr.link("set", index=index, master=master, state="up")
+    _setup_node_end(netns, address, prefixlen)
+
+
+def _setup_node_end(netns: str, address: str, prefixlen: int) -> None:
+    _disable_ipv6(NODE_IFNAME, netns)
+    what = f"{NODE_IFNAME} in {netns}"
+    where = f"in {netns}"
+    with _rtnl(what, netns) as ipr:
+        index = _require_index(ipr, NODE_IFNAME, what, where)
+        _ensure_addr(ipr, index, address, prefixlen)
+        ipr.link("set", index=index, state="up")
+        ipr.link("set", index=_require_index(ipr, "lo", what, where), state="up")
+
+
+def set_static_neighbors(
+    netns: str, entries: list[tuple[str, str]], dev: str = NODE_IFNAME
+) -> None:
+    """Permanent ARP entries ``(ip, mac)`` on ``dev`` inside ``netns``; the node's own is skipped.
+
+    No undo: the entries go with the namespace.
+    """
+    what = f"neighbours on {dev} in {netns}"
+    with _rtnl(what, netns) as ipr:
+        index = _require_index(ipr, dev, what, f"in {netns}")
+        own = {m.get("IFA_LOCAL") for m in ipr.addr("dump", index=index, family=socket.AF_INET)}
+        for ip, mac in entries:
+            if ip in own:
+                continue
+            ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=index, state=NUD_PERMANENT)
+
+
+def read_link(netns: str, dev: str = NODE_IFNAME) -> LinkInfo:
+    """What the kernel reports for ``dev`` in ``netns``: IPv4 address, MAC, MTU, state, ARP."""
+    what = f"{dev} in {netns}"
+    with _rtnl(what, netns) as ipr:
+        index = _require_index(ipr, dev, what, f"in {netns}")
+        link = ipr.link("get", index=index)[0]
+        addrs = list(ipr.addr("dump", index=index, family=socket.AF_INET))
+        neighbors = [
+            Neighbor(ip=str(n.get("NDA_DST")), mac=str(n.get("NDA_LLADDR")))
+            for n in ipr.neigh("dump", ifindex=index, family=socket.AF_INET)
+            if n["state"] & NUD_PERMANENT
+        ]
+    first = addrs[0] if addrs else None
+    return LinkInfo(
+        ifname=dev,
+        address=None if first is None else str(first.get("IFA_LOCAL")),
+        prefixlen=None if first is None else int(first["prefixlen"]),
+        mac=str(link.get("IFLA_ADDRESS")),
+        mtu=int(link.get("IFLA_MTU")),
+        operstate=str(link.get("IFLA_OPERSTATE")),
+        neighbors=sorted(neighbors, key=lambda n: ipaddress.ip_address(n["ip"])),
+    )
+
+
+def _delete_link(ifname: str, kind: str) -> None:
+    """Delete ``ifname`` if it exists and is of ``kind``; anything else of that name is not ours."""
+    with _rtnl(f"{kind} {ifname}") as ipr:
+        index = _index(ipr, ifname)
+        if index is None or _kind(ipr, index) != kind:
+            return
+        try:
+            ipr.link("del", index=index)
+        except NetlinkError as e:
+            if e.code != _ENODEV:  # gone meanwhile (its veth peer's namespace went)
+                raise
+
+
+@undoer("bridge")
+def _undo_bridge(args: Args) -> None:
+    _delete_link(str(args["name"]), "bridge")
+
+
+@undoer("veth")
+def _undo_veth(args: Args) -> None:
+    _delete_link(str(args["ifname"]), "veth")
+
+
+@undoer("netns")
+def _undo_netns(args: Args) -> None:
+    path = netns_path(str(args["name"]))
+    if not os.path.lexists(path):
+        return
+    try:
+        pr_netns.remove(path)  # lazy unmount, then unlink; fine if never mounted
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise _fail(f"network namespace {args['name']}", e) from e

@@ -1,0 +1,179 @@
+"""What an image is: its recipe (``ImageSpec``), the recipe's digest, and ``Image``.
+
+Pure: no file, no subprocess. The digest is the sha256 of a canonical JSON of
+the recipe, so the same recipe always lands in the same store directory and a
+change of suite, package set, mirror or builder format lands in a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpvc.errors import InputError
+
+# Bump when the builder changes what ends up in a rootfs: every digest changes,
+# so old images are rebuilt instead of silently reused.
+FORMAT_VERSION = 1
+VARIANT = "minbase"
+DEFAULT_SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEFAULT_NAME = "hpc"
+# MPI and the HPC Challenge for jobs, iproute2/procps/ping for the network and
+# process checks, fio for block-I/O tests inside nodes.
+DEFAULT_PACKAGES: tuple[str, ...] = (
+    "openmpi-bin",
+    "libopenmpi3",
+    "hpcc",
+    "iproute2",
+    "procps",
+    "iputils-ping",
+    "fio",
+)
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+_SUITE_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+_MIRROR_RE = re.compile(r"^(https?|file)://[^\s,'\"]+$")
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a usable image name, else raise InputError."""
+    if not _NAME_RE.match(name):
+        raise InputError(
+            f"image name {name!r}",
+            "not a valid name",
+            "use lower-case letters, digits, '.', '_' and '-', up to 63 characters, e.g. hpc",
+        )
+    return name
+
+
+def normalize_packages(packages: Iterable[str]) -> tuple[str, ...]:
+    """Sorted, de-duplicated, validated Debian package names."""
+    out = set()
+    for raw in packages:
+        pkg = raw.strip()
+        if not pkg:
+            continue
+        if not _PACKAGE_RE.match(pkg):
+            raise InputError(
+                f"package {pkg!r}", "not a Debian package name", "write e.g. --packages vim,strace"
+            )
+        out.add(pkg)
+    return tuple(sorted(out))
+
+
+def split_packages(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]`` (the CLI's --packages notation)."""
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The recipe of a rootfs; everything that decides its content, nothing else."""
+
+    suite: str = DEFAULT_SUITE
+    packages: tuple[str, ...] = DEFAULT_PACKAGES
+    mirror: str = DEFAULT_MIRROR
+    variant: str = VARIANT
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def make(
+        cls, packages: Iterable[str] | None = None, suite: str = DEFAULT_SUITE, mirror: str = ""
+    ) -> ImageSpec:
+        """Validated and normalized: packages sorted and unique, no trailing '/' on the mirror."""
+        if not _SUITE_RE.match(suite):
+            raise InputError(f"suite {suite!r}", "not a Debian suite name", "e.g. bookworm")
+        url = (mirror or DEFAULT_MIRROR).rstrip("/")
+        if not _MIRROR_RE.match(url):
+            raise InputError(
+                f"mirror {mirror!r}", "not a URL", "e.g. --mirror http://deb.debian.org/debian"
+            )
+        pkgs = normalize_packages(DEFAULT_PACKAGES if packages is None else packages)
+        return cls(suite=suite, packages=pkgs, mirror=url)
+
+    def canonical_json(self) -> str:
+        doc = {
+            "format": self.format_version,
+            "mirror": self.mirror,
+            "packages": sorted(set(self.packages)),
+            "suite": self.suite,
+            "variant": self.variant,
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built image in the store, as its ``image.json`` and ``names/`` describe it."""
+
+    name: str
+    digest: str
+    path: Path
+    suite: str
+    packages: tuple[str, ...]
+    mirror: str
+    created: str
+    size_bytes: int
+    build_seconds: float
+    debootstrap_version: str
+    names: tuple[str, ...] = ()
+    reused: bool = field(default=False, compare=False)
+
+    @property
+    def rootfs(self) -> Path:
+        """The root filesystem; backends mount it read-only (overlayfs lower dir)."""
+        return self.path / "rootfs"
+
+    @property
+    def short_digest(self) -> str:
+        return self.digest[:12]
+
+    def metadata(self) -> dict[str, Any]:
+        """The content of ``image.json``."""
+        return {
+            "names": list(self.names),
+            "digest": self.digest,
+            "suite": self.suite,
+            "variant": VARIANT,
+            "packages": list(self.packages),
+            "mirror": self.mirror,
+            "created": self.created,
+            "size_bytes": self.size_bytes,
+            "build_seconds": round(self.build_seconds, 3),
+            "debootstrap_version": self.debootstrap_version,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """What ``--json`` prints: the metadata plus name, rootfs and whether it was reused."""
+        doc: dict[str, Any] = {"name": self.name, "short_digest": self.short_digest}
+        doc.update(self.metadata())
+        doc["rootfs"] = str(self.rootfs)
+        doc["reused"] = self.reused
+        return doc
+
+    @classmethod
+    def from_metadata(cls, name: str, path: Path, doc: dict[str, Any]) -> Image:
+        return cls(
+            name=name,
+            digest=str(doc["digest"]),
+            path=path,
+            suite=str(doc["suite"]),
+            packages=tuple(doc["packages"]),
+            mirror=str(doc["mirror"]),
+            created=str(doc["created"]),
+            size_bytes=int(doc["size_bytes"]),
+            build_seconds=float(doc["build_seconds"]),
+            debootstrap_version=str(doc.get("debootstrap_version", "unknown")),
+            names=tuple(doc.get("names", ())),
+        )

@@ -1,0 +1,206 @@
+"""The image store on disk: content-addressed rootfs directories and names.
+
+Layout under the store root (default ``$HPVC_IMAGE_DIR``, else
+``$HPVC_STATE_DIR/images``, else ``/var/lib/hpvc/images``)::
+
+    by-digest/<digest>/rootfs/        the root filesystem (read-only lower dir)
+    by-digest/<digest>/image.json     names, digest, suite, packages, created, ...
+    by-digest/<digest>/build.log      debootstrap's output
+    by-digest/<digest>.lock           held while <digest> is built (fcntl)
+    by-digest/<digest>.tmp-<pid>/     a build in progress; renamed into place when done
+    names/<name>                      one line: the digest the name points to
+    logs/<digest12>-<time>.log        what a failed build printed, kept for the user
+    store.lock                        held while names or digest dirs change
+
+``names/`` is the truth about names; the ``names`` list in ``image.json`` is
+rewritten from it whenever it changes. A digest directory lives while a name
+points to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hpvc.errors import HpvcError, InputError
+from hpvc.image.model import Image, check_name
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+_OCTAL = re.compile(r"\\([0-7]{3})")
+InUse = Callable[[str], bool]
+
+
+def default_store() -> Path:
+    """``$HPVC_IMAGE_DIR``, else ``$HPVC_STATE_DIR/images``, else ``/var/lib/hpvc/images``."""
+    if os.environ.get("HPVC_IMAGE_DIR"):
+        return Path(os.environ["HPVC_IMAGE_DIR"])
+    if os.environ.get("HPVC_STATE_DIR"):
+        return Path(os.environ["HPVC_STATE_DIR"]) / "images"
+    return Path("/var/lib/hpvc/images")
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    """Hold an exclusive fcntl lock on ``path`` (created if missing); waits for it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, fsync it, rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+class Store:
+    """Paths and the small, locked metadata operations of one image store."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_store()
+        self.names_dir = self.root / "names"
+        self.digests_dir = self.root / "by-digest"
+        self.logs_dir = self.root / "logs"
+
+    def ensure(self) -> None:
+        """Create the store's directories (the store may not exist yet)."""
+        try:
+            for d in (self.names_dir, self.digests_dir, self.logs_dir):
+                d.mkdir(parents=True, exist_ok=True)
+        except PermissionError as e:
+            raise InputError(
+                f"image store {self.root}", f"cannot create it: {e.strerror}", "run as root"
+            ) from None
+
+    def digest_dir(self, digest: str) -> Path:
+        return self.digests_dir / digest
+
+    def tmp_dir(self, digest: str) -> Path:
+        return self.digests_dir / f"{digest}.tmp-{os.getpid()}"
+
+    def lock(self) -> Any:
+        """The store-wide lock, held while names or digest directories change (short)."""
+        return _flock(self.root / "store.lock")
+
+    def digest_lock(self, digest: str) -> Any:
+        """Held for the whole build of ``digest``: a second builder waits, then reuses."""
+        return _flock(self.digests_dir / f"{digest}.lock")
+
+    def is_complete(self, digest: str) -> bool:
+        return (self.digest_dir(digest) / "image.json").is_file()
+
+    def read_name(self, name: str) -> str | None:
+        """The digest ``name`` points to, or None."""
+        try:
+            return (self.names_dir / check_name(name)).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def all_names(self) -> dict[str, str]:
+        """Every name -> digest, sorted by name (dot-files are temporaries, skipped)."""
+        out: dict[str, str] = {}
+        if not self.names_dir.is_dir():
+            return out
+        for entry in sorted(self.names_dir.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            digest = entry.read_text().strip()
+            if digest:
+                out[entry.name] = digest
+        return out
+
+    def names_of(self, digest: str) -> tuple[str, ...]:
+        return tuple(n for n, d in self.all_names().items() if d == digest)
+
+    def metadata(self, digest: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.digest_dir(digest) / "image.json").read_text())
+        return doc
+
+    def write_metadata(self, directory: Path, doc: dict[str, Any]) -> None:
+        write_atomic(directory / "image.json", json.dumps(doc, indent=2) + "\n")
+
+    def sync_names(self, digest: str) -> None:
+        """Rewrite the ``names`` list of ``image.json`` from ``names/`` (caller holds lock())."""
+        if self.is_complete(digest):
+            doc = self.metadata(digest)
+            doc["names"] = list(self.names_of(digest))
+            self.write_metadata(self.digest_dir(digest), doc)
+
+    def point(self, name: str, digest: str, in_use: InUse) -> None:
+        """Point ``name`` at ``digest`` (caller holds lock()); drop the old digest if orphaned."""
+        old = self.read_name(name)
+        write_atomic(self.names_dir / check_name(name), digest + "\n")
+        self.sync_names(digest)
+        if old and old != digest:
+            self.drop_if_orphan(old, in_use)
+
+    def drop_if_orphan(self, digest: str, in_use: InUse) -> bool:
+        """Delete ``digest``'s directory when no name points to it and nothing uses it."""
+        if self.names_of(digest) or in_use(digest) or not self.digest_dir(digest).exists():
+            return False
+        doomed = self.digests_dir / f"{digest}.rm-{os.getpid()}"
+        os.rename(self.digest_dir(digest), doomed)
+        remove_tree(doomed)
+        return True
+
+    def load(self, name: str, digest: str) -> Image:
+        return Image.from_metadata(name, self.digest_dir(digest), self.metadata(digest))
+
+
+def mounts_under(path: Path, mountinfo: Path = MOUNTINFO) -> list[str]:
+    """Mount points at or below ``path``, deepest first (from /proc/self/mountinfo)."""
+    top = os.path.realpath(path)
+    found = []
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point == top or point.startswith(top + "/"):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def remove_tree(path: Path, *, unmount: bool = False, mountinfo: Path = MOUNTINFO) -> None:
+    """Delete ``path`` without ever descending into a mount (a leftover /proc, a bind).
+
+    With ``unmount`` (a build's own temporary directory, where an interrupted
+    debootstrap may have left /proc or /sys mounted) the mounts are detached
+    first; otherwise a mount under ``path`` is an error and nothing is deleted.
+    """
+    if not os.path.lexists(path):
+        return
+    mounts = mounts_under(path, mountinfo)
+    if mounts and unmount:
+        for point in mounts:
+            subprocess.run(["umount", "--lazy", point], check=False, capture_output=True)
+        mounts = mounts_under(path, mountinfo)
+    if mounts:
+        raise HpvcError(
+            f"remove {path}",
+            f"{mounts[0]} is still mounted there",
+            f"umount it, then remove {path} by hand",
+        )
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+    else:
+        shutil.rmtree(path)

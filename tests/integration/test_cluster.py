@@ -1,0 +1,171 @@
+"""Container clusters for real: crun, namespaces, cgroups, bridge, MPI.
+
+Each test gets its own state directory; a finalizer tears down whatever is
+left even when the test fails, then checks that nothing of it remains on the
+host (containers, netns, veths, bridge, cgroups, mounts, holder process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpvc.cluster import lifecycle, ops
+from hpvc.cluster.state import Store
+from hpvc.errors import DoesNotFit, HpvcError
+from tests.helpers import ROOT, requires
+
+CGROUPS = Path("/sys/fs/cgroup")
+
+
+def leftovers(name: str) -> list[str]:
+    """Everything a cluster called ``name`` could have left on this host."""
+    found: list[str] = []
+    r = subprocess.run(["crun", "list", "-q"], capture_output=True, text=True, check=False)
+    found += [c for c in r.stdout.split() if c.startswith(f"hpvc-{name}-")]
+    netns = Path("/run/netns")
+    if netns.is_dir():
+        found += [p.name for p in netns.iterdir() if p.name.startswith(f"hpvc-{name}-")]
+    found += [str(p) for p in CGROUPS.glob(f"*/hpvc/{name}") if p.exists()]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    if f" hpvc-{name}:" in links.stdout or f" hpvc-{name}@" in links.stdout:
+        found.append(f"bridge hpvc-{name}")
+    mounts = Path("/proc/self/mounts").read_text()
+    found += [line.split()[1] for line in mounts.splitlines() if f"/clusters/{name}/" in line]
+    return found
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    requires("root", "crun", "ip")
+    s = Store(tmp_path / "state")
+    yield s
+    names = s.names() + [p.name for p in (s.root / "clusters").glob("*")]
+    for name in set(names):
+        lifecycle.teardown(s, name)
+        assert leftovers(name) == [], f"left behind by {name}"
+
+
+def spec_file(tmp_path: Path, name: str, extra: str = "", computes: int = 2) -> str:
+    p = tmp_path / f"{name}.toml"
+    p.write_text(
+        f'name = "{name}"\nkind = "container"\n'
+        f'[network]\nsubnet = "10.214.{os.getpid() % 250}.0/24"\nmtu = 9000\n'
+        '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
+        f"{extra}"
+        '[[nodes]]\nrole = "head"\nvcpus = 1\nmemory = "256MiB"\n'
+        f'[[nodes]]\nrole = "compute"\ncount = {computes}\nvcpus = 1\nmemory = "256MiB"\n'
+    )
+    return str(p)
+
+
+def cli_env(store: Store) -> dict[str, str]:
+    """Environment for `python -m hpvc` on this test's state, with the shared images."""
+    from hpvc.image import default_store
+
+    return {**os.environ, "HPVC_STATE_DIR": str(store.root), "HPVC_IMAGE_DIR": str(default_store())}
+
+
+def image_ready() -> None:
+    from hpvc.image import resolve_image
+
+    requires("debootstrap")
+    try:
+        resolve_image("hpc")
+    except HpvcError:
+        from hpvc.image import build_image
+
+        build_image("hpc")  # the first run on a machine builds it (cached afterwards)
+
+
+def test_up_exec_status_run_scale_down(
+    store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    image_ready()
+    name = f"it{os.getpid() % 10000}"
+    rec = lifecycle.up(spec_file(tmp_path, name), store)
+    assert rec.status == "running"
+    st = ops.status(name, store)
+    assert [n["state"] for n in st["nodes"]] == ["running"] * 3
+    for n in st["nodes"]:
+        assert n["network"]["address"] == n["planned"]["ip"] and n["network"]["mtu"] == 9000
+        assert n["limits"]["memory_limit"] == 256 * 2**20
+    assert ops.exec_node(name, "compute0", ["sh", "-c", "grep -c compute /etc/hosts"], store) == 0
+    assert capfd.readouterr().out.strip() == "2"
+    assert ops.run(name, ["hostname"], 2, store) == 0
+    assert sorted(capfd.readouterr().out.split()) == ["compute0", "compute1"]
+
+    lifecycle.scale(name, {"compute": 3}, store)
+    assert ops.status(name, store)["nodes"][-1]["state"] == "running"
+    assert ops.exec_node(name, "compute0", ["sh", "-c", "grep -c compute /etc/hosts"], store) == 0
+    assert capfd.readouterr().out.strip() == "3"
+    lifecycle.scale(name, {"compute": 1}, store)
+    assert [n["name"] for n in ops.status(name, store)["nodes"]] == ["head0", "compute0"]
+    assert not any(x.endswith(("compute1", "compute2")) for x in leftovers(name))
+
+    lifecycle.down(name, store)
+    assert leftovers(name) == [] and store.names() == []
+
+
+def test_failure_half_way_leaves_nothing(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image_ready()
+    name = f"if{os.getpid() % 10000}"
+    monkeypatch.setenv("HPVC_FAIL_AT", "node:compute0")
+    with pytest.raises(HpvcError, match="injected failure"):
+        lifecycle.up(spec_file(tmp_path, name), store)
+    assert leftovers(name) == [] and store.names() == []
+
+
+def test_crash_half_way_then_down_cleans(store: Store, tmp_path: Path) -> None:
+    image_ready()
+    name = f"ic{os.getpid() % 10000}"
+    env = {**cli_env(store), "HPVC_FAIL_AT": "crash:node:compute0"}
+    hpvc = [sys.executable, "-m", "hpvc"]
+    r = subprocess.run([*hpvc, "up", spec_file(tmp_path, name)], env=env, cwd=ROOT, check=False)
+    assert r.returncode == 70  # the process died mid-way, state and host changes remain
+    assert leftovers(name) != [] and store.names() == [name]
+    env.pop("HPVC_FAIL_AT")
+    r = subprocess.run([*hpvc, "down", name], env=env, cwd=ROOT, check=False)
+    assert r.returncode == 0
+    assert leftovers(name) == [] and store.names() == []
+
+
+def test_spec_that_does_not_fit_changes_nothing(store: Store, tmp_path: Path) -> None:
+    image_ready()
+    name = f"nf{os.getpid() % 10000}"
+    path = Path(spec_file(tmp_path, name))
+    path.write_text(path.read_text().replace('pinning = "shared"', 'pinning = "dedicated"'))
+    path.write_text(path.read_text().replace("count = 2\nvcpus = 1", "count = 2\nvcpus = 64"))
+    with pytest.raises(DoesNotFit, match="needs 64 dedicated CPUs"):
+        lifecycle.up(str(path), store)
+    assert leftovers(name) == [] and store.names() == []
+    assert not (store.root / "clusters" / name).exists()
+
+
+def test_cli_json_status_and_ls(store: Store, tmp_path: Path) -> None:
+    image_ready()
+    name = f"ij{os.getpid() % 10000}"
+    env = cli_env(store)
+    hpvc = [sys.executable, "-m", "hpvc"]
+    out = subprocess.run(
+        [*hpvc, "up", spec_file(tmp_path, name, computes=1), "--json"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out)["cluster"] == name
+    ls = subprocess.run(
+        [*hpvc, "ls", "--json"], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert [c["name"] for c in json.loads(ls.stdout)] == [name]
+    subprocess.run([*hpvc, "down", name], env=env, cwd=ROOT, check=True)
