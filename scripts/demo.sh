@@ -1,32 +1,65 @@
 #!/usr/bin/env bash
-# What `make demo` runs: inspect this host, plan a cluster on it, then plan and
-# render the tuned example on a real 4-socket machine's topology snapshot.
+# What `make demo` runs: the main job on one machine. Builds the image the
+# first time, brings up a head + 2 compute container cluster, runs MPI across
+# it, compares MPI ping-pong with native processes, tears everything down.
+# Then plans and renders a tuned cluster on a real 4-socket machine's topology.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HPVC=.venv/bin/hpvc
+PY=.venv/bin/python
 out=build/demo
-topo_src=../shared/topologies/40intel64-4n10c+pci-conflicts.tar.bz2
+mkdir -p "$out"
 
-echo "== hpvc doctor: what this host offers"
-$HPVC doctor
+echo "== hpvc doctor"
+$HPVC doctor | tail -n 1
 echo
-echo "== hpvc topology: this host"
-$HPVC topology
+echo "== hpvc image build hpc   (first time ~1 min: debootstrap; then cached)"
+$HPVC image build hpc
 echo
-echo "== hpvc plan examples/small.toml: on this host"
-$HPVC plan examples/small.toml
+$HPVC down demo >/dev/null 2>&1 || true          # a demo left by an interrupted run
+trap '$HPVC down demo >/dev/null 2>&1 || true' EXIT
+echo "== hpvc up examples/demo.toml"
+$HPVC up examples/demo.toml
+echo
+echo "== hpvc run demo -- hostname   (an MPI job, one rank per compute vCPU)"
+$HPVC run demo -- hostname
+echo
+echo "== MPI ping-pong: native processes vs two co-resident containers"
+make -s -C native/bench OUT="$PWD/$out"
+shared=$($HPVC status demo --json | $PY -c 'import json,sys; print(json.load(sys.stdin)["shared_dir"]["host"])')
+cp "$out/pingpong" "$shared/"
+mpirun.openmpi --allow-run-as-root -n 2 --bind-to none "$out/pingpong" 4194304 1000 > "$out/native.jsonl"
+$HPVC run demo -n 2 -- /shared/pingpong 4194304 1000 > "$out/demo.jsonl"
+$PY - "$out/native.jsonl" "$out/demo.jsonl" <<'PYEOF'
+import json, sys
+def load(p):
+    return {r["bytes"]: r for r in map(json.loads, open(p))}
+native, virt = load(sys.argv[1]), load(sys.argv[2])
+print(f"{'message':>10} {'native':>16} {'containers':>16} {'ratio':>6}")
+for size, key, unit in ((4, "latency_us", "us"), (1024, "latency_us", "us"),
+                        (1048576, "bandwidth_MBps", "MB/s"), (4194304, "bandwidth_MBps", "MB/s")):
+    n, v = native[size][key], virt[size][key]
+    ratio = n / v if key == "latency_us" else v / n
+    print(f"{size:>9}B {n:>11.2f} {unit:<4} {v:>11.2f} {unit:<4} {ratio:>6.2f}")
+print("ratio: containers vs native, 1.00 = as fast (single run; see hpvc bench locality)")
+PYEOF
+echo
+echo "== hpvc down demo"
+$HPVC down demo
+trap - EXIT
+echo "left on the host: $(crun list -q | grep -c '^hpvc-demo-' || true) containers," \
+  "$(ls /run/netns 2>/dev/null | grep -c '^hpvc-demo-' || true) network namespaces"
+
+topo_src=../shared/topologies/40intel64-4n10c+pci-conflicts.tar.bz2
 if [ -f "$topo_src" ]; then
   tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
   tar xjf "$topo_src" -C "$tmp"
   root="$tmp/40intel64-4n10c+pci-conflicts"
   echo
-  echo "== hpvc plan examples/cluster.toml: on a 4-socket, 40-CPU snapshot"
+  echo "== hpvc plan examples/cluster.toml on a 4-socket, 40-CPU machine (snapshot)"
   $HPVC plan examples/cluster.toml --topology-root "$root"
   echo
-  echo "== hpvc render examples/vm-cluster.toml --out $out/vm: libvirt XML, QEMU argv"
+  echo "== hpvc render examples/vm-cluster.toml: libvirt XML and QEMU command lines"
   $HPVC render examples/vm-cluster.toml --out "$out/vm" --topology-root "$root"
-  echo
-  echo "== hpvc render examples/cluster.toml --out $out/containers: OCI configs"
-  $HPVC render examples/cluster.toml --out "$out/containers" --topology-root "$root"
+  rm -rf "$tmp"
 fi

@@ -8,11 +8,12 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   crun             # OCI runtime for container nodes
   debootstrap      # builds the Debian image rootfs
-  e2fsprogs        # mkfs.ext4 -d: VM disk images without mounting
+  e2fsprogs        # mkfs.ext4: VM disk images, the I/O tests' loop file systems
   fio              # block-I/O throttle measurements
   hpcc             # HPC Challenge (native side of the benchmarks)
   hwloc            # hwloc-calc: reference counts for the topology tests
   iproute2         # ip, bridge: inspected by tests
+  libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
   openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
   libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema
   libxml2-utils    # xmllint, needed by virt-xml-validate

@@ -50,6 +50,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
     for name in set(names):
         lifecycle.teardown(s, name)
         assert leftovers(name) == [], f"left behind by {name}"
+    s.host_journal().undo_all()  # host-wide changes of this state dir (kept while in use)
 
 
 def spec_file(tmp_path: Path, name: str, extra: str = "", computes: int = 2) -> str:
@@ -100,6 +101,8 @@ def test_up_exec_status_run_scale_down(
     assert capfd.readouterr().out.strip() == "2"
     assert ops.run(name, ["hostname"], 2, store) == 0
     assert sorted(capfd.readouterr().out.split()) == ["compute0", "compute1"]
+    done = ops.run(name, ["hostname"], 1, store, capture=True)
+    assert not isinstance(done, int) and done.stdout.split() == ["compute0"]
 
     lifecycle.scale(name, {"compute": 3}, store)
     assert ops.status(name, store)["nodes"][-1]["state"] == "running"
@@ -169,3 +172,38 @@ def test_cli_json_status_and_ls(store: Store, tmp_path: Path) -> None:
     )
     assert [c["name"] for c in json.loads(ls.stdout)] == [name]
     subprocess.run([*hpvc, "down", name], env=env, cwd=ROOT, check=True)
+
+
+def test_concurrent_ups_never_share_a_pinned_cpu(store: Store, tmp_path: Path) -> None:
+    image_ready()
+    cpus = len(os.sched_getaffinity(0))
+    names = [f"cc{i}{os.getpid() % 1000}" for i in range(cpus + 1)]
+    specs = []
+    for i, name in enumerate(names):
+        p = Path(spec_file(tmp_path, name, computes=1))
+        text = p.read_text().replace('pinning = "shared"', 'pinning = "dedicated"')
+        text = text.replace(f".{os.getpid() % 250}.0/24", f".{(os.getpid() + i) % 250}.0/24")
+        p.write_text(
+            text.replace('role = "head"\nvcpus = 1', 'role = "head"\ncount = 0\nvcpus = 1')
+        )
+        specs.append(str(p))
+    hpvc = [sys.executable, "-m", "hpvc"]
+    procs = [
+        subprocess.Popen([*hpvc, "up", s], env=cli_env(store), cwd=ROOT, stderr=subprocess.PIPE)
+        for s in specs
+    ]
+    codes = [p.wait(timeout=120) for p in procs]
+    # One 1-vCPU pinned node per CPU fits; the one too many is refused (exit 2).
+    assert sorted(codes) == [0] * cpus + [2], codes
+    pinned = [
+        c
+        for name in store.names()
+        for n in ops.status(name, store)["nodes"]
+        for c in n["planned"]["cpus"]
+    ]
+    assert sorted(pinned) == sorted(os.sched_getaffinity(0))
+    for name in store.names():  # and the kernel holds each node to its CPU
+        for n in ops.status(name, store)["nodes"]:
+            assert n["limits"]["cpus"] == str(n["planned"]["cpus"][0])
+    for name in store.names():
+        lifecycle.down(name, store)

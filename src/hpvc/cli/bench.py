@@ -1,4 +1,5 @@
-"""``hpvc bench``: measured claims. ``plan`` times the planner at scale."""
+"""``hpvc bench``: measured claims. ``plan`` times the planner at scale,
+``locality`` MPI ping-pong native vs containers, ``startup`` cluster up/down."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hpvc.bench import planning
+from hpvc.bench import common, locality, planning, startup
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 
@@ -80,6 +81,105 @@ def plan_cmd(
             f"{w['median']:.3f}",
             f"{w['max']:.3f}",
             f"{s['goal_s']:.0f}",
+        )
+    console.print(t)
+    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+
+
+LOCALITY_HELP = """MPI ping-pong between two processes: native vs containers (needs root).
+
+Three configurations in one run, alternated every repetition: two processes
+on the host; two co-resident containers (locality "shm": shared memory
+between them); two isolated containers (locality "none": TCP over the
+bridge). Reports latency (4 B, 1 KiB) and bandwidth (1 MiB, 4 MiB) with
+min/median/max, and per-repetition ratios to native (higher is better,
+1.0 = as fast as native). Goal: shm within 10% of native (ratio >= 0.90).
+Clusters live in a temporary state directory and are torn down at the end.
+
+Examples:
+
+  hpvc bench locality
+
+  hpvc bench locality --repeat 10 --out /tmp/locality --json
+"""
+
+STARTUP_HELP = """Time `hpvc up` and `hpvc down` of container clusters (needs root).
+
+Each size N is one head + N-1 compute nodes, 1 vCPU (shared), 128 MiB, no
+hugepages, locality "shm"; the image is built first if it is missing. Every
+repetition brings each size up and down in turn. Goal: 8 nodes up in under
+2 s (median). Clusters live in a temporary state directory.
+
+Examples:
+
+  hpvc bench startup
+
+  hpvc bench startup --nodes 1,2,16 --repeat 3 --out /tmp/startup --json
+"""
+
+
+def _progress(msg: str) -> None:
+    err_console.print(f"[dim]{msg}[/dim]")
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--nodes {text}", "not a list of numbers", "--nodes 1,4,8") from None
+
+
+@bench_app.command("locality", help=LOCALITY_HELP)
+def locality_cmd(
+    repeat: int = typer.Option(5, min=1, help="Repetitions (each runs all three configs)."),
+    out: Path = typer.Option(Path("bench/results/locality"), help="Where results go."),
+    as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
+) -> None:
+    doc = locality.run(repeat, progress=_progress)
+    common.write_results(out, doc, locality.report_md(doc))
+    if as_json:
+        print_json(doc)
+        return
+    t = Table(title=f"MPI ping-pong, {repeat} repetitions; ratio: 1.0 = native, higher is better")
+    for col in ("metric", "config", "min", "median", "max", "ratio min/median/max"):
+        t.add_column(col)
+    for m in locality.METRICS:
+        for c, cfg in doc["configs"].items():
+            v = cfg["metrics"][m.key]
+            r = doc["ratios"].get(c, {}).get(m.key)
+            ratio = f"{r['min']:.2f} / {r['median']:.2f} / {r['max']:.2f}" if r else "(ref)"
+            t.add_row(
+                f"{m.key} ({m.unit})",
+                c,
+                *(f"{v[k]:.3f}" for k in ("min", "median", "max")),
+                ratio,
+            )
+    console.print(t)
+    verdict = "met" if doc["meets_goal"] else "NOT met"
+    console.print(f"goal (shm median ratio >= {locality.GOAL_RATIO:.2f}): {verdict}")
+    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+
+
+@bench_app.command("startup", help=STARTUP_HELP)
+def startup_cmd(
+    nodes: str = typer.Option("1,4,8", help="Cluster sizes, comma-separated."),
+    repeat: int = typer.Option(5, min=1, help="Up/down cycles per size."),
+    out: Path = typer.Option(Path("bench/results/startup"), help="Where results go."),
+    as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
+) -> None:
+    doc = startup.run(_sizes(nodes), repeat, progress=_progress)
+    common.write_results(out, doc, startup.report_md(doc))
+    if as_json:
+        print_json(doc)
+        return
+    t = Table(title=f"hpvc up / down, {doc['shape']}, {repeat} repetitions")
+    for col in ("nodes", "up min s", "up median s", "up max s", "down min s", "down median s"):
+        t.add_column(col)
+    t.add_column("down max s")
+    for s in doc["sizes"]:
+        u, d = s["up"], s["down"]
+        t.add_row(
+            str(s["nodes"]), *(f"{x[k]:.3f}" for x in (u, d) for k in ("min", "median", "max"))
         )
     console.print(t)
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")

@@ -141,7 +141,8 @@ def run_cmd(
 
     Example: hpvc run small -n 2 -- hostname
     """
-    raise typer.Exit(ops.run(name, list(cmd or []), n))
+    rc = ops.run(name, list(cmd or []), n)
+    raise typer.Exit(rc if isinstance(rc, int) else rc.returncode)
 
 
 def scale_cmd(

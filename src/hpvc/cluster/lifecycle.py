@@ -33,6 +33,7 @@ from hpvc.units import format_cpulist
 
 Progress = Callable[[str], None]
 SHM_MIB = 1024
+SHARED_MOUNT = "/shared"
 
 
 def _quiet(_: str) -> None:
@@ -86,7 +87,12 @@ class Env:
             shared_ns_pid=x.get("holder_pid"),
             shared_shm=x.get("shm"),
             shm_size_mib=SHM_MIB,
-            binds=((str(self.dir / "mpi"), str(self.dir / "mpi"), False),),
+            binds=(
+                # Open MPI's session dir: same path inside as outside (PMIx files).
+                (str(self.dir / "mpi"), str(self.dir / "mpi"), False),
+                # A directory every node sees, like a cluster's shared home.
+                (str(self.dir / "shared"), SHARED_MOUNT, False),
+            ),
             block_device=_dev(x.get("block_device")),
         )
 
@@ -128,6 +134,7 @@ def _prepare(env: Env, plan: Plan, spec: Spec, progress: Progress) -> None:
     )
     inject("bridge")
     (env.dir / "mpi").mkdir(parents=True, exist_ok=True)
+    (env.dir / "shared").mkdir(parents=True, exist_ok=True)
     (env.dir / "hosts").write_text(render_files.hosts(plan))
     if spec.tuning.locality == "shm":
         ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB)

@@ -55,6 +55,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "mtu": plan.network.mtu,
         "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
         "up_seconds": rec.extra.get("up_seconds"),
+        "shared_dir": {"host": str(store.cluster_dir(name) / "shared"), "node": "/shared"},
         "nodes": [_node_status(plan, n) for n in plan.nodes],
     }
 
@@ -138,8 +139,15 @@ def mpirun_argv(env: Env, plan: Plan, n: int, argv: list[str], locality: str) ->
     return [*out, str(env.dir / "rankexec"), *argv]
 
 
-def run(name: str, argv: list[str], n: int | None = None, store: Store | None = None) -> int:
-    """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code."""
+def run(
+    name: str,
+    argv: list[str],
+    n: int | None = None,
+    store: Store | None = None,
+    capture: bool = False,
+) -> int | subprocess.CompletedProcess[str]:
+    """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code
+    (or, with ``capture``, the finished process with its stdout and stderr)."""
     store = store or Store()
     rec = store.get(name)
     if rec.status != "running":
@@ -163,6 +171,8 @@ def run(name: str, argv: list[str], n: int | None = None, store: Store | None = 
         "PMIX_MCA_ptl_tcp_remote_connections": "1",
         "PMIX_MCA_ptl_tcp_if_include": plan.network.bridge,
     }
+    if capture:
+        return subprocess.run(cmd, env=child_env, capture_output=True, text=True, check=False)
     return subprocess.run(cmd, env=child_env, check=False).returncode
 
 

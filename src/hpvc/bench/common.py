@@ -1,0 +1,225 @@
+"""What the cluster benchmarks share: checks, host facts, a throw-away state, output.
+
+Every cluster benchmark runs on its own temporary state directory, so it never
+touches the user's clusters, and tears down whatever it brought up, also when
+it fails. A teardown that fails keeps the state directory (its journals say
+what is left) and names the command that finishes the job.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hpvc import __version__
+from hpvc.cluster import lifecycle
+from hpvc.cluster.state import Store
+from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.image import build_image, resolve_image
+
+Progress = Callable[[str], None]
+
+# Tool -> Debian package that provides it.
+APT_PACKAGE = {
+    "crun": "crun",
+    "mpirun.openmpi": "openmpi-bin",
+    "mpicc": "libopenmpi-dev",
+    "make": "make",
+    "ip": "iproute2",
+}
+
+# Where benchmark clusters take their /24 networks (first free one from here).
+SUBNET_POOL = ipaddress.IPv4Network("10.232.0.0/14")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def require(what: str, tools: list[str], root: bool = True) -> None:
+    """Refuse to start without root or one of ``tools``: one line, the package to install."""
+    if root and os.geteuid() != 0:
+        raise MissingDependency(what, "needs root (cgroups, namespaces, mounts)", "run as root")
+    for tool in tools:
+        if shutil.which(tool) is None:
+            pkg = APT_PACKAGE.get(tool, tool)
+            raise MissingDependency(what, f"{tool} not found", f"apt-get install {pkg}")
+
+
+def ensure_image(name: str, progress: Progress = _quiet) -> None:
+    """Make sure image ``name`` is built (a first build takes about a minute)."""
+    try:
+        resolve_image(name)
+        return
+    except InputError:
+        pass
+    progress(f"image {name!r} not built yet: building it (about a minute)")
+    build_image(name, progress=lambda m: progress(f"image: {m}"))
+
+
+def native_dir() -> Path:
+    """The repository's ``native/bench`` (the C micro-benchmarks)."""
+    env = os.environ.get("HPVC_NATIVE_BENCH")
+    here = Path(__file__).resolve().parents[3] / "native" / "bench"
+    for c in ([Path(env)] if env else []) + [here, Path.cwd() / "native" / "bench"]:
+        if (c / "Makefile").is_file():
+            return c
+    raise InputError(
+        "native/bench",
+        "sources of the micro-benchmarks not found",
+        "run from an hpvc checkout, or set HPVC_NATIVE_BENCH=DIR",
+    )
+
+
+def build_native(target: str, out: Path) -> Path:
+    """``make -C native/bench OUT=out``; return the built ``target``."""
+    r = subprocess.run(
+        ["make", "-C", str(native_dir()), f"OUT={out}", str(out / target)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        raise HpvcError(f"build {target}", lines[-1] if lines else f"make exit {r.returncode}")
+    return out / target
+
+
+def _used_networks() -> list[ipaddress.IPv4Network]:
+    r = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    nets = []
+    for line in r.stdout.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            addr = fields[fields.index("inet") + 1]
+            nets.append(ipaddress.IPv4Interface(addr).network)
+    return nets
+
+
+def free_subnets(count: int) -> list[str]:
+    """``count`` /24 networks that no interface on this host uses now.
+
+    The search starts at an offset taken from our PID, so two benchmarks
+    started side by side are unlikely to pick the same networks.
+    """
+    used = _used_networks()
+    pool = list(SUBNET_POOL.subnets(new_prefix=24))
+    start = os.getpid() % len(pool)
+    out: list[str] = []
+    for i in range(len(pool)):
+        cand = pool[(start + i) % len(pool)]
+        if not any(cand.overlaps(u) for u in used):
+            out.append(str(cand))
+            if len(out) == count:
+                return out
+    raise HpvcError("benchmark network", f"no free /24 left in {SUBNET_POOL}", "")
+
+
+def cluster_spec(
+    name: str, subnet: str, groups: list[dict[str, Any]], locality: str = "shm"
+) -> str:
+    """A container spec of 1-vCPU floating nodes (a 2-CPU host cannot pin many)."""
+    lines = [
+        f'name = "{name}"',
+        'kind = "container"',
+        'image = "hpc"',
+        "[network]",
+        f'subnet = "{subnet}"',
+        "mtu = 9000",
+        "[tuning]",
+        'pinning = "shared"',
+        'hugepages = "none"',
+        'partition = "commodity"',
+        f'locality = "{locality}"',
+    ]
+    for g in groups:
+        lines += ["[[nodes]]", f'role = "{g["role"]}"', f"count = {g['count']}"]
+        lines += [f"vcpus = {g.get('vcpus', 1)}", f'memory = "{g["memory"]}"']
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def scratch_state(what: str, progress: Progress = _quiet) -> Iterator[tuple[Path, Store]]:
+    """A temporary directory and a Store inside it; every cluster in it is torn down."""
+    tmp = Path(tempfile.mkdtemp(prefix="hpvc-bench-"))
+    store = Store(tmp / "state")
+    failed = True
+    try:
+        yield tmp, store
+        failed = False
+    finally:
+        errors = teardown_all(store, progress)
+        if not errors:
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif not failed:
+            raise HpvcError(
+                f"{what}: teardown",
+                errors[0],
+                f"HPVC_STATE_DIR={store.root} hpvc down NAME (state kept in {tmp})",
+            )
+        else:
+            progress(f"teardown failed ({errors[0]}); state kept in {store.root}")
+
+
+def teardown_all(store: Store, progress: Progress = _quiet) -> list[str]:
+    """Undo every cluster the store knows (records and half-made ones)."""
+    base = store.root / "clusters"
+    names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+    errors: list[str] = []
+    for name in names:
+        progress(f"teardown {name}")
+        errors += lifecycle.teardown(store, name)
+    return errors
+
+
+def _version(argv: list[str]) -> str:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lines = [x.strip() for x in r.stdout.splitlines() if x.strip()]
+    return lines[0] if lines else "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def host_facts(mpi: bool = True) -> dict[str, Any]:
+    """Where and with what the numbers were taken."""
+    facts: dict[str, Any] = {
+        "hpvc": __version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "crun": _version(["crun", "--version"]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if mpi:
+        facts["open_mpi"] = _version(["ompi_info", "--version"])
+    return facts
+
+
+def write_results(out: Path, doc: dict[str, Any], report: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "report.md").write_text(report)

@@ -1,0 +1,166 @@
+"""How long ``hpvc up`` and ``hpvc down`` take for container clusters of 1, 4, 8 nodes.
+
+A cluster of N nodes is one head plus N-1 computes (a lone head for N = 1),
+every node 1 vCPU floating over the host's CPUs, 128 MiB, no hugepages,
+locality "shm". The image is built beforehand, so ``up`` is planning, host
+changes (cgroups, bridge, shared memory, netns + veth per node) and starting
+the containers. Each repetition brings every size up and down in turn (the
+order rotates); ``up`` and ``down`` are timed by the wall clock around
+``lifecycle.up`` / ``lifecycle.down``, as a user of ``hpvc up`` would see it.
+The goal: 8 nodes up in under 2 s (median).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpvc.bench import common
+from hpvc.bench.stats import summary
+from hpvc.cluster import lifecycle
+from hpvc.cluster.state import Store
+from hpvc.errors import InputError
+
+Progress = Callable[[str], None]
+
+GOAL_NODES = 8
+GOAL_S = 2.0
+MEMORY = "128MiB"
+MAX_NODES = 250  # one /24 per cluster
+SHAPE = "one head + N-1 compute nodes (a lone head for N = 1)"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def preflight(sizes: list[int]) -> None:
+    if not sizes:
+        raise InputError("--nodes", "no cluster size given", "--nodes 1,4,8")
+    bad = [n for n in sizes if n < 1 or n > MAX_NODES]
+    if bad:
+        raise InputError("--nodes", f"{bad[0]} is not a size from 1 to {MAX_NODES}", "")
+    if len(set(sizes)) != len(sizes):
+        raise InputError("--nodes", "a size is given twice", "--nodes 1,4,8")
+    common.require("bench startup", ["crun", "ip"])
+
+
+def groups(n: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "head", "count": 1, "memory": MEMORY}]
+    if n > 1:
+        out.append({"role": "compute", "count": n - 1, "memory": MEMORY})
+    return out
+
+
+def write_specs(tmp: Path, sizes: list[int]) -> dict[int, tuple[str, str]]:
+    """Per size: (cluster name, spec path), each cluster on its own free /24."""
+    out: dict[int, tuple[str, str]] = {}
+    for n, subnet in zip(sizes, common.free_subnets(len(sizes)), strict=True):
+        name = f"bs{os.getpid() % 100000}n{n}"
+        path = tmp / f"{name}.toml"
+        path.write_text(common.cluster_spec(name, subnet, groups(n)))
+        out[n] = (name, str(path))
+    return out
+
+
+def up_down(store: Store, name: str, spec: str) -> dict[str, float]:
+    """One timed ``up`` and ``down`` (a failed down is finished by the caller's teardown)."""
+    t0 = time.perf_counter()
+    rec = lifecycle.up(spec, store)
+    up_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    lifecycle.down(name, store)
+    return {
+        "up_s": up_s,
+        "down_s": time.perf_counter() - t1,
+        "up_inner_s": float(rec.extra.get("up_seconds", 0.0)),
+    }
+
+
+def repetitions(
+    store: Store, specs: dict[int, tuple[str, str]], repeat: int, progress: Progress
+) -> dict[int, list[dict[str, Any]]]:
+    sizes = list(specs)
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    for rep in range(repeat):
+        order = sizes[rep % len(sizes) :] + sizes[: rep % len(sizes)]
+        for i, n in enumerate(order):
+            name, spec = specs[n]
+            t = up_down(store, name, spec)
+            progress(
+                f"repetition {rep + 1}/{repeat}: {n} node(s) up {t['up_s']:.3f} s,"
+                f" down {t['down_s']:.3f} s"
+            )
+            runs[n].append({"rep": rep, "order": i, **t})
+    return runs
+
+
+def size_doc(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    up = [r["up_s"] for r in runs]
+    doc: dict[str, Any] = {
+        "nodes": n,
+        "groups": groups(n),
+        "runs": runs,
+        "up": summary(up),
+        "down": summary([r["down_s"] for r in runs]),
+        "up_inner": summary([r["up_inner_s"] for r in runs]),
+        "goal_s": GOAL_S if n == GOAL_NODES else None,
+    }
+    if n == GOAL_NODES:
+        doc["meets_goal"] = doc["up"]["median"] < GOAL_S
+    return doc
+
+
+def run(sizes: list[int], repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
+    """Bring each size up and down ``repeat`` times; return the results document."""
+    preflight(sizes)
+    common.ensure_image("hpc", progress)
+    facts = common.host_facts(mpi=False)
+    with common.scratch_state("bench startup", progress) as (tmp, store):
+        specs = write_specs(tmp, sizes)
+        runs = repetitions(store, specs, repeat, progress)
+    return {
+        "benchmark": "cluster-startup",
+        **facts,
+        "repeat": repeat,
+        "shape": SHAPE,
+        "node": {
+            "vcpus": 1,
+            "memory": MEMORY,
+            "pinning": "shared",
+            "hugepages": "none",
+            "partition": "commodity",
+            "locality": "shm",
+        },
+        "timing": "wall clock around lifecycle.up / lifecycle.down (what `hpvc up` does);"
+        " up_inner is hpvc's own up_seconds (after spec load, preflight, image lookup)",
+        "goal": {"nodes": GOAL_NODES, "median_up_below_s": GOAL_S},
+        "sizes": [size_doc(n, runs[n]) for n in sizes],
+    }
+
+
+def report_md(doc: dict[str, Any]) -> str:
+    lines = [
+        f"`hpvc up` / `hpvc down` of container clusters, {doc['repeat']} repetitions"
+        f" (sizes alternated), on {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs),"
+        f" kernel {doc['kernel']}, {doc['crun']}, {doc['date']}.",
+        "",
+        f"Nodes: {doc['shape']}; each 1 vCPU (shared), {doc['node']['memory']}, no hugepages,"
+        f" locality shm. Goal: {GOAL_NODES} nodes up in under {GOAL_S:g} s (median).",
+        "",
+        "| nodes | up min s | up median s | up max s | down min s | down median s"
+        " | down max s | goal s | goal met |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in doc["sizes"]:
+        u, d = s["up"], s["down"]
+        goal = f"{s['goal_s']:g}" if s["goal_s"] is not None else ""
+        met = "" if "meets_goal" not in s else ("yes" if s["meets_goal"] else "no")
+        lines.append(
+            f"| {s['nodes']} | {u['min']:.3f} | {u['median']:.3f} | {u['max']:.3f}"
+            f" | {d['min']:.3f} | {d['median']:.3f} | {d['max']:.3f} | {goal} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
