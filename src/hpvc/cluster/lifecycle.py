@@ -256,6 +256,9 @@ def teardown(store: Store, name: str, progress: Progress = _quiet) -> list[str]:
     errors += store.journal(name).undo_all(progress)
     if not errors:
         store.remove(name)
+        with store.lock():
+            if not store.names():  # the last cluster: host-wide changes go too
+                errors += store.host_journal().undo_all(progress)
     return errors
 
 

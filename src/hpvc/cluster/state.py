@@ -3,7 +3,7 @@
 Layout under the state directory (``$HPVC_STATE_DIR``, default /var/lib/hpvc):
 
     state.lock                    flock: planning and booking CPUs is serialised
-    host-journal.jsonl            host-wide changes shared by clusters (kept)
+    host-journal.jsonl            host-wide changes shared by clusters (undone with the last)
     clusters/<name>/cluster.json  spec, plan, status, what the cluster holds
     clusters/<name>/journal.jsonl cluster-wide host changes, undone last
     clusters/<name>/nodes/<node>/journal.jsonl   one node's host changes
