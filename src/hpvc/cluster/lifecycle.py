@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends import container as ct
-from hpvc.cluster.state import ClusterRecord, Store, holdings_of
+from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import cgroups, hugepages, net
 from hpvc.image import resolve_image
 from hpvc.plan import Plan, plan_cluster
+from hpvc.plan.reservations import holdings_of
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
 from hpvc.spec import Spec, load_spec, parse_spec

@@ -29,23 +29,14 @@ from typing import Any
 
 from hpvc.errors import InputError
 from hpvc.host.journal import Journal
-from hpvc.plan.model import HostReservation, Plan, Reservations, plan_from_json
+from hpvc.plan.model import Plan, Reservations, plan_from_json
+from hpvc.plan.reservations import Holding, merge
 
 DEFAULT_STATE_DIR = "/var/lib/hpvc"
 
 
 def state_dir() -> Path:
     return Path(os.environ.get("HPVC_STATE_DIR", DEFAULT_STATE_DIR))
-
-
-@dataclass
-class Holding:
-    """What a cluster holds on one host (other clusters' planner input)."""
-
-    dedicated_cpus: list[int] = field(default_factory=list)
-    shared_cpus: list[int] = field(default_factory=list)
-    hpc_packages: list[int] = field(default_factory=list)
-    commodity_packages: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -70,24 +61,6 @@ class ClusterRecord:
     def from_json(cls, d: dict[str, Any]) -> ClusterRecord:
         holdings = {h: Holding(**v) for h, v in d.get("holdings", {}).items()}
         return cls(**{**d, "holdings": holdings})
-
-
-def holdings_of(plan: Plan, cpu_package: dict[str, dict[int, int]]) -> dict[str, Holding]:
-    """Per host: pinned CPUs, floated-over CPUs and sockets the plan holds."""
-    out: dict[str, Holding] = {}
-    hpc = {h.name: list(h.hpc_packages) for h in plan.hosts}
-    for n in plan.nodes:
-        h = out.setdefault(n.host, Holding())
-        target = h.dedicated_cpus if n.pinning == "dedicated" else h.shared_cpus
-        target.extend(c for c in n.cpuset if c not in target)
-        if n.partition == "hpc":
-            h.hpc_packages = hpc.get(n.host, [])
-        else:
-            pkgs = cpu_package.get(n.host, {})
-            h.commodity_packages = sorted(
-                set(h.commodity_packages) | {pkgs[c] for c in n.cpuset if c in pkgs}
-            )
-    return out
 
 
 class Store:
@@ -154,26 +127,5 @@ class Store:
 
     def reservations(self, exclude: str | None = None) -> Reservations:
         """What every other cluster on this host holds, for the planner."""
-        hosts: dict[str, dict[str, set[int]]] = {}
-        for name in self.names():
-            if name == exclude:
-                continue
-            rec = self.load(name)
-            if rec is None:
-                continue
-            for host, h in rec.holdings.items():
-                acc = hosts.setdefault(host, {k: set() for k in asdict(Holding())})
-                for k, v in asdict(h).items():
-                    acc[k].update(v)
-        return Reservations(
-            hosts=tuple(
-                HostReservation(
-                    host=host,
-                    dedicated_cpus=frozenset(a["dedicated_cpus"]),
-                    shared_cpus=frozenset(a["shared_cpus"]),
-                    hpc_packages=frozenset(a["hpc_packages"]),
-                    commodity_packages=frozenset(a["commodity_packages"]),
-                )
-                for host, a in sorted(hosts.items())
-            )
-        )
+        records = (self.load(n) for n in self.names() if n != exclude)
+        return merge(r.holdings for r in records if r is not None)

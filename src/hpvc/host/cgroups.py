@@ -45,7 +45,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -53,6 +52,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpvc.errors import HpvcError, InputError
+from hpvc.host.command import at as _at
+from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.probe import CgroupLayout, cgroup_layout, read_mounts
 from hpvc.plan.model import IOPlan
@@ -74,16 +75,6 @@ Runner = Callable[[Sequence[str]], None]
 Version = Literal["v1", "v2"]
 
 
-def _host_run(argv: Sequence[str]) -> None:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
-    except FileNotFoundError as e:
-        pkg = {"modprobe": "kmod"}.get(argv[0], "mount")
-        raise HpvcError(" ".join(argv), f"{argv[0]} not found", f"apt-get install {pkg}") from e
-    if done.returncode != 0:
-        raise HpvcError(" ".join(argv), done.stderr.strip() or f"exit status {done.returncode}")
-
-
 _runner: Runner = _host_run
 _rmdir: Callable[[Path], None] = os.rmdir
 
@@ -95,10 +86,6 @@ def _run(root: Path, argv: Sequence[str]) -> None:
 
 
 # --- small helpers -------------------------------------------------------------------
-
-
-def _at(root: Path, abs_path: str) -> Path:
-    return root / abs_path.lstrip("/")
 
 
 def _check_name(what: str, name: str) -> None:

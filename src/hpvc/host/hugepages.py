@@ -42,13 +42,14 @@ directories it created, if empty.
 from __future__ import annotations
 
 import logging
-import subprocess
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from hpvc.errors import HpvcError
+from hpvc.host.command import at as _at
+from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.probe import hugepage_sizes, read_mounts
 
@@ -82,16 +83,6 @@ class SysfsIO:
 _IO: PoolIO = SysfsIO()
 
 
-def _host_run(argv: Sequence[str]) -> None:
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
-    except FileNotFoundError as e:
-        raise HpvcError(" ".join(argv), f"{argv[0]} not found", "apt-get install mount") from e
-    if done.returncode != 0:
-        why = done.stderr.strip() or f"exit status {done.returncode}"
-        raise HpvcError(" ".join(argv), why)
-
-
 _runner: Runner = _host_run
 
 
@@ -103,10 +94,6 @@ def _run(root: Path, argv: Sequence[str]) -> None:
 
 
 # --- pools ---------------------------------------------------------------------------
-
-
-def _at(root: Path, abs_path: str) -> Path:
-    return root / abs_path.lstrip("/")
 
 
 def pool_dir(node: int, size_kib: int, root: Path = Path("/")) -> Path:
