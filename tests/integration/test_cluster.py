@@ -207,3 +207,19 @@ def test_concurrent_ups_never_share_a_pinned_cpu(store: Store, tmp_path: Path) -
             assert n["limits"]["cpus"] == str(n["planned"]["cpus"][0])
     for name in store.names():
         lifecycle.down(name, store)
+
+
+def test_failed_scale_takes_back_its_nodes(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image_ready()
+    name = f"is{os.getpid() % 10000}"
+    lifecycle.up(spec_file(tmp_path, name, computes=1), store)
+    monkeypatch.setenv("HPVC_FAIL_AT", "node:compute1")
+    with pytest.raises(HpvcError, match="injected failure"):
+        lifecycle.scale(name, {"compute": 2}, store)
+    assert not any("compute1" in x for x in leftovers(name))
+    assert store.get(name).status == "failed"
+    monkeypatch.delenv("HPVC_FAIL_AT")
+    lifecycle.down(name, store)
+    assert leftovers(name) == []

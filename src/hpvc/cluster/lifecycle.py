@@ -15,7 +15,7 @@ import socket
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import cgroups, hugepages, net
 from hpvc.image import resolve_image
 from hpvc.plan import Plan, plan_cluster
-from hpvc.plan.reservations import holdings_of
+from hpvc.plan.reservations import Holding, holdings_of
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
 from hpvc.spec import Spec, load_spec, parse_spec
@@ -289,15 +289,39 @@ def scale(
         host, topo = hostname(), read_topology("/")
         plan = plan_cluster(spec, [(host, topo)], store.reservations(exclude=name), existing=old)
         rec.status = "scaling"
+        # Until it is done the cluster holds both the old and the new CPUs, so a
+        # concurrent `up` cannot take what the new nodes are about to get.
+        new_holdings = holdings_of(plan, {host: topo.cpu_package()})
+        rec.holdings = {
+            h: _union(rec.holdings.get(h), new_holdings.get(h))
+            for h in set(rec.holdings) | set(new_holdings)
+        }
         store.save(rec)
     env = Env(store, rec)
-    _apply_scale(env, old, plan, progress)
+    try:
+        _apply_scale(env, old, plan, progress)
+    except BaseException:
+        for n in plan.nodes:  # take back the nodes this scale added, keep the rest
+            if n.name not in {o.name for o in old.nodes}:
+                store.node_journal(name, n.name).undo_all(progress)
+        rec.status = "failed"
+        store.save(rec)
+        raise
     rec.spec = _rescaled(rec.spec, changes)
     rec.plan = plan.to_json()
     rec.holdings = holdings_of(plan, {host: topo.cpu_package()})
     rec.status = "running"
     store.save(rec)
     return rec
+
+
+def _union(a: Holding | None, b: Holding | None) -> Holding:
+    out = Holding()
+    for h in (a, b):
+        if h is not None:
+            for k, v in asdict(h).items():
+                setattr(out, k, sorted(set(getattr(out, k)) | set(v)))
+    return out
 
 
 def _rescaled(spec: dict[str, Any], changes: dict[str, int]) -> dict[str, Any]:
