@@ -25,6 +25,9 @@ unit: setup
 
 bench: setup
 	$(HPVC) bench plan --out bench/results/plan
+	$(HPVC) image build hpc
+	$(HPVC) bench startup --out bench/results/startup
+	$(HPVC) bench locality --out bench/results/locality
 
 clean:
 	rm -rf build .mypy_cache .ruff_cache .pytest_cache .hypothesis

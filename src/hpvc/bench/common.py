@@ -213,6 +213,7 @@ def host_facts(mpi: bool = True) -> dict[str, Any]:
         "kernel": platform.release(),
         "crun": _version(["crun", "--version"]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "loadavg_start": list(os.getloadavg()),  # a shared machine: how busy it was
     }
     if mpi:
         facts["open_mpi"] = _version(["ompi_info", "--version"])

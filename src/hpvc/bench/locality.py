@@ -93,13 +93,16 @@ def pingpong_args(binary: str) -> list[str]:
 
 
 def _failed(what: str, r: subprocess.CompletedProcess[str]) -> HpvcError:
-    lines = (r.stderr or r.stdout).strip().splitlines()
-    return HpvcError(what, lines[-1] if lines else f"exit code {r.returncode}", "see --debug")
+    """The first line that says something (Open MPI boxes its messages in dashes)."""
+    text = f"{r.stderr}\n{r.stdout}".splitlines()
+    said = [x.strip() for x in text if any(ch.isalpha() for ch in x)]
+    why = said[0] if said else f"exit code {r.returncode}"
+    return HpvcError(what, why, "run the same job by hand to see all of its output")
 
 
 def run_native(binary: Path) -> str:
-    mpirun = shutil.which(ops.MPIRUN) or ops.MPIRUN
-    argv = [mpirun, "--allow-run-as-root", "-n", "2", "--bind-to", "none"]
+    # By name, not path: Open MPI takes its prefix from an absolute argv[0].
+    argv = [ops.MPIRUN, "--allow-run-as-root", "-n", "2", "--bind-to", "none"]
     argv += ["--mca", "btl", BTL["native"], *pingpong_args(str(binary))]
     r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=TIMEOUT_S)
     if r.returncode != 0:
@@ -138,7 +141,11 @@ def parse(stdout: str, config: str) -> list[dict[str, Any]]:
     have = {int(r["bytes"]) for r in rows}
     missing = [m.bytes for m in METRICS if m.bytes not in have]
     if missing:
-        raise HpvcError(f"pingpong {config}", f"no result for {missing} bytes", "see --debug")
+        raise HpvcError(
+            f"pingpong {config}",
+            f"no result for {missing} bytes",
+            f"pingpong {MAX_BYTES} {ITERATIONS} must print every size up to {MAX_BYTES}",
+        )
     return rows
 
 
@@ -217,6 +224,7 @@ def document(facts: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> di
         "ratio": "higher is better, 1.0 = as fast as native:"
         " latency native/container, bandwidth container/native",
         "goal": {"config": "shm", "median_ratio_at_least": GOAL_RATIO},
+        "loadavg_end": list(os.getloadavg()),
         "meets_goal": all(v["meets_goal"] for v in ratios["shm"].values()),
         "metrics": [m.key for m in METRICS],
         "configs": configs,
@@ -241,7 +249,8 @@ def run(repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
     return document(facts, runs)
 
 
-def _cell(v: float, m: Metric) -> str:
+def fmt(v: float, m: Metric) -> str:
+    """Latency to the nanosecond, bandwidth to the MB/s."""
     return f"{v:.3f}" if m.unit == "us" else f"{v:.0f}"
 
 
@@ -267,7 +276,7 @@ def report_md(doc: dict[str, Any]) -> str:
                 if r
                 else ["1 (ref)", "", ""]
             )
-            cells = [m.key + f" ({m.unit})", c, *(_cell(v[k], m) for k in ("min", "median", "max"))]
+            cells = [m.key + f" ({m.unit})", c, *(fmt(v[k], m) for k in ("min", "median", "max"))]
             lines.append("| " + " | ".join(cells + rc) + " |")
     lines += [
         "",

@@ -126,6 +126,7 @@ def run(sizes: list[int], repeat: int = 5, progress: Progress = _quiet) -> dict[
         "benchmark": "cluster-startup",
         **facts,
         "repeat": repeat,
+        "loadavg_end": list(os.getloadavg()),
         "shape": SHAPE,
         "node": {
             "vcpus": 1,

@@ -151,7 +151,7 @@ def locality_cmd(
             t.add_row(
                 f"{m.key} ({m.unit})",
                 c,
-                *(f"{v[k]:.3f}" for k in ("min", "median", "max")),
+                *(locality.fmt(v[k], m) for k in ("min", "median", "max")),
                 ratio,
             )
     console.print(t)
@@ -182,6 +182,10 @@ def startup_cmd(
             str(s["nodes"]), *(f"{x[k]:.3f}" for x in (u, d) for k in ("min", "median", "max"))
         )
     console.print(t)
+    for s in doc["sizes"]:
+        if "meets_goal" in s:
+            verdict = "met" if s["meets_goal"] else "NOT met"
+            console.print(f"goal ({s['nodes']} nodes up, median < {s['goal_s']:g} s): {verdict}")
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 

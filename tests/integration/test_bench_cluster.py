@@ -1,0 +1,113 @@
+"""`hpvc bench locality` and `hpvc bench startup` for real, one repetition each.
+
+These check that the benchmarks run and write complete results, and that they
+leave nothing behind; they assert no timings (benchmarks measure speed, tests
+do not: DESIGN rule 9).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpvc.cli import main
+from tests.helpers import requires
+
+HOST_KEYS = ("host", "cpu_model", "kernel", "crun", "date", "repeat")
+
+
+def ours() -> tuple[str, ...]:
+    """Prefixes of the clusters this process's benchmarks create (names carry our PID)."""
+    pid = os.getpid() % 100000
+    return (f"hpvc-bl{pid}", f"hpvc-bs{pid}")
+
+
+def scratch_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("hpvc-bench-*")}
+
+
+def leftovers() -> list[str]:
+    found: list[str] = []
+    r = subprocess.run(["crun", "list", "-q"], capture_output=True, text=True, check=False)
+    found += [c for c in r.stdout.split() if c.startswith(ours())]
+    netns = Path("/run/netns")
+    if netns.is_dir():
+        found += [p.name for p in netns.iterdir() if p.name.startswith(ours())]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    found += [w.rstrip(":") for w in links.stdout.split() if w.startswith(ours())]
+    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob("*/hpvc/b[ls]*") if _mine(p)]
+    return found
+
+
+def _mine(p: Path) -> bool:
+    return any(p.name.startswith(x.removeprefix("hpvc-")) for x in ours())
+
+
+def run_cli(argv: list[str]) -> None:
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code in (0, None), f"hpvc {' '.join(argv)} exited with {e.code}"
+
+
+def positive_summary(s: dict[str, Any]) -> None:
+    assert {"min", "median", "max"} <= set(s)
+    assert 0 < s["min"] <= s["median"] <= s["max"]
+
+
+@pytest.fixture
+def clean() -> Any:
+    requires("root", "crun", "mpi")
+    before = scratch_dirs()
+    yield
+    assert leftovers() == []
+    assert scratch_dirs() - before == set(), "the benchmark's temporary state was kept"
+
+
+def test_bench_locality_one_repetition(clean: None, tmp_path: Path) -> None:
+    run_cli(["bench", "locality", "--repeat", "1", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "report.md").read_text().count("\n| latency_4B") == 3
+    assert all(doc[k] for k in (*HOST_KEYS, "open_mpi"))
+    assert list(doc["configs"]) == ["native", "shm", "none"]
+    for name, cfg in doc["configs"].items():
+        assert len(cfg["runs"]) == 1, name
+        for key in doc["metrics"]:
+            m = cfg["metrics"][key]
+            assert len(m["samples"]) == 1 and m["samples"][0] > 0, (name, key)
+            positive_summary(m)
+    # The container runs really ran in the cluster's compute nodes.
+    assert doc["configs"]["shm"]["runs"][0]["rank0"] == "compute0"
+    assert doc["configs"]["none"]["runs"][0]["rank0"] == "compute0"
+    assert set(doc["ratios"]) == {"shm", "none"}
+    for ratios in doc["ratios"].values():
+        for key in doc["metrics"]:
+            positive_summary(ratios[key])
+            assert isinstance(ratios[key]["meets_goal"], bool)
+
+
+def test_bench_startup_one_repetition(clean: None, tmp_path: Path) -> None:
+    run_cli(["bench", "startup", "--nodes", "1,2", "--repeat", "1", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert "| 2 |" in (tmp_path / "report.md").read_text()
+    assert all(doc[k] for k in HOST_KEYS)
+    assert [s["nodes"] for s in doc["sizes"]] == [1, 2]
+    for s in doc["sizes"]:
+        assert sum(g["count"] for g in s["groups"]) == s["nodes"]
+        assert len(s["runs"]) == 1
+        assert all(s["runs"][0][k] > 0 for k in ("up_s", "down_s", "up_inner_s"))
+        positive_summary(s["up"])
+        positive_summary(s["down"])
+
+
+def test_bench_startup_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "startup", "--nodes", "1,x"])
+    assert e.value.code == 2
+    assert "hpvc: --nodes 1,x: not a list of numbers" in capsys.readouterr().err
