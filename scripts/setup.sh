@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the project uses (tests and runtime). Keep sorted.
 APT_PACKAGES=(
+  cpio             # packs the VM guests' initramfs
   crun             # OCI runtime for container nodes
   debootstrap      # builds the Debian image rootfs
   e2fsprogs        # mkfs.ext4: VM disk images, the I/O tests' loop file systems
@@ -15,6 +16,9 @@ APT_PACKAGES=(
   iproute2         # ip, bridge: inspected by tests
   libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
   openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
+  openssh-client   # ssh into VM guests (keys made per cluster)
+  qemu-system-x86  # VM nodes (KVM where usable, TCG otherwise)
+  qemu-utils       # qemu-img: per-node VM disks
   libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema
   libxml2-utils    # xmllint, needed by virt-xml-validate
   python3-venv

@@ -34,6 +34,9 @@ DEFAULT_PACKAGES: tuple[str, ...] = (
     "procps",
     "iputils-ping",
     "fio",
+    # VM nodes: hpvc reaches the guests over ssh (containers do not use it).
+    "openssh-server",
+    "openssh-client",
 )
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
