@@ -49,7 +49,8 @@ class RenderContext:
     initrd: str | None = None
     kernel_args: str = ""  # appended to KERNEL_ARGS
     hugetlbfs: tuple[tuple[int, str], ...] = ()  # (page KiB, mount); default <base>/hugepages/
-    disk_images: tuple[tuple[str, str], ...] = ()  # (node, raw image) overrides
+    disk_images: tuple[tuple[str, str], ...] = ()  # (node, disk image) overrides
+    disk_format: str = "raw"  # or "qcow2" (an overlay on the image's base disk)
     rootfs: str | None = None  # container rootfs; default <base>/images/<image>/rootfs
     rootfs_readonly: bool = False
     netns_dir: str | None = "/run/netns"  # None: containers get a fresh, unwired netns

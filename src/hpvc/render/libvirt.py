@@ -143,7 +143,7 @@ def _devices(dom: ET.Element, plan: Plan, node: PlannedNode, ctx: RenderContext)
     _sub(dev, "emulator", ctx.qemu_binary)
     disk = _sub(dev, "disk", type="file", device="disk")
     # io='native' needs O_DIRECT, which cache='none' gives.
-    _sub(disk, "driver", name="qemu", type="raw", cache="none", io="native")
+    _sub(disk, "driver", name="qemu", type=ctx.disk_format, cache="none", io="native")
     _sub(disk, "source", file=ctx.disk_image(plan.cluster, node.name))
     _sub(disk, "target", dev="vda", bus="virtio")
     nic = _sub(dev, "interface", type="bridge")

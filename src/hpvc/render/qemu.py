@@ -91,7 +91,7 @@ def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]
     return [
         # aio=native needs O_DIRECT: cache=none gives it.
         "-drive",
-        f"file={_v(disk)},if=none,id=disk0,format=raw,cache=none,aio=native",
+        f"file={_v(disk)},if=none,id=disk0,format={ctx.disk_format},cache=none,aio=native",
         "-device",
         "virtio-blk-pci,drive=disk0",
         "-netdev",
