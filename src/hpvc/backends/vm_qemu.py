@@ -1,0 +1,704 @@
+"""VM nodes run by QEMU directly: tap, process, QMP, CPU pinning, read-back, readiness.
+
+The renderer (``hpvc.render.qemu``) says what to run; this module runs it and
+applies the tuning QEMU cannot apply itself. QEMU is started as a detached
+child (own session, stdio to a log file, ``-pidfile`` written by QEMU); the
+call returns once QEMU answers on its QMP socket. Then ``apply_pinning`` asks
+QMP which host thread runs each vCPU (``query-cpus-fast``) and sets its
+affinity; every other thread of the process (main loop, I/O, RCU, workers) goes
+to the emulator CPUs. Threads QEMU creates later inherit their creator's
+affinity, so they stay on the emulator CPUs too.
+
+DESIGN rule 3: the undo kinds are ``"tap"`` (delete the interface if it is
+still a tap) and ``"qemu"`` (written before QEMU starts: its ``-name`` value,
+pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
+SIGTERM, then SIGKILL, and signals a PID only while its command line still
+holds the expected ``-name`` (a reused PID is never signalled).
+
+Host paths under ``/proc`` are read below an injectable ``proc`` root, so the
+bookkeeping is tested with fake task lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
+from qemu.qmp import QMPClient, QMPError
+
+from hpvc.errors import HpvcError, InputError
+from hpvc.host import probe
+from hpvc.host.journal import Args, Journal, undoer
+from hpvc.render.context import Accel
+from hpvc.render.qemu import QemuLaunch, QemuPinning
+from hpvc.units import format_cpulist
+
+PROC = Path("/proc")
+ACCEL_ENV = "HPVC_ACCEL"
+QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
+QMP_COMMAND_S = 5.0
+STOP_WAIT_S = (3.0, 3.0, 2.0)  # after quit, after SIGTERM, after SIGKILL
+TAIL_LINES = 12
+_ENODEV = 19
+_TUN_TYPE_TAP = 2
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # QEMUs started by this process
+
+Command = str | tuple[str, Mapping[str, object]]
+
+
+# --- typed results -------------------------------------------------------------------
+
+
+class ThreadAffinity(TypedDict):
+    """One host thread of a QEMU process and the CPUs it may run on."""
+
+    tid: int
+    name: str
+    cpus: list[int]
+
+
+class VcpuAffinity(ThreadAffinity):
+    vcpu: int
+
+
+class Pinned(TypedDict):
+    """What ``apply_pinning`` set."""
+
+    vcpus: list[VcpuAffinity]
+    emulator_cpus: list[int]
+    emulator_threads: list[int]
+
+
+class Memdev(TypedDict):
+    """One memory backend as QEMU reports it (``query-memdev``)."""
+
+    id: str
+    size: int
+    host_nodes: list[int]
+    policy: str
+    prealloc: bool
+    share: bool
+    merge: bool
+
+
+class ReadBack(TypedDict):
+    """What ``hpvc status`` shows of a running VM: pinning and memory as they are."""
+
+    pid: int
+    vcpus: list[VcpuAffinity]
+    emulator: list[ThreadAffinity]
+    memdevs: list[Memdev]
+    memory: dict[str, int]
+    kvm: dict[str, bool]
+
+
+# --- accelerator ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AccelChoice:
+    """The accelerator VMs use, whether the user forced it, and a line to show (or None)."""
+
+    name: Accel
+    forced: bool
+    warning: str | None
+
+
+def accelerator(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> AccelChoice:
+    """KVM only with a usable /dev/kvm and vmx/svm, else TCG; ``HPVC_ACCEL=kvm|tcg`` overrides."""
+    value = (os.environ if env is None else env).get(ACCEL_ENV, "").strip().lower()
+    if value not in ("", "kvm", "tcg"):
+        raise InputError(
+            f"{ACCEL_ENV}={value}", "not an accelerator", f"set {ACCEL_ENV}=kvm or tcg, or unset it"
+        )
+    probed = probe.accelerator(root)
+    name: Accel = "kvm" if value == "kvm" else "tcg" if value == "tcg" else probed
+    return AccelChoice(name, bool(value), _accel_warning(name, probed, bool(value)))
+
+
+def _accel_warning(name: Accel, probed: Accel, forced: bool) -> str | None:
+    if name == "kvm":
+        if probed == "kvm":
+            return None
+        return (
+            f"KVM forced by {ACCEL_ENV} on a host without vmx/svm: "
+            "guest kernels may stall in early boot"
+        )
+    why = f"forced by {ACCEL_ENV}" if forced else "no usable /dev/kvm with vmx/svm here"
+    return f"VMs run under TCG ({why}): software emulation, far slower than KVM"
+
+
+# --- the QEMU command line -----------------------------------------------------------
+
+
+def _opts(value: str) -> list[str]:
+    """Split a QEMU option string on single commas (``,,`` is a literal comma)."""
+    return [part.replace("\0", ",") for part in value.replace(",,", "\0").split(",")]
+
+
+def _values(argv: Sequence[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == flag]
+
+
+def name_of(argv: Sequence[str]) -> str:
+    """The ``-name`` value of a QEMU command line (what identifies its process)."""
+    names = _values(argv, "-name")
+    if len(names) != 1:
+        raise HpvcError("QEMU command line", f"want one -name, found {len(names)}")
+    return names[0]
+
+
+@dataclass(frozen=True)
+class LaunchFiles:
+    """Files a QEMU command line makes the process create (sockets, pid file, logs)."""
+
+    sockets: tuple[str, ...]
+    pidfile: str | None
+    logs: tuple[str, ...]
+
+
+def launch_files(argv: Sequence[str]) -> LaunchFiles:
+    """The unix sockets (``-qmp unix:``, ``-chardev socket,path=``), pid file and chardev logs."""
+    sockets: list[str] = []
+    logs: list[str] = []
+    for qmp in _values(argv, "-qmp"):
+        first = _opts(qmp)[0]
+        if first.startswith("unix:"):
+            sockets.append(first[5:])
+    for dev in _values(argv, "-chardev"):
+        parts = _opts(dev)
+        keys = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+        if parts[0] == "socket" and "path" in keys:
+            sockets.append(keys["path"])
+        if "logfile" in keys:
+            logs.append(keys["logfile"])
+    pidfiles = _values(argv, "-pidfile")
+    return LaunchFiles(tuple(sockets), pidfiles[-1] if pidfiles else None, tuple(logs))
+
+
+# --- processes under /proc -----------------------------------------------------------
+
+
+def running(pid: int, proc: Path = PROC) -> bool:
+    """Is ``pid`` a live process (not gone, not a zombie)?"""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    fields = text.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def is_qemu(pid: int, name: str, proc: Path = PROC) -> bool:
+    """Does ``pid``'s command line hold ``-name <name>``? (False for zombies and reused PIDs.)"""
+    try:
+        args = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(a == "-name" and b == name for a, b in itertools.pairwise(args))
+
+
+def find_qemu(name: str, proc: Path = PROC) -> list[int]:
+    """Every process whose command line holds ``-name <name>``."""
+    pids = sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
+    return [pid for pid in pids if is_qemu(pid, name, proc)]
+
+
+def task_ids(pid: int, proc: Path = PROC) -> list[int]:
+    """The thread IDs of a process (``/proc/PID/task``); empty when it is gone."""
+    try:
+        return sorted(int(t.name) for t in (proc / str(pid) / "task").iterdir() if t.name.isdigit())
+    except OSError:
+        return []
+
+
+def _comm(pid: int, tid: int, proc: Path) -> str:
+    try:
+        return (proc / str(pid) / "task" / str(tid) / "comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` non-empty lines of a log (empty when unreadable)."""
+    try:
+        text = path.read_bytes()[-16384:].decode(errors="replace")
+    except OSError:
+        return []
+    clean = [line.replace("\r", "").rstrip() for line in text.splitlines()]
+    return [line for line in clean if line][-lines:]
+
+
+def _with_tail(why: str, log: Path) -> str:
+    last = tail(log)
+    return f"{why}; last lines of {log}: " + " | ".join(last) if last else f"{why} ({log} is empty)"
+
+
+# --- QMP -----------------------------------------------------------------------------
+
+
+class _Exited(Exception):
+    """The QEMU process went away while we waited for its QMP socket."""
+
+
+async def _open_unix(path: str, timeout: float, pid: int | None) -> socket.socket:
+    """Connect to a unix socket, retrying until it answers or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(QMP_COMMAND_S)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            if pid is not None and not running(pid):
+                raise _Exited(pid) from e
+            if time.monotonic() >= deadline:
+                raise HpvcError(f"QMP {path}", f"no answer after {timeout:g} s ({e})") from e
+        except OSError as e:  # a timeout (backlog full: another client holds it), EACCES
+            sock.close()
+            raise HpvcError(f"QMP {path}", str(e) or type(e).__name__) from e
+        await asyncio.sleep(0.02)
+
+
+async def _session(
+    path: str, commands: Sequence[Command], connect_s: float, command_s: float, pid: int | None
+) -> list[object]:
+    start = time.monotonic()
+    sock = await _open_unix(path, connect_s, pid)
+    client = QMPClient("hpvc")
+    try:
+        # The greeting comes once QEMU's main loop runs (after memory prealloc).
+        greet_s = max(command_s, connect_s - (time.monotonic() - start))
+        await asyncio.wait_for(client.connect(sock), greet_s)
+        out: list[object] = []
+        for cmd in commands:
+            name, args = (cmd, None) if isinstance(cmd, str) else cmd
+            out.append(await asyncio.wait_for(client.execute(name, args), command_s))
+        return out
+    except (QMPError, OSError, EOFError, TimeoutError) as e:
+        raise HpvcError(f"QMP {path}", str(e) or type(e).__name__) from e
+    finally:
+        # disconnect() re-raises what ended the session (EOF after `quit`): not an error here.
+        with contextlib.suppress(QMPError, OSError, EOFError):
+            await client.disconnect()
+        sock.close()
+
+
+def qmp(
+    path: str | Path,
+    *commands: Command,
+    connect_s: float = QMP_CONNECT_S,
+    command_s: float = QMP_COMMAND_S,
+    pid: int | None = None,
+) -> list[object]:
+    """Run QMP ``commands`` in one session; their return values in order.
+
+    Connecting retries for ``connect_s`` (stopping early when ``pid`` exits);
+    each command may take ``command_s``. Errors become ``HpvcError``.
+    """
+    try:
+        return asyncio.run(_session(str(path), commands, connect_s, command_s, pid))
+    except _Exited as e:
+        raise HpvcError(f"QMP {path}", f"QEMU (PID {pid}) exited") from e
+
+
+def wait_qmp(path: str | Path, pid: int, timeout: float, log: Path) -> float:
+    """Wait until QEMU answers on its QMP socket; seconds waited. Fails early if QEMU exits."""
+    start = time.monotonic()
+    try:
+        asyncio.run(_session(str(path), ["query-status"], timeout, QMP_COMMAND_S, pid))
+    except _Exited as e:
+        raise HpvcError(f"QEMU (PID {pid})", _with_tail("exited while starting", log)) from e
+    except HpvcError as e:
+        raise HpvcError(e.what, _with_tail(e.why, log)) from e
+    return time.monotonic() - start
+
+
+# --- tap -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _ipr(what: str) -> Iterator[Any]:
+    try:
+        ipr = IPRoute()
+    except (NetlinkError, OSError) as e:
+        raise HpvcError(what, str(e)) from e
+    try:
+        yield ipr
+    except NetlinkError as e:
+        raise HpvcError(what, os.strerror(e.code).lower() if e.code > 0 else str(e)) from e
+    except OSError as e:
+        raise HpvcError(what, (e.strerror or str(e)).lower()) from e
+    finally:
+        ipr.close()
+
+
+def _lookup(ipr: Any, ifname: str) -> int | None:
+    found = ipr.link_lookup(ifname=ifname)
+    return int(found[0]) if found else None
+
+
+def _is_tap(ipr: Any, index: int) -> bool:
+    info = ipr.link("get", index=index)[0].get("IFLA_LINKINFO")
+    if info is None or info.get("IFLA_INFO_KIND") != "tun":
+        return False
+    data = info.get("IFLA_INFO_DATA")
+    kind = None if data is None else data.get("IFLA_TUN_TYPE")
+    return kind is None or kind == _TUN_TYPE_TAP
+
+
+def create_tap(journal: Journal, name: str, bridge: str, mtu: int) -> None:
+    """A persistent single-queue tap ``name`` with ``mtu``, enslaved to ``bridge``, up."""
+    what = f"tap {name}"
+    with _ipr(what) as ipr:
+        master = _lookup(ipr, bridge)
+        if master is None:
+            raise HpvcError(what, f"no bridge {bridge} on the host", "create the cluster network")
+        if _lookup(ipr, name) is not None:
+            raise HpvcError(what, "already exists", "run 'hpvc down' for its cluster first")
+        journal.record("tap", ifname=name)
+        flags = {"no_pi": 1, "multi_queue": 0, "vnet_hdr": 0}
+        ipr.link("add", ifname=name, kind="tuntap", mode="tap", ifr=flags)
+        index = _lookup(ipr, name)
+        if index is None:
+            raise HpvcError(what, "the kernel did not create it")
+        with contextlib.suppress(OSError):  # no IPv6 in this kernel: it just stays on
+            Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6").write_text("1\n")
+        ipr.link("set", index=index, mtu=mtu, master=master, state="up")
+
+
+@undoer("tap")
+def _undo_tap(args: Args) -> None:
+    name = str(args["ifname"])
+    with _ipr(f"tap {name}") as ipr:
+        index = _lookup(ipr, name)
+        if index is None or not _is_tap(ipr, index):
+            return
+        try:
+            ipr.link("del", index=index)
+        except NetlinkError as e:
+            if e.code != _ENODEV:
+                raise
+
+
+# --- start and stop ------------------------------------------------------------------
+
+
+def start_qemu(
+    journal: Journal, launch: QemuLaunch, *, log: Path, qmp_timeout: float = QMP_CONNECT_S
+) -> int:
+    """Start QEMU detached (own session, stdio to ``log``); return its PID once QMP answers."""
+    name = name_of(launch.argv)
+    what = f"QEMU {name.split(',')[0]}"
+    already = find_qemu(name)
+    if already:
+        raise HpvcError(what, f"already running as PID {already[0]}", "run 'hpvc down' first")
+    files = launch_files(launch.argv)
+    for path in (*files.sockets, *files.logs, launch.pidfile, str(log)):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sockets = list(dict.fromkeys([launch.qmp_socket, *files.sockets]))
+    journal.record(
+        "qemu", name=name, pidfile=launch.pidfile, qmp=launch.qmp_socket, sockets=sockets
+    )
+    with open(log, "wb") as out:  # this start's messages only: errors quote its tail
+        try:
+            child = subprocess.Popen(
+                list(launch.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise HpvcError(what, f"cannot run {launch.argv[0]}: {e.strerror or e}") from e
+    _CHILDREN[child.pid] = child
+    wait_qmp(launch.qmp_socket, child.pid, qmp_timeout, log)
+    return child.pid
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a QEMU this process started (its command line is gone)."""
+    child = _CHILDREN.get(pid)
+    if child is None:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=2.0)  # it is exiting: its memory may still be being freed
+    if child.returncode is not None:
+        del _CHILDREN[pid]
+
+
+def _wait_gone(pid: int, name: str, seconds: float, proc: Path = PROC) -> bool:
+    deadline = time.monotonic() + seconds
+    while is_qemu(pid, name, proc):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    _reap(pid)
+    return True
+
+
+def stop_qemu(pid: int, name: str, qmp_socket: str | None, proc: Path = PROC) -> None:
+    """Stop one QEMU: QMP ``quit``, then SIGTERM, then SIGKILL; only while it is still ``name``."""
+    quit_s, term_s, kill_s = STOP_WAIT_S
+    if not is_qemu(pid, name, proc):
+        _reap(pid)
+        return
+    if qmp_socket and os.path.exists(qmp_socket):
+        with contextlib.suppress(HpvcError):
+            qmp(qmp_socket, "quit", connect_s=1.0, command_s=2.0, pid=pid)
+        if _wait_gone(pid, name, quit_s, proc):
+            return
+    for sig, seconds in ((signal.SIGTERM, term_s), (signal.SIGKILL, kill_s)):
+        if not is_qemu(pid, name, proc):  # checked right before each signal
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if _wait_gone(pid, name, seconds, proc):
+            return
+    raise HpvcError(f"QEMU {name} (PID {pid})", "still running after SIGKILL")
+
+
+def _pidfile_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _remove(path: Path, *, socket_only: bool) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(mode) or (not socket_only and stat.S_ISREG(mode)):
+        path.unlink(missing_ok=True)
+
+
+@undoer("qemu")
+def _undo_qemu(args: Args) -> None:
+    name, pidfile = str(args["name"]), Path(args["pidfile"])
+    pid = _pidfile_pid(pidfile)
+    pids = [pid] if pid is not None and is_qemu(pid, name) else find_qemu(name)
+    for p in pids:
+        stop_qemu(p, name, args.get("qmp"))
+    _remove(pidfile, socket_only=False)
+    for path in args.get("sockets", []):
+        _remove(Path(path), socket_only=True)
+
+
+# --- pinning -------------------------------------------------------------------------
+
+
+def _as_dicts(value: object, what: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise HpvcError(f"QMP {what}", f"unexpected reply {value!r:.200}")
+    return value
+
+
+def vcpu_threads(cpus_fast: object) -> dict[int, int]:
+    """vCPU index -> host thread ID, from a ``query-cpus-fast`` reply."""
+    out: dict[int, int] = {}
+    for cpu in _as_dicts(cpus_fast, "query-cpus-fast"):
+        index, tid = cpu.get("cpu-index"), cpu.get("thread-id")
+        if not isinstance(index, int) or not isinstance(tid, int):
+            raise HpvcError("QMP query-cpus-fast", f"no cpu-index/thread-id in {cpu!r:.200}")
+        out[index] = tid
+    return out
+
+
+def check_cpus(pinning: QemuPinning, allowed: Iterable[int]) -> None:
+    """Raise unless every planned CPU is one this process may use."""
+    planned = {c for _, cpus in pinning.vcpus for c in cpus} | set(pinning.emulator)
+    missing = planned - set(allowed)
+    if missing:
+        raise HpvcError(
+            "vCPU pinning",
+            f"planned CPUs {format_cpulist(missing)} are not available to hpvc "
+            f"(it may use {format_cpulist(set(allowed)) or 'none'})",
+            "re-plan on this host, or run hpvc outside the cpuset that restricts it",
+        )
+
+
+def vcpu_affinity(pinning: QemuPinning, threads: Mapping[int, int]) -> dict[int, frozenset[int]]:
+    """Thread ID -> CPUs for the vCPU threads; vCPUs sharing a thread get the union."""
+    planned = {v for v, _ in pinning.vcpus}
+    if planned != set(threads):
+        raise HpvcError(
+            "vCPU pinning",
+            f"plan has vCPUs {format_cpulist(planned)}, QEMU has {format_cpulist(set(threads))}",
+        )
+    out: dict[int, frozenset[int]] = {}
+    for vcpu, cpus in pinning.vcpus:
+        tid = threads[vcpu]
+        out[tid] = out.get(tid, frozenset()) | frozenset(cpus)
+    return out
+
+
+def emulator_threads(tasks: Iterable[int], vcpu_tids: Iterable[int]) -> list[int]:
+    """Every thread of the process that runs no vCPU."""
+    skip = set(vcpu_tids)
+    return sorted(t for t in tasks if t not in skip)
+
+
+def _set_affinity(tid: int, cpus: Iterable[int], required: bool) -> bool:
+    try:
+        os.sched_setaffinity(tid, set(cpus))
+    except ProcessLookupError:
+        if required:
+            raise HpvcError(f"pin thread {tid}", "the thread is gone") from None
+        return False
+    except OSError as e:
+        raise HpvcError(f"pin thread {tid} to {format_cpulist(set(cpus))}", str(e)) from e
+    return True
+
+
+def _pin_emulator(pid: int, vcpu_tids: set[int], cpus: tuple[int, ...], proc: Path) -> list[int]:
+    """Pin every non-vCPU thread; a few passes catch threads started meanwhile."""
+    done: list[int] = []
+    for _ in range(3):
+        fresh = [t for t in emulator_threads(task_ids(pid, proc), vcpu_tids) if t not in done]
+        if not fresh:
+            break
+        done += [t for t in fresh if _set_affinity(t, cpus, required=False)]
+    return sorted(done)
+
+
+def apply_pinning(
+    qmp_socket: str | Path, pid: int, pinning: QemuPinning, proc: Path = PROC
+) -> Pinned:
+    """Pin each vCPU thread to its planned CPUs and the other threads to the emulator CPUs."""
+    check_cpus(pinning, os.sched_getaffinity(0))
+    threads = vcpu_threads(qmp(qmp_socket, "query-cpus-fast", pid=pid)[0])
+    per_tid = vcpu_affinity(pinning, threads)
+    for tid, cpus in per_tid.items():
+        _set_affinity(tid, cpus, required=True)
+    emulator = _pin_emulator(pid, set(per_tid), pinning.emulator, proc) if pinning.emulator else []
+    vcpus = [VcpuAffinity(vcpu=v, **_affinity(pid, threads[v], proc)) for v in sorted(threads)]
+    return Pinned(vcpus=vcpus, emulator_cpus=sorted(pinning.emulator), emulator_threads=emulator)
+
+
+# --- read-back -----------------------------------------------------------------------
+
+
+def memdevs(reply: object) -> list[Memdev]:
+    """The ``query-memdev`` reply as typed records."""
+    return [
+        Memdev(
+            id=str(m.get("id", "")),
+            size=int(m.get("size", 0)),
+            host_nodes=[int(n) for n in m.get("host-nodes", [])],
+            policy=str(m.get("policy", "")),
+            prealloc=bool(m.get("prealloc", False)),
+            share=bool(m.get("share", False)),
+            merge=bool(m.get("merge", False)),
+        )
+        for m in _as_dicts(reply, "query-memdev")
+    ]
+
+
+def _affinity(pid: int, tid: int, proc: Path) -> ThreadAffinity:
+    try:
+        cpus = sorted(os.sched_getaffinity(tid))
+    except OSError:
+        cpus = []
+    return ThreadAffinity(tid=tid, name=_comm(pid, tid, proc), cpus=cpus)
+
+
+def _int_dict(value: object) -> dict[str, int]:
+    return {str(k): int(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _bool_dict(value: object) -> dict[str, bool]:
+    return {str(k): bool(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def read_back(pid: int, qmp_socket: str | Path, proc: Path = PROC) -> ReadBack:
+    """vCPU and emulator thread affinity as the kernel has it, memory backends, KVM in use."""
+    cpus, mem, summary, kvm = qmp(
+        qmp_socket,
+        "query-cpus-fast",
+        "query-memdev",
+        "query-memory-size-summary",
+        "query-kvm",
+        connect_s=2.0,
+        pid=pid,
+    )
+    threads = vcpu_threads(cpus)
+    vcpus = [
+        VcpuAffinity(vcpu=v, **_affinity(pid, tid, proc)) for v, tid in sorted(threads.items())
+    ]
+    emulator = [
+        _affinity(pid, t, proc) for t in emulator_threads(task_ids(pid, proc), threads.values())
+    ]
+    return ReadBack(
+        pid=pid,
+        vcpus=vcpus,
+        emulator=emulator,
+        memdevs=memdevs(mem),
+        memory=_int_dict(summary),
+        kvm=_bool_dict(kvm),
+    )
+
+
+# --- readiness -----------------------------------------------------------------------
+
+
+class _LogFollower:
+    """Reads what was appended to a log since the last call, in whole lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:  # truncated: start over
+                    self.offset, self.partial = 0, b""
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *whole, self.partial = (self.partial + data).split(b"\n")
+        return [w.decode(errors="replace").replace("\r", "") for w in whole]
+
+
+def wait_ready(
+    console_log: Path, marker: str, timeout: float, pid: int, proc: Path = PROC
+) -> float:
+    """Wait for a console line holding ``marker`` as a whole word; seconds waited.
+
+    Fails at once, with the log's last lines, when the QEMU process exits.
+    """
+    pattern = re.compile(rf"(^|\s){re.escape(marker)}(\s|$)")
+    follow = _LogFollower(console_log)
+    start = time.monotonic()
+    while True:
+        lines = [*follow.lines(), follow.partial.decode(errors="replace")]
+        if any(pattern.search(line) for line in lines):
+            return time.monotonic() - start
+        if not running(pid, proc):
+            why = _with_tail(f"QEMU (PID {pid}) exited before '{marker}'", console_log)
+            raise HpvcError(f"VM boot ({marker})", why)
+        if time.monotonic() - start > timeout:
+            why = _with_tail(f"no '{marker}' after {timeout:g} s", console_log)
+            raise HpvcError(f"VM boot ({marker})", why, "see the console log")
+        time.sleep(0.05)
