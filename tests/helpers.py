@@ -44,6 +44,7 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
         False,
     ),
     "crun": (_tool("crun"), False),
+    "qemu": (_tool("qemu-system-x86_64"), False),
     "debootstrap": (_tool("debootstrap"), False),
     "mpi": (_tool("mpirun.openmpi"), False),
     "fio": (_tool("fio"), False),

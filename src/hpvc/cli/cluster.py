@@ -11,6 +11,7 @@ from rich.table import Table
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.cluster import lifecycle, ops
 from hpvc.errors import InputError
+from hpvc.units import format_cpulist
 
 UP_HELP = """Bring a cluster up on this host: plan, then start every node.
 
@@ -67,10 +68,18 @@ def show_status(st: dict[str, Any]) -> None:
     t = Table(
         title=f"cluster {st['cluster']}: {st['status']}, bridge {st['bridge']} {st['subnet']}"
         f" mtu {st['mtu']}, locality {st['locality']}",
-        caption="read back from the kernel: cgroups, netns",
+        caption="read back from the kernel: cgroups, netns"
+        if st["kind"] != "vm"
+        else f"read back from QEMU and /proc; accelerator {st.get('accelerator')}",
     )
     for col in ("node", "state", "ip", "mtu", "cpus", "mems", "limits"):
         t.add_column(col, overflow="fold")
+    if st["kind"] == "vm":
+        _vm_rows(t, st)
+        console.print(t)
+        if st.get("accelerator_warning"):
+            console.print(f"[yellow]{st['accelerator_warning']}[/yellow]")
+        return
     for n in st["nodes"]:
         netw, lim = n["network"], n["limits"]
         t.add_row(
@@ -83,6 +92,26 @@ def show_status(st: dict[str, Any]) -> None:
             _limits(lim),
         )
     console.print(t)
+
+
+def _vm_rows(t: Table, st: dict[str, Any]) -> None:
+    """VM nodes: where QEMU's threads really run, and its memory backends."""
+    for n in st["nodes"]:
+        v = n.get("vm", {})
+        if "error" in v or not v:
+            t.add_row(n["name"], n["state"], n["planned"]["ip"], str(st["mtu"]), "-", "-",
+                      str(v.get("error", "")))  # fmt: skip
+            continue
+        vcpus = " ".join(f"{x['vcpu']}:{format_cpulist(x['cpus'])}" for x in v["vcpus"])
+        emu = sorted({c for x in v["emulator"] for c in x["cpus"]})
+        mems = ",".join(format_cpulist(m.get("host_nodes") or []) or "-" for m in v["memdevs"])
+        backs = " ".join(
+            f"{m.get('size', 0) // 2**20}MiB {m.get('policy')}"
+            f"{' prealloc' if m.get('prealloc') else ''}"
+            for m in v["memdevs"]
+        )
+        limits = f"vCPU>CPU {vcpus}; emulator {format_cpulist(emu)}; {backs}"
+        t.add_row(n["name"], n["state"], n["planned"]["ip"], str(st["mtu"]), vcpus, mems, limits)
 
 
 def status_cmd(

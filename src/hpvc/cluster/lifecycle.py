@@ -10,6 +10,7 @@ step: ``<step>`` raises, ``crash:<step>`` kills the process outright.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import time
@@ -20,13 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends import container as ct
+from hpvc.backends import vm_qemu
+from hpvc.cluster import vm
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import cgroups, hugepages, net
 from hpvc.image import resolve_image
+from hpvc.image.guest import GuestArtifacts, build_guest
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.reservations import Holding, holdings_of
 from hpvc.render import files as render_files
+from hpvc.render import qemu as render_qemu
 from hpvc.render.context import RenderContext
 from hpvc.spec import Spec, load_spec, parse_spec
 from hpvc.topology import read_topology
@@ -34,6 +39,7 @@ from hpvc.units import format_cpulist
 
 Progress = Callable[[str], None]
 SHM_MIB = 1024
+QEMU = "qemu-system-x86_64"
 SHARED_MOUNT = "/shared"
 
 
@@ -52,15 +58,21 @@ def inject(step: str) -> None:
 
 def preflight(spec: Spec) -> None:
     """Refuse, before any host change, what cannot work here."""
-    if spec.kind != "container":
+    if spec.kind == "vm" and spec.backend == "libvirt":
         raise InputError(
-            f"kind {spec.kind!r}", "not supported by this hpvc yet", 'use kind = "container"'
+            "backend 'libvirt'", "not supported by this hpvc yet", "leave backend out (QEMU)"
         )
     if os.geteuid() != 0:
         raise MissingDependency(
             "hpvc up", "needs root (cgroups, namespaces, mounts)", "run as root"
         )
-    ct.runtime()
+    if spec.kind == "vm":
+        if shutil.which(QEMU) is None:
+            raise MissingDependency(
+                "VM nodes", f"{QEMU} not found", "apt-get install qemu-system-x86"
+            )
+    else:
+        ct.runtime()
 
 
 def hostname() -> str:
@@ -118,6 +130,9 @@ def block_device(path: Path) -> tuple[int, int] | None:
 def _prepare(env: Env, plan: Plan, spec: Spec, progress: Progress) -> None:
     """Cluster-wide host changes: cgroup parent, hugepages, bridge, shared memory."""
     j = env.store.journal(env.rec.name)
+    if spec.kind == "vm":
+        _prepare_vm(env, plan, progress)
+        return
     cgroups.ensure_hugetlb_v1(env.store.host_journal())
     cpus = sorted({c for n in plan.nodes for c in n.cpuset})
     mems = sorted({c.host_node for n in plan.nodes for c in n.numa})
@@ -146,6 +161,41 @@ def _prepare(env: Env, plan: Plan, spec: Spec, progress: Progress) -> None:
     if dev is not None and any(n.io and n.io.weight for n in plan.nodes):
         # Weights need the bfq scheduler; the device is host-wide, so is the undo.
         cgroups.ensure_bfq(env.store.host_journal(), cgroups.device_name(dev))
+
+
+def _prepare_vm(env: Env, plan: Plan, progress: Progress) -> None:
+    """VM clusters: hugepage pools and hugetlbfs, the bridge, the cluster's ssh key."""
+    j = env.store.journal(env.rec.name)
+    _grow_pages(env, plan, progress)
+    net.ensure_bridge(
+        j, plan.network.bridge, plan.network.gateway, plan.network.prefixlen, plan.network.mtu
+    )
+    inject("bridge")
+    (env.dir / "mpi").mkdir(parents=True, exist_ok=True)
+    vm.ssh_key(env.dir)
+    choice = vm_qemu.accelerator()
+    env.rec.extra["accel"] = choice.name
+    if choice.warning:
+        progress(choice.warning)
+        env.rec.extra["accel_warning"] = choice.warning
+
+
+def _start_vms(
+    env: Env, plan: Plan, names: list[str], guest: GuestArtifacts, progress: Progress
+) -> None:
+    """Start the VMs (they boot in parallel), wait for all, configure /etc/hosts and ARP."""
+    ctx = vm.vm_context(
+        env.store, guest, env.rec.extra.get("hugetlbfs", {}), env.rec.extra.get("accel", "tcg")
+    )
+    pids = env.rec.extra.setdefault("pids", {})
+    for name in names:
+        progress(f"node {name}: starting QEMU")
+        pids[name] = vm.start_node(env.store, plan, plan.node(name), guest, ctx)
+        inject(f"node:{name}")
+    progress(f"waiting for {len(names)} guest(s) to boot ({ctx.accel})")
+    waited = vm.wait_all(env.store, plan, {n: pids[n] for n in names}, ctx, vm.READY_TIMEOUT_S)
+    env.rec.extra.setdefault("boot_seconds", {}).update(waited)
+    vm.configure(env.store, plan, [n.name for n in plan.nodes if n.name not in names])
 
 
 def _grow_pages(env: Env, plan: Plan, progress: Progress) -> None:
@@ -182,6 +232,7 @@ def up(spec_path: str, store: Store | None = None, progress: Progress = _quiet) 
     spec = load_spec(spec_path)
     preflight(spec)
     image = resolve_image(spec.image)
+    guest = build_guest(image, progress=progress) if spec.kind == "vm" else None
     store = store or Store()
     t0 = time.perf_counter()
     rec, plan = _book(store, spec, spec_path)
@@ -190,7 +241,9 @@ def up(spec_path: str, store: Store | None = None, progress: Progress = _quiet) 
     env = Env(store, rec)
     try:
         _prepare(env, plan, spec, progress)
-        for n in plan.nodes:
+        if guest is not None:
+            _start_vms(env, plan, [n.name for n in plan.nodes], guest, progress)
+        for n in plan.nodes if guest is None else ():
             progress(f"node {n.name}")
             _start_node(env, plan, n.name, image.rootfs)
         rec.status = "running"
@@ -324,6 +377,17 @@ def _union(a: Holding | None, b: Holding | None) -> Holding:
     return out
 
 
+def _repin_vms(env: Env, old: Plan, plan: Plan) -> None:
+    """Running VMs whose floating set or emulator CPUs changed get them applied live."""
+    pids = env.rec.extra.get("pids", {})
+    for n in plan.nodes:
+        was = old.node(n.name) if n.name in {o.name for o in old.nodes} else None
+        if was is None or (was.cpuset, was.emulator_cpus) == (n.cpuset, n.emulator_cpus):
+            continue
+        qmp = env.store.root / "run" / plan.cluster / n.name / "qmp.sock"
+        vm_qemu.apply_pinning(qmp, pids[n.name], render_qemu.qemu_pinning(n))
+
+
 def _rescaled(spec: dict[str, Any], changes: dict[str, int]) -> dict[str, Any]:
     groups = [dict(g) for g in spec["nodes"]]
     for role, count in changes.items():
@@ -347,9 +411,15 @@ def _apply_scale(env: Env, old: Plan, plan: Plan, progress: Progress) -> None:
     for gone in sorted(before - after):
         progress(f"remove {gone}")
         env.store.node_journal(env.rec.name, gone).undo_all(progress)
+        env.rec.extra.get("pids", {}).pop(gone, None)
     _grow_pages(env, plan, progress)
-    ct.write_in_place(env.dir / "hosts", render_files.hosts(plan))
     image = resolve_image(plan.image)
+    if plan.kind == "vm":
+        new = [n.name for n in plan.nodes if n.name not in before]
+        _start_vms(env, plan, new, build_guest(image, progress=progress), progress)
+        _repin_vms(env, old, plan)
+        return
+    ct.write_in_place(env.dir / "hosts", render_files.hosts(plan))
     for n in plan.nodes:
         if n.name not in before:
             progress(f"add {n.name}")

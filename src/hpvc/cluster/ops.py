@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends import container as ct
+from hpvc.backends import vm_qemu
+from hpvc.cluster import vm
 from hpvc.cluster.lifecycle import Env
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
@@ -40,11 +42,35 @@ def _node_status(plan: Plan, node: PlannedNode) -> dict[str, Any]:
     return out
 
 
+def _vm_status(store: Store, plan: Plan, node: PlannedNode, pid: int | None) -> dict[str, Any]:
+    """A VM node: QEMU alive?, thread affinities and memory backends read back over QMP."""
+    out: dict[str, Any] = {
+        "name": node.name,
+        "role": node.role,
+        "host": node.host,
+        "state": "running" if pid and vm_qemu.running(pid) else "stopped",
+        "planned": {"cpus": list(node.cpuset), "memory_mib": node.memory_mib, "ip": node.ip},
+        "network": {"address": node.ip, "mtu": plan.network.mtu},
+    }
+    if pid and out["state"] == "running":
+        qmp = store.root / "run" / plan.cluster / node.name / "qmp.sock"
+        try:
+            out["vm"] = dict(vm_qemu.read_back(pid, qmp))
+        except HpvcError as e:
+            out["vm"] = {"error": e.why}
+    return out
+
+
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
     store = store or Store()
     rec = store.get(name)
     plan = rec.the_plan()
+    if plan.kind == "vm":
+        pids = rec.extra.get("pids", {})
+        nodes = [_vm_status(store, plan, n, pids.get(n.name)) for n in plan.nodes]
+    else:
+        nodes = [_node_status(plan, n) for n in plan.nodes]
     return {
         "cluster": name,
         "status": rec.status,
@@ -56,7 +82,9 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
         "up_seconds": rec.extra.get("up_seconds"),
         "shared_dir": {"host": str(store.cluster_dir(name) / "shared"), "node": "/shared"},
-        "nodes": [_node_status(plan, n) for n in plan.nodes],
+        "accelerator": rec.extra.get("accel"),
+        "accelerator_warning": rec.extra.get("accel_warning"),
+        "nodes": nodes,
     }
 
 
@@ -93,6 +121,8 @@ def exec_node(name: str, node: str, argv: list[str], store: Store | None = None)
         raise InputError(f"node {node!r}", f"not in cluster {name!r}", f"one of: {known}") from None
     if not argv:
         raise InputError("hpvc exec", "no command given", "hpvc exec NAME NODE -- CMD")
+    if plan.kind == "vm":
+        return vm.exec_node(store, plan, node, argv)
     return subprocess.run(ct.exec_argv(ct.container_id(name, node), argv), check=False).returncode
 
 
@@ -109,9 +139,27 @@ exec {crun} exec "${{args[@]}}" --env PATH=/usr/local/bin:/usr/bin:/bin "$node" 
 """
 
 
+VM_RANK_SCRIPT = """#!/bin/bash
+# hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its VM over ssh (see ranks beside this file).
+set -e
+here=$(dirname "$0")
+ip=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
+args=()
+while IFS= read -r -d '' kv; do
+  case "$kv" in OMPI_*|PMIX_*|OPAL_*|ORTE_*|HPVC_*) args+=("$(printf '%q' "$kv")");; esac
+done < <(env -0)
+cmd=()
+for a in "$@"; do cmd+=("$(printf '%q' "$a")"); done
+exec ssh -i "$here/id_ed25519" {opts} "root@$ip" env "${{args[@]}}" "${{cmd[@]}}"
+"""
+
+
 def rank_layout(plan: Plan, n: int) -> list[str]:
-    """Container of each rank: nodes filled in order, one rank per vCPU."""
-    slots = [(ct.container_id(plan.cluster, x.name), len(x.vcpus)) for x in mpi_nodes(plan)]
+    """Node of each rank (container id, or a VM's IP): nodes in order, one rank per vCPU."""
+    slots = [
+        (x.ip if plan.kind == "vm" else ct.container_id(plan.cluster, x.name), len(x.vcpus))
+        for x in mpi_nodes(plan)
+    ]
     total = sum(s for _, s in slots)
     if n > total:
         raise InputError(f"-n {n}", f"the cluster's MPI nodes have {total} vCPUs", f"-n {total}")
@@ -160,9 +208,14 @@ def run(
     layout = rank_layout(plan, n or total)
     (env.dir / "ranks").write_text("".join(c + "\n" for c in layout))
     script = env.dir / "rankexec"
-    script.write_text(RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())))
+    if plan.kind == "vm":
+        script.write_text(VM_RANK_SCRIPT.format(opts=shlex.join(vm.SSH_OPTS)))
+    else:
+        script.write_text(RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())))
     script.chmod(0o755)
     locality = str(rec.spec.get("tuning", {}).get("locality", "shm"))
+    if plan.kind == "vm":
+        locality = "none"  # ranks in different guests share no memory: the network path
     cmd = mpirun_argv(env, plan, len(layout), argv, locality)
     child_env = {
         **os.environ,

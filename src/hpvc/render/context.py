@@ -48,6 +48,7 @@ class RenderContext:
     kernel: str | None = None
     initrd: str | None = None
     kernel_args: str = ""  # appended to KERNEL_ARGS
+    cmdline: str | None = None  # the whole kernel command line, instead of the two above
     hugetlbfs: tuple[tuple[int, str], ...] = ()  # (page KiB, mount); default <base>/hugepages/
     disk_images: tuple[tuple[str, str], ...] = ()  # (node, disk image) overrides
     disk_format: str = "raw"  # or "qcow2" (an overlay on the image's base disk)
@@ -135,4 +136,6 @@ class RenderContext:
         return self.accel == "kvm" if self.vhost is None else self.vhost
 
     def full_kernel_args(self) -> str:
+        if self.cmdline is not None:
+            return self.cmdline
         return f"{KERNEL_ARGS} {self.kernel_args}".strip()

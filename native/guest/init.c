@@ -1,0 +1,396 @@
+/* hpvc-init: the boot chain of an hpvc virtual machine, one static binary in two roles.
+ *
+ *   /init            (initramfs) mount /proc /sys /dev, load the modules listed in
+ *                    /modules/order in that order, wait for the root disk (root=,
+ *                    default /dev/vda), mount it (ext4) on /newroot, move /dev there,
+ *                    switch root (MS_MOVE + chroot), exec /sbin/hpvc-init; on error,
+ *                    power off. /sbin/hpvc-init (PID 1 of the guest) mounts the API
+ *                    filesystems, sets the hostname, brings up lo and eth0, installs
+ *                    root's ssh key, starts sshd, reaps zombies; SIGTERM/SIGPWR: power off.
+ *
+ * Settings come from the kernel command line: hpvc.name=NAME, hpvc.ip=A.B.C.D/N,
+ * hpvc.mtu=N, hpvc.key=BASE64 (the authorized_keys line in standard base64, so its
+ * comment may hold spaces). Errors are "hpvc-init: ..." lines on the console. Once sshd
+ * accepts connections on 127.0.0.1:22 (or gave up) exactly one line follows:
+ * "hpvc-ready NAME" if every step succeeded, else "hpvc-failed NAME".
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NEWROOT "/newroot"
+#define STAGE2 "/sbin/hpvc-init"
+#define MODULES "/modules"
+#define TICK_MS 50
+#define ROOT_WAIT_MS 30000
+#define SSHD_WAIT_MS 60000
+#define HOST_KEY "/etc/ssh/ssh_host_ed25519_key"
+
+static int failed; /* a step went wrong: announce hpvc-failed instead of hpvc-ready */
+
+/* Print "hpvc-init: ..." in one write (the line stays whole); mark the boot failed. */
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	int n = snprintf(line, sizeof line, "hpvc-init: ");
+	va_start(ap, fmt);
+	vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	n = (int)strlen(line);
+	line[n++] = '\n';
+	(void)!write(STDERR_FILENO, line, (size_t)n);
+	failed = 1;
+	return -1;
+}
+
+/* An initramfs step failed: say what and why (errno), then power off. */
+static void __attribute__((noreturn)) die(const char *what)
+{
+	fail("%s: %s; powering off", what, strerror(errno));
+	sync();
+	reboot(RB_POWER_OFF);
+	_exit(1); /* not reached; if it were, the kernel panics (panic=-1 resets) */
+}
+
+/* The value of KEY=... on the kernel command line: 1 found, 0 absent, -1 too long. */
+static int cmdline_get(const char *key, char *out, size_t size)
+{
+	static char cmdline[4096];
+	size_t klen = strlen(key);
+	if (!cmdline[0]) {
+		int fd = open("/proc/cmdline", O_RDONLY | O_CLOEXEC);
+		ssize_t n = fd < 0 ? -1 : read(fd, cmdline, sizeof cmdline - 1);
+		if (fd >= 0) close(fd);
+		if (n <= 0) return 0;
+		cmdline[n] = '\0';
+	}
+	for (const char *p = cmdline; *p; p += strspn(p, " \n")) {
+		size_t len = strcspn(p, " \n");
+		if (len > klen && strncmp(p, key, klen) == 0 && p[klen] == '=') {
+			if (len - klen - 1 >= size) return -1;
+			memcpy(out, p + klen + 1, len - klen - 1);
+			out[len - klen - 1] = '\0';
+			return 1;
+		}
+		p += len;
+	}
+	return 0;
+}
+
+/* ---- role 1: /init in the initramfs ------------------------------------------------- */
+
+static void must_mount(const char *src, const char *dir, const char *type, unsigned long flags)
+{
+	if (mount(src, dir, type, flags, NULL) != 0) die(dir);
+}
+
+/* finit_module each file named in /modules/order, then delete it (frees its memory). */
+static void load_modules(void)
+{
+	char name[128], path[256];
+	FILE *order = fopen(MODULES "/order", "re");
+	if (!order) die(MODULES "/order");
+	while (fgets(name, sizeof name, order)) {
+		name[strcspn(name, "\n")] = '\0';
+		if (!name[0]) continue;
+		snprintf(path, sizeof path, MODULES "/%s", name);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) != 0 && errno != EEXIST))
+			die(path);
+		close(fd);
+		unlink(path);
+	}
+	fclose(order);
+	unlink(MODULES "/order");
+	rmdir(MODULES);
+}
+
+static int initramfs_main(void)
+{
+	char root[64] = "/dev/vda", what[128];
+	struct stat st;
+	must_mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID);
+	int fd = open("/dev/console", O_RDWR | O_NOCTTY);
+	for (int i = 0; fd >= 0 && i < 3; i++) dup2(fd, i);
+	if (fd > 2) close(fd);
+	must_mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	must_mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	load_modules();
+	if (cmdline_get("root", root, sizeof root) < 0) die("root= is too long");
+	for (int waited = 0; stat(root, &st) != 0; waited += TICK_MS) {
+		if (waited >= ROOT_WAIT_MS) {
+			snprintf(what, sizeof what, "root disk %s did not appear in %d s", root,
+				 ROOT_WAIT_MS / 1000);
+			die(what);
+		}
+		usleep(TICK_MS * 1000);
+	}
+	must_mount(root, NEWROOT, "ext4", 0);
+	if (mount("/dev", NEWROOT "/dev", NULL, MS_MOVE, NULL) != 0) die("move /dev");
+	umount2("/proc", MNT_DETACH);
+	umount2("/sys", MNT_DETACH);
+	unlink("/init");
+	if (chdir(NEWROOT) != 0 || mount(".", "/", NULL, MS_MOVE, NULL) != 0) die("move " NEWROOT);
+	if (chroot(".") != 0 || chdir("/") != 0) die("chroot " NEWROOT);
+	execl(STAGE2, STAGE2, (char *)NULL);
+	die("exec " STAGE2);
+}
+
+/* ---- role 2: /sbin/hpvc-init, PID 1 of the guest ------------------------------------ */
+
+static void mount_api_filesystems(void)
+{
+	static const struct { const char *type, *dir, *data; unsigned long flags; } api[] = {
+		{ "proc", "/proc", NULL, MS_NOSUID | MS_NODEV | MS_NOEXEC },
+		{ "sysfs", "/sys", NULL, MS_NOSUID | MS_NODEV | MS_NOEXEC },
+		{ "devtmpfs", "/dev", "mode=0755", MS_NOSUID },
+		{ "devpts", "/dev/pts", "gid=5,mode=620,ptmxmode=666", MS_NOSUID | MS_NOEXEC },
+		{ "tmpfs", "/dev/shm", "mode=1777", MS_NOSUID | MS_NODEV },
+		{ "tmpfs", "/run", "mode=0755", MS_NOSUID | MS_NODEV },
+		{ "tmpfs", "/tmp", "mode=1777", MS_NOSUID | MS_NODEV },
+	};
+	struct stat here, parent;
+	char up[64];
+	for (size_t i = 0; i < sizeof api / sizeof api[0]; i++) {
+		snprintf(up, sizeof up, "%s/..", api[i].dir);
+		if (mkdir(api[i].dir, 0755) != 0 && errno != EEXIST)
+			fail("mkdir %s: %s", api[i].dir, strerror(errno));
+		else if (stat(api[i].dir, &here) == 0 && stat(up, &parent) == 0 &&
+			 here.st_dev != parent.st_dev)
+			continue; /* already a mount point: /dev, moved here by the initramfs */
+		else if (mount(api[i].type, api[i].dir, api[i].type, api[i].flags, api[i].data) != 0)
+			fail("mount %s on %s: %s", api[i].type, api[i].dir, strerror(errno));
+	}
+	(void)!symlink("/proc/self/fd", "/dev/fd");
+}
+
+#define INET_ADDRESS(addr, port)                                              \
+	((struct sockaddr_in){ .sin_family = AF_INET, .sin_port = htons(port), \
+			       .sin_addr.s_addr = (addr) })
+
+static int if_request(int fd, unsigned long req, struct ifreq *ifr, const char *what)
+{
+	if (ioctl(fd, req, ifr) == 0) return 0;
+	return fail("%s: %s: %s", ifr->ifr_name, what, strerror(errno));
+}
+
+static int if_up(int fd, struct ifreq *ifr)
+{
+	if (if_request(fd, SIOCGIFFLAGS, ifr, "get flags") != 0) return -1;
+	ifr->ifr_flags |= IFF_UP | IFF_RUNNING;
+	return if_request(fd, SIOCSIFFLAGS, ifr, "bring up");
+}
+
+/* eth0 gets A.B.C.D/N and the MTU; the subnet route comes with the address. */
+static int configure_eth0(int fd, char *cidr, int mtu)
+{
+	struct ifreq ifr = { .ifr_name = "eth0" };
+	struct in_addr addr;
+	char *slash = strchr(cidr, '/'), *end = NULL;
+	long prefix = slash ? strtol(slash + 1, &end, 10) : -1;
+	if (!slash || *end || prefix < 0 || prefix > 32)
+		return fail("hpvc.ip=%s: want A.B.C.D/N", cidr);
+	*slash = '\0';
+	if (inet_pton(AF_INET, cidr, &addr) != 1)
+		return fail("hpvc.ip=%s: not an IPv4 address", cidr);
+	struct sockaddr_in sin = INET_ADDRESS(addr.s_addr, 0);
+	memcpy(&ifr.ifr_addr, &sin, sizeof sin);
+	if (if_request(fd, SIOCSIFADDR, &ifr, "set address") != 0) return -1;
+	sin = INET_ADDRESS(prefix ? htonl(~0u << (32 - prefix)) : 0, 0);
+	memcpy(&ifr.ifr_netmask, &sin, sizeof sin);
+	if (if_request(fd, SIOCSIFNETMASK, &ifr, "set netmask") != 0) return -1;
+	ifr.ifr_mtu = mtu;
+	if (mtu > 0 && if_request(fd, SIOCSIFMTU, &ifr, "set mtu") != 0) return -1;
+	return if_up(fd, &ifr);
+}
+
+static int configure_network(void)
+{
+	char ip[64], mtu[16] = "0";
+	struct ifreq lo = { .ifr_name = "lo" };
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return fail("socket: %s", strerror(errno));
+	if_up(fd, &lo);
+	int has_ip = cmdline_get("hpvc.ip", ip, sizeof ip);
+	if (has_ip < 0 || cmdline_get("hpvc.mtu", mtu, sizeof mtu) < 0)
+		fail("hpvc.ip= or hpvc.mtu= is too long");
+	else if (has_ip)
+		configure_eth0(fd, ip, atoi(mtu));
+	return close(fd);
+}
+
+/* Standard base64 ('=' padding optional): the length, or -1 on a bad digit or overflow. */
+static long b64_decode(const char *in, unsigned char *out, size_t cap)
+{
+	static const char digits[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	unsigned long acc = 0;
+	size_t n = 0;
+	for (int bits = 0; *in && *in != '='; in++) {
+		const char *at = strchr(digits, *in);
+		if (!at || n >= cap) return -1;
+		acc = ((acc << 6) | (unsigned long)(at - digits)) & 0xffffff;
+		if ((bits += 6) >= 8) out[n++] = (unsigned char)(acc >> (bits -= 8));
+	}
+	return (long)n;
+}
+
+/* /root/.ssh/authorized_keys (mode 600, directory 700) from hpvc.key=. */
+static int install_key(void)
+{
+	char b64[2048];
+	unsigned char key[1600];
+	int found = cmdline_get("hpvc.key", b64, sizeof b64);
+	if (found <= 0)
+		return found < 0 ? fail("hpvc.key= is too long") : 0;
+	long n = b64_decode(b64, key, sizeof key - 1);
+	for (long i = 0; i < n; i++)
+		if (key[i] < 0x20 || key[i] == 0x7f) n = -1;
+	if (n <= 0)
+		return fail("hpvc.key=: not the base64 of one authorized_keys line");
+	key[n++] = '\n';
+	mkdir("/root", 0700);
+	if ((mkdir("/root/.ssh", 0700) != 0 && errno != EEXIST) || chmod("/root/.ssh", 0700) != 0)
+		return fail("mkdir /root/.ssh: %s", strerror(errno));
+	int fd = open("/root/.ssh/authorized_keys",
+		      O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || fchmod(fd, 0600) != 0 || write(fd, key, (size_t)n) != n || fsync(fd) != 0)
+		fail("write /root/.ssh/authorized_keys: %s", strerror(errno));
+	return fd >= 0 ? close(fd) : -1;
+}
+
+static pid_t spawn(char *const argv[])
+{
+	static char *const env[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
+				     "HOME=/root", "LANG=C.UTF-8", NULL };
+	sigset_t none;
+	pid_t pid = fork();
+	if (pid < 0) fail("fork %s: %s", argv[0], strerror(errno));
+	if (pid != 0) return pid;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	setsid();
+	execve(argv[0], argv, env);
+	fail("exec %s: %s", argv[0], strerror(errno));
+	_exit(127);
+}
+
+/* sshd -D -e with an ed25519 host key made on the node's first boot (the base disk has
+ * none: nodes never share one; not ssh-keygen -A, whose RSA key takes 6-14 s under TCG). */
+static pid_t start_sshd(void)
+{
+	static char *const keygen[] = { "/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "",
+					"-f", HOST_KEY, NULL };
+	static char *const sshd[] = { "/usr/sbin/sshd", "-D", "-e", "-o", "HostKey=" HOST_KEY, NULL };
+	int status = -1;
+	if (access(HOST_KEY, F_OK) != 0) {
+		pid_t pid = spawn(keygen);
+		if (pid < 0 || waitpid(pid, &status, 0) != pid || status != 0)
+			return fail("ssh-keygen " HOST_KEY " failed (wait status %d)", status);
+		sync();
+	}
+	if (mkdir("/run/sshd", 0755) != 0 && errno != EEXIST)
+		fail("mkdir /run/sshd: %s", strerror(errno));
+	return spawn(sshd);
+}
+
+static int sshd_accepts(void)
+{
+	struct sockaddr_in sin = INET_ADDRESS(htonl(INADDR_LOOPBACK), 22);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int ok = fd >= 0 && connect(fd, (struct sockaddr *)&sin, sizeof sin) == 0;
+	if (fd >= 0) close(fd);
+	return ok;
+}
+
+static void shut_down(void)
+{
+	pid_t pid = 0;
+	kill(-1, SIGTERM);
+	for (int waited = 0; waited < 2000 && !(pid < 0 && errno == ECHILD); waited += TICK_MS) {
+		while ((pid = waitpid(-1, NULL, WNOHANG)) > 0)
+			;
+		usleep(TICK_MS * 1000);
+	}
+	kill(-1, SIGKILL);
+	sync();
+	mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY, NULL);
+	sync();
+	reboot(RB_POWER_OFF);
+}
+
+/* Wait for sshd, announce the outcome once, then reap zombies until told to stop. */
+static void serve(const char *name, pid_t sshd, const sigset_t *signals)
+{
+	struct timespec tick = { 0, TICK_MS * 1000000L };
+	int waited = 0, announced = 0, status;
+	for (;;) {
+		int sig = sigtimedwait(signals, NULL, announced ? NULL : &tick);
+		if (sig == SIGTERM || sig == SIGPWR) shut_down();
+		for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;)
+			if (pid == sshd) sshd = fail("sshd exited (wait status %d)", status);
+		if (announced) continue;
+		int up = sshd > 0 && sshd_accepts();
+		if (!up && sshd > 0 && (waited += TICK_MS) < SSHD_WAIT_MS) continue;
+		if (!up) fail("sshd does not accept connections on 127.0.0.1:22");
+		dprintf(STDOUT_FILENO, "%s %s\n", failed ? "hpvc-failed" : "hpvc-ready", name);
+		announced = 1;
+	}
+}
+
+/* A handler, so that PID 1 is not immune to these signals; sigtimedwait takes them. */
+static void on_signal(int sig) { (void)sig; }
+
+static int guest_main(void)
+{
+	static const int handled[] = { SIGTERM, SIGPWR, SIGCHLD };
+	char name[64] = "";
+	sigset_t signals;
+	struct sigaction sa = { .sa_handler = on_signal };
+	sigemptyset(&signals);
+	for (size_t i = 0; i < sizeof handled / sizeof handled[0]; i++) {
+		sigaddset(&signals, handled[i]);
+		sigaction(handled[i], &sa, NULL);
+	}
+	sigprocmask(SIG_BLOCK, &signals, NULL);
+	mount_api_filesystems();
+	if (cmdline_get("hpvc.name", name, sizeof name) <= 0 || !name[0])
+		fail("hpvc.name= is missing or too long");
+	else if (sethostname(name, strlen(name)) != 0)
+		fail("sethostname %s: %s", name, strerror(errno));
+	configure_network();
+	install_key();
+	serve(name[0] ? name : "(unnamed)", start_sshd(), &signals);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *role = argc > 0 ? strrchr(argv[0], '/') : NULL;
+	role = role ? role + 1 : (argc > 0 ? argv[0] : "");
+	if (getpid() != 1) {
+		fprintf(stderr, "hpvc-init: must run as PID 1 of an hpvc guest\n");
+		return 2;
+	}
+	return strcmp(role, "init") == 0 ? initramfs_main() : guest_main();
+}

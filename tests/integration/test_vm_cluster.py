@@ -1,0 +1,95 @@
+"""VM clusters for real, under TCG here (KVM where the host has vmx/svm)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpvc.cluster import lifecycle, ops
+from hpvc.cluster.state import Store
+from hpvc.errors import HpvcError
+from tests.helpers import requires
+from tests.integration.test_cluster import image_ready
+
+
+def vm_leftovers(name: str, store: Store) -> list[str]:
+    found: list[str] = []
+    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True, check=True)
+    found += [
+        line
+        for line in ps.stdout.splitlines()
+        if f"hpvc-{name}-" in line and "qemu" in line and " Z" not in line
+    ]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    if f" hpvc-{name}:" in links.stdout:
+        found.append(f"bridge hpvc-{name}")
+    mounts = Path("/proc/self/mounts").read_text()
+    found += [line.split()[1] for line in mounts.splitlines() if f"/clusters/{name}/" in line]
+    if (store.root / "clusters" / name).exists():
+        found.append("state directory")
+    return found
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    requires("root", "qemu", "ip")
+    s = Store(tmp_path / "state")
+    yield s
+    for name in {p.name for p in (s.root / "clusters").glob("*")}:
+        lifecycle.teardown(s, name)
+        assert vm_leftovers(name, s) == [], f"left behind by {name}"
+    s.host_journal().undo_all()
+
+
+def vm_spec(tmp_path: Path, name: str, computes: int = 2) -> str:
+    p = tmp_path / f"{name}.toml"
+    p.write_text(
+        f'name = "{name}"\nkind = "vm"\n'
+        f'[network]\nsubnet = "10.218.{os.getpid() % 250}.0/24"\nmtu = 9000\n'
+        '[tuning]\npinning = "shared"\nhugepages = "2M"\npartition = "commodity"\n'
+        '[[nodes]]\nrole = "head"\nvcpus = 1\nmemory = "256MiB"\n'
+        f'[[nodes]]\nrole = "compute"\ncount = {computes}\nvcpus = 1\nmemory = "256MiB"\n'
+    )
+    return str(p)
+
+
+def test_vm_up_exec_run_status_down(
+    store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    image_ready()
+    name = f"v{os.getpid() % 10000}"
+    pages_before = Path("/proc/sys/vm/nr_hugepages").read_text()
+    lifecycle.up(vm_spec(tmp_path, name), store)
+    st = ops.status(name, store)
+    assert [n["state"] for n in st["nodes"]] == ["running"] * 3
+    for n in st["nodes"]:  # read back from QEMU: threads where the plan put them
+        vm = n["vm"]
+        assert [v["cpus"] for v in vm["vcpus"]] == [n["planned"]["cpus"]]
+        assert all(m["policy"] == "bind" and m["prealloc"] for m in vm["memdevs"])
+        assert sum(m["size"] for m in vm["memdevs"]) == 256 * 2**20
+    capfd.readouterr()
+    assert ops.exec_node(name, "compute1", ["sh", "-c", "hostname; cat /etc/hosts"], store) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("compute1\n") and "head0" in out and "compute0" in out
+    assert ops.exec_node(name, "compute0", ["ping", "-c1", "-W5", "compute1"], store) == 0
+    capfd.readouterr()
+    assert ops.run(name, ["hostname"], None, store) == 0
+    assert sorted(capfd.readouterr().out.split()) == ["compute0", "compute1"]
+    lifecycle.down(name, store)
+    assert vm_leftovers(name, store) == []
+    assert Path("/proc/sys/vm/nr_hugepages").read_text() == pages_before
+
+
+def test_vm_failure_half_way_leaves_nothing(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image_ready()
+    name = f"w{os.getpid() % 10000}"
+    monkeypatch.setenv("HPVC_FAIL_AT", "node:compute0")
+    with pytest.raises(HpvcError, match="injected failure"):
+        lifecycle.up(vm_spec(tmp_path, name, computes=1), store)
+    assert vm_leftovers(name, store) == []
