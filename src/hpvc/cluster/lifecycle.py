@@ -188,14 +188,21 @@ def _start_vms(
         env.store, guest, env.rec.extra.get("hugetlbfs", {}), env.rec.extra.get("accel", "tcg")
     )
     pids = env.rec.extra.setdefault("pids", {})
+    phases = env.rec.extra.setdefault("phases", {})
+    t0 = time.perf_counter()
     for name in names:
         progress(f"node {name}: starting QEMU")
         pids[name] = vm.start_node(env.store, plan, plan.node(name), guest, ctx)
         inject(f"node:{name}")
+    t1 = time.perf_counter()
     progress(f"waiting for {len(names)} guest(s) to boot ({ctx.accel})")
     waited = vm.wait_all(env.store, plan, {n: pids[n] for n in names}, ctx, vm.READY_TIMEOUT_S)
+    t2 = time.perf_counter()
     env.rec.extra.setdefault("boot_seconds", {}).update(waited)
     vm.configure(env.store, plan, [n.name for n in plan.nodes if n.name not in names])
+    # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line, then
+    # /etc/hosts and ARP over ssh (wait_all) in "boot"; configure: older nodes.
+    phases.update(start=t1 - t0, boot=t2 - t1, configure=time.perf_counter() - t2)
 
 
 def _grow_pages(env: Env, plan: Plan, progress: Progress) -> None:
@@ -232,20 +239,27 @@ def up(spec_path: str, store: Store | None = None, progress: Progress = _quiet) 
     spec = load_spec(spec_path)
     preflight(spec)
     image = resolve_image(spec.image)
-    guest = build_guest(image, progress=progress) if spec.kind == "vm" else None
-    store = store or Store()
     t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+    guest = build_guest(image, progress=progress) if spec.kind == "vm" else None
+    phases["image"] = time.perf_counter() - t0
+    store = store or Store()
     rec, plan = _book(store, spec, spec_path)
+    phases["plan"] = time.perf_counter() - t0 - sum(phases.values())
+    rec.extra["phases"] = phases
     # A killed `up` still rolls back (only in this process: see _terminated).
     previous = signal.signal(signal.SIGTERM, _terminated(os.getpid()))
     env = Env(store, rec)
     try:
         _prepare(env, plan, spec, progress)
+        phases["host"] = time.perf_counter() - t0 - sum(phases.values())
         if guest is not None:
             _start_vms(env, plan, [n.name for n in plan.nodes], guest, progress)
         for n in plan.nodes if guest is None else ():
             progress(f"node {n.name}")
             _start_node(env, plan, n.name, image.rootfs)
+        if guest is None:
+            phases["nodes"] = time.perf_counter() - t0 - sum(phases.values())
         rec.status = "running"
         rec.extra["up_seconds"] = time.perf_counter() - t0
         store.save(rec)

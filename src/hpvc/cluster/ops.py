@@ -81,6 +81,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "mtu": plan.network.mtu,
         "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
         "up_seconds": rec.extra.get("up_seconds"),
+        "phases": rec.extra.get("phases"),
         "shared_dir": {"host": str(store.cluster_dir(name) / "shared"), "node": "/shared"},
         "accelerator": rec.extra.get("accel"),
         "accelerator_warning": rec.extra.get("accel_warning"),
