@@ -126,12 +126,16 @@ def free_subnets(count: int) -> list[str]:
 
 
 def cluster_spec(
-    name: str, subnet: str, groups: list[dict[str, Any]], locality: str = "shm"
+    name: str,
+    subnet: str,
+    groups: list[dict[str, Any]],
+    locality: str = "shm",
+    kind: str = "container",
 ) -> str:
-    """A container spec of 1-vCPU floating nodes (a 2-CPU host cannot pin many)."""
+    """A spec of 1-vCPU floating nodes (a 2-CPU host cannot pin many)."""
     lines = [
         f'name = "{name}"',
-        'kind = "container"',
+        f'kind = "{kind}"',
         'image = "hpc"',
         "[network]",
         f'subnet = "{subnet}"',

@@ -29,15 +29,25 @@ Progress = Callable[[str], None]
 GOAL_NODES = 8
 GOAL_S = 2.0
 MEMORY = "128MiB"
+VM_MEMORY = "256MiB"
 MAX_NODES = 250  # one /24 per cluster
 SHAPE = "one head + N-1 compute nodes (a lone head for N = 1)"
+PHASES = {
+    "image": "image: guest kernel/initramfs/disk (cached)",
+    "plan": "plan: topology, plan, state record",
+    "host": "host: cgroups, hugepages, bridge, shared memory",
+    "nodes": "nodes: overlay, netns, veth, crun",
+    "start": "start: disks, taps, QEMU, pinning",
+    "boot": "boot: to every guest's ready line",
+    "configure": "configure: /etc/hosts and ARP over ssh",
+}
 
 
 def _quiet(_: str) -> None:
     pass
 
 
-def preflight(sizes: list[int]) -> None:
+def preflight(sizes: list[int], kind: str = "container") -> None:
     if not sizes:
         raise InputError("--nodes", "no cluster size given", "--nodes 1,4,8")
     bad = [n for n in sizes if n < 1 or n > MAX_NODES]
@@ -45,28 +55,32 @@ def preflight(sizes: list[int]) -> None:
         raise InputError("--nodes", f"{bad[0]} is not a size from 1 to {MAX_NODES}", "")
     if len(set(sizes)) != len(sizes):
         raise InputError("--nodes", "a size is given twice", "--nodes 1,4,8")
-    common.require("bench startup", ["crun", "ip"])
+    if kind == "vm":
+        common.require("bench startup --kind vm", ["qemu-system-x86_64", "ssh", "ip"])
+    else:
+        common.require("bench startup", ["crun", "ip"])
 
 
-def groups(n: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "head", "count": 1, "memory": MEMORY}]
+def groups(n: int, memory: str = MEMORY) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"role": "head", "count": 1, "memory": memory}]
     if n > 1:
-        out.append({"role": "compute", "count": n - 1, "memory": MEMORY})
+        out.append({"role": "compute", "count": n - 1, "memory": memory})
     return out
 
 
-def write_specs(tmp: Path, sizes: list[int]) -> dict[int, tuple[str, str]]:
+def write_specs(tmp: Path, sizes: list[int], kind: str = "container") -> dict[int, tuple[str, str]]:
     """Per size: (cluster name, spec path), each cluster on its own free /24."""
     out: dict[int, tuple[str, str]] = {}
+    memory = VM_MEMORY if kind == "vm" else MEMORY
     for n, subnet in zip(sizes, common.free_subnets(len(sizes)), strict=True):
-        name = f"bs{os.getpid() % 100000}n{n}"
+        name = f"b{'v' if kind == 'vm' else 's'}{os.getpid() % 100000}n{n}"
         path = tmp / f"{name}.toml"
-        path.write_text(common.cluster_spec(name, subnet, groups(n)))
+        path.write_text(common.cluster_spec(name, subnet, groups(n, memory), kind=kind))
         out[n] = (name, str(path))
     return out
 
 
-def up_down(store: Store, name: str, spec: str) -> dict[str, float]:
+def up_down(store: Store, name: str, spec: str) -> dict[str, Any]:
     """One timed ``up`` and ``down`` (a failed down is finished by the caller's teardown)."""
     t0 = time.perf_counter()
     rec = lifecycle.up(spec, store)
@@ -77,6 +91,8 @@ def up_down(store: Store, name: str, spec: str) -> dict[str, float]:
         "up_s": up_s,
         "down_s": time.perf_counter() - t1,
         "up_inner_s": float(rec.extra.get("up_seconds", 0.0)),
+        "phases": dict(rec.extra.get("phases", {})),
+        "accelerator": rec.extra.get("accel"),
     }
 
 
@@ -98,7 +114,7 @@ def repetitions(
     return runs
 
 
-def size_doc(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def size_doc(n: int, runs: list[dict[str, Any]], kind: str = "container") -> dict[str, Any]:
     up = [r["up_s"] for r in runs]
     doc: dict[str, Any] = {
         "nodes": n,
@@ -107,30 +123,38 @@ def size_doc(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "up": summary(up),
         "down": summary([r["down_s"] for r in runs]),
         "up_inner": summary([r["up_inner_s"] for r in runs]),
-        "goal_s": GOAL_S if n == GOAL_NODES else None,
+        "phases": {
+            k: summary([float(r["phases"].get(k, 0.0)) for r in runs]) for k in runs[0]["phases"]
+        },
+        "goal_s": GOAL_S if n == GOAL_NODES and kind == "container" else None,
     }
-    if n == GOAL_NODES:
+    if doc["goal_s"] is not None:
         doc["meets_goal"] = doc["up"]["median"] < GOAL_S
     return doc
 
 
-def run(sizes: list[int], repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
+def run(
+    sizes: list[int], repeat: int = 5, progress: Progress = _quiet, kind: str = "container"
+) -> dict[str, Any]:
     """Bring each size up and down ``repeat`` times; return the results document."""
-    preflight(sizes)
+    preflight(sizes, kind)
     common.ensure_image("hpc", progress)
     facts = common.host_facts(mpi=False)
     with common.scratch_state("bench startup", progress) as (tmp, store):
-        specs = write_specs(tmp, sizes)
+        specs = write_specs(tmp, sizes, kind)
         runs = repetitions(store, specs, repeat, progress)
+    accel = {str(r["accelerator"]) for rs in runs.values() for r in rs if r.get("accelerator")}
     return {
         "benchmark": "cluster-startup",
+        "kind": kind,
+        "accelerator": sorted(accel)[0] if accel else None,
         **facts,
         "repeat": repeat,
         "loadavg_end": list(os.getloadavg()),
         "shape": SHAPE,
         "node": {
             "vcpus": 1,
-            "memory": MEMORY,
+            "memory": VM_MEMORY if kind == "vm" else MEMORY,
             "pinning": "shared",
             "hugepages": "none",
             "partition": "commodity",
@@ -139,18 +163,25 @@ def run(sizes: list[int], repeat: int = 5, progress: Progress = _quiet) -> dict[
         "timing": "wall clock around lifecycle.up / lifecycle.down (what `hpvc up` does);"
         " up_inner is hpvc's own up_seconds (after spec load, preflight, image lookup)",
         "goal": {"nodes": GOAL_NODES, "median_up_below_s": GOAL_S},
-        "sizes": [size_doc(n, runs[n]) for n in sizes],
+        "sizes": [size_doc(n, runs[n], kind) for n in sizes],
     }
 
 
 def report_md(doc: dict[str, Any]) -> str:
+    kind = doc.get("kind", "container")
+    what = "container clusters" if kind == "container" else f"VM clusters ({doc['accelerator']})"
     lines = [
-        f"`hpvc up` / `hpvc down` of container clusters, {doc['repeat']} repetitions"
+        f"`hpvc up` / `hpvc down` of {what}, {doc['repeat']} repetitions"
         f" (sizes alternated), on {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs),"
         f" kernel {doc['kernel']}, {doc['crun']}, {doc['date']}.",
         "",
         f"Nodes: {doc['shape']}; each 1 vCPU (shared), {doc['node']['memory']}, no hugepages,"
-        f" locality shm. Goal: {GOAL_NODES} nodes up in under {GOAL_S:g} s (median).",
+        f" locality shm."
+        + (
+            f" Goal: {GOAL_NODES} nodes up in under {GOAL_S:g} s (median)."
+            if kind == "container"
+            else ""
+        ),
         "",
         "| nodes | up min s | up median s | up max s | down min s | down median s"
         " | down max s | goal s | goal met |",
@@ -164,4 +195,22 @@ def report_md(doc: dict[str, Any]) -> str:
             f"| {s['nodes']} | {u['min']:.3f} | {u['median']:.3f} | {u['max']:.3f}"
             f" | {d['min']:.3f} | {d['median']:.3f} | {d['max']:.3f} | {goal} | {met} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _phase_table(doc)) + "\n"
+
+
+def _phase_table(doc: dict[str, Any]) -> list[str]:
+    """Median seconds per phase of ``up`` (image, plan, host, start, boot, ...)."""
+    names = list(doc["sizes"][0]["phases"])
+    if not names:
+        return []
+    lines = [
+        "",
+        "Median seconds per phase of `up`: " + ", ".join(PHASES.get(n, n) for n in names) + ".",
+        "",
+        "| nodes | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for s in doc["sizes"]:
+        cells = " | ".join(f"{s['phases'][n]['median']:.3f}" for n in names)
+        lines.append(f"| {s['nodes']} | {cells} |")
+    return lines

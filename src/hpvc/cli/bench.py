@@ -162,12 +162,21 @@ def locality_cmd(
 
 @bench_app.command("startup", help=STARTUP_HELP)
 def startup_cmd(
-    nodes: str = typer.Option("1,4,8", help="Cluster sizes, comma-separated."),
+    nodes: str | None = typer.Option(
+        None, help="Cluster sizes, comma-separated (default 1,4,8; VMs 1,2,4)."
+    ),
     repeat: int = typer.Option(5, min=1, help="Up/down cycles per size."),
-    out: Path = typer.Option(Path("bench/results/startup"), help="Where results go."),
+    kind: str = typer.Option("container", help="container or vm."),
+    out: Path | None = typer.Option(
+        None, help="Where results go (default bench/results/startup[-vm])."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
-    doc = startup.run(_sizes(nodes), repeat, progress=_progress)
+    if kind not in ("container", "vm"):
+        raise InputError("--kind", f"{kind!r} is not container or vm", "--kind vm")
+    sizes = _sizes(nodes or ("1,2,4" if kind == "vm" else "1,4,8"))
+    out = out or Path("bench/results/startup" + ("-vm" if kind == "vm" else ""))
+    doc = startup.run(sizes, repeat, progress=_progress, kind=kind)
     common.write_results(out, doc, startup.report_md(doc))
     if as_json:
         print_json(doc)

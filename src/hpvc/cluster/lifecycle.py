@@ -199,9 +199,9 @@ def _start_vms(
     waited = vm.wait_all(env.store, plan, {n: pids[n] for n in names}, ctx, vm.READY_TIMEOUT_S)
     t2 = time.perf_counter()
     env.rec.extra.setdefault("boot_seconds", {}).update(waited)
-    vm.configure(env.store, plan, [n.name for n in plan.nodes if n.name not in names])
-    # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line, then
-    # /etc/hosts and ARP over ssh (wait_all) in "boot"; configure: older nodes.
+    vm.configure(env.store, plan, [n.name for n in plan.nodes])  # all: new names everywhere
+    # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line;
+    # configure: /etc/hosts and ARP over ssh in every guest.
     phases.update(start=t1 - t0, boot=t2 - t1, configure=time.perf_counter() - t2)
 
 

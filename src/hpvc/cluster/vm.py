@@ -100,14 +100,13 @@ def start_node(
 def wait_all(
     store: Store, plan: Plan, pids: dict[str, int], ctx: RenderContext, timeout: float
 ) -> dict[str, float]:
-    """Wait for every guest's ready line, then push /etc/hosts and static ARP."""
+    """Wait for every guest's ready line; return seconds waited per node."""
     waited: dict[str, float] = {}
     deadline = time.monotonic() + timeout
     for name, pid in pids.items():
         log = Path(ctx.console_log(plan.cluster, name))
         left = max(1.0, deadline - time.monotonic())
         waited[name] = vm_qemu.wait_ready(log, f"hpvc-ready {name}", left, pid)
-    configure(store, plan, list(pids))
     return waited
 
 
