@@ -93,3 +93,34 @@ def test_vm_failure_half_way_leaves_nothing(
     with pytest.raises(HpvcError, match="injected failure"):
         lifecycle.up(vm_spec(tmp_path, name, computes=1), store)
     assert vm_leftovers(name, store) == []
+
+
+def test_vm_scale_adds_a_guest_and_down_after_a_crash(store: Store, tmp_path: Path) -> None:
+    import sys
+
+    from tests.helpers import ROOT
+
+    image_ready()
+    name = f"x{os.getpid() % 10000}"
+    lifecycle.up(vm_spec(tmp_path, name, computes=1), store)
+    lifecycle.scale(name, {"compute": 2}, store)
+    st = ops.status(name, store)
+    assert [n["name"] for n in st["nodes"]] == ["head0", "compute0", "compute1"]
+    assert all(n["state"] == "running" for n in st["nodes"])
+    assert ops.exec_node(name, "compute0", ["ping", "-c1", "-W5", "compute1"], store) == 0
+    # A scale that dies half-way (the process is killed) is cleaned by down.
+    from hpvc.image import default_store
+
+    env = {
+        **os.environ,
+        "HPVC_STATE_DIR": str(store.root),
+        "HPVC_IMAGE_DIR": str(default_store()),
+        "HPVC_FAIL_AT": "crash:node:compute2",
+    }
+    hpvc = [sys.executable, "-m", "hpvc"]
+    r = subprocess.run([*hpvc, "scale", name, "compute=3"], env=env, cwd=ROOT, check=False)
+    assert r.returncode == 70
+    env.pop("HPVC_FAIL_AT")
+    r = subprocess.run([*hpvc, "down", name], env=env, cwd=ROOT, check=False)
+    assert r.returncode == 0
+    assert vm_leftovers(name, store) == []
