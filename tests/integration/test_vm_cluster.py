@@ -69,8 +69,9 @@ def test_vm_up_exec_run_status_down(
     for n in st["nodes"]:  # read back from QEMU: threads where the plan put them
         vm = n["vm"]
         assert [v["cpus"] for v in vm["vcpus"]] == [n["planned"]["cpus"]]
-        assert all(m["policy"] == "bind" and m["prealloc"] for m in vm["memdevs"])
-        assert sum(m["size"] for m in vm["memdevs"]) == 256 * 2**20
+        cells = [m for m in vm["memdevs"] if not m["id"].startswith("ivshmem")]
+        assert all(m["policy"] == "bind" and m["prealloc"] for m in cells)
+        assert sum(m["size"] for m in cells) == 256 * 2**20
     capfd.readouterr()
     assert ops.exec_node(name, "compute1", ["sh", "-c", "hostname; cat /etc/hosts"], store) == 0
     out = capfd.readouterr().out
@@ -79,6 +80,14 @@ def test_vm_up_exec_run_status_down(
     capfd.readouterr()
     assert ops.run(name, ["hostname"], None, store) == 0
     assert sorted(capfd.readouterr().out.split()) == ["compute0", "compute1"]
+    # Co-resident guests share an ivshmem region: one writes, another reads.
+    write = ["hpvc-shm", "write", "0", f"hello-{name}"]
+    assert ops.exec_node(name, "compute0", write, store) == 0
+    capfd.readouterr()
+    assert (
+        ops.exec_node(name, "compute1", ["hpvc-shm", "read", "0", str(6 + len(name))], store) == 0
+    )
+    assert capfd.readouterr().out.strip() == f"hello-{name}"
     lifecycle.down(name, store)
     assert vm_leftovers(name, store) == []
     assert Path("/proc/sys/vm/nr_hugepages").read_text() == pages_before

@@ -273,7 +273,7 @@ def test_cache_key_depends_on_image_kernel_and_init() -> None:
 
 def test_init_sources_hash_init_c_and_its_makefile() -> None:
     sources = init_sources()
-    assert set(sources) == {"init.c", "Makefile"}
+    assert set(sources) == {"init.c", "shmtool.c", "Makefile"}
     assert all(len(h) == 64 for h in sources.values())
 
 

@@ -16,7 +16,7 @@ import socket
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,12 @@ def _start_vms(
     ctx = vm.vm_context(
         env.store, guest, env.rec.extra.get("hugetlbfs", {}), env.rec.extra.get("accel", "tcg")
     )
+    # Locality for VMs: co-resident guests share an ivshmem region (a PCI BAR).
+    locality = parse_spec(env.rec.spec, env.rec.spec_path).tuning.locality
+    shm = vm.ivshmem_for(env.store, plan, env.store.journal(env.rec.name), locality)
+    if shm is not None:
+        ctx = replace(ctx, ivshmem=shm)
+        env.rec.extra["ivshmem"] = list(shm)
     pids = env.rec.extra.setdefault("pids", {})
     phases = env.rec.extra.setdefault("phases", {})
     t0 = time.perf_counter()

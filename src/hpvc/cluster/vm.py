@@ -19,6 +19,8 @@ from pathlib import Path
 from hpvc.backends import vm_qemu
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
+from hpvc.host import ivshmem
+from hpvc.host.journal import Journal
 from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
@@ -74,6 +76,37 @@ def vm_context(
         disk_format=DISK_MODE,
         disk_images=(),
     )
+
+
+def ivshmem_for(
+    store: Store,
+    plan: Plan,
+    journal: Journal,
+    locality: str,
+    *,
+    host: str | None = None,
+    hugetlbfs: dict[str, str] | None = None,
+    size_mib: int = ivshmem.DEFAULT_MIB,
+) -> tuple[str, int] | None:
+    """The cluster's shared ivshmem region on ``host`` as ``(path, MiB)``, or None.
+
+    A region exists when ``locality`` is "shm" and ``host`` (default: the plan's
+    first) holds at least two of the cluster's VM nodes. It is allocated once,
+    journaled in ``journal``; a second call (scale) finds the cluster's region
+    again. ``hugetlbfs`` (page KiB -> mount) puts it on the smallest huge pages
+    when the pool has room for it beyond the nodes' memory (the plan does not
+    count it): leave it out to use /dev/shm.
+    """
+    where = host if host is not None else plan.hosts[0].name
+    here = [n for n in plan.nodes if n.kind == "vm" and n.host == where]
+    if locality != "shm" or len(here) < 2:
+        return None
+    found = ivshmem.find(store.root, plan.cluster)
+    if found is not None:
+        return str(found), found.stat().st_size // ivshmem.MiB if found.exists() else size_mib
+    pages = Path(hugetlbfs[min(hugetlbfs, key=int)]) if hugetlbfs else None
+    path = ivshmem.allocate(journal, store.root, plan.cluster, size_mib, pages)
+    return str(path), size_mib
 
 
 def start_node(

@@ -3,12 +3,13 @@
 ``build_guest(image)`` gives what QEMU boots (``GuestArtifacts``): Debian's cloud
 kernel, an initramfs whose ``/init`` loads the virtio modules and switches to the
 root disk, and a base ext4 disk of the image's rootfs with ``/sbin/hpvc-init``
-(``native/guest/init.c``) as PID 1. Built artifacts are cached by (image
-digest, kernel release, init.c and its Makefile, builder format)::
+(``native/guest/init.c``) as PID 1 and ``/usr/local/sbin/hpvc-shm``
+(``native/guest/shmtool.c``). Built artifacts are cached by (image digest,
+kernel release, init.c, shmtool.c and their Makefile, builder format)::
 
     <store>/guest/<kver>/                       the kernel (hpvc.image.guest_kernel)
     <store>/guest/<kver>/builds/<key>/          initrd.img, disk.raw (read-only),
-                                                hpvc-init, guest.json
+                                                hpvc-init, hpvc-shm, guest.json
     <store>/guest/<kver>/builds/<key>.tmp-<pid> a build in progress, renamed when done
 
 Each node boots from its own ``node_disk`` (a raw copy or a qcow2 overlay of
@@ -150,7 +151,7 @@ def _encode_key(pubkey: str) -> str:
 
 
 def init_sources() -> dict[str, str]:
-    """sha256 of each file that decides the hpvc-init binary (init.c, its Makefile)."""
+    """sha256 of each file that decides the guest binaries (init.c, shmtool.c, their Makefile)."""
     if not (NATIVE_DIR / "init.c").is_file():
         raise HpvcError(
             "guest build",
@@ -159,7 +160,7 @@ def init_sources() -> dict[str, str]:
         )
     return {
         name: hashlib.sha256((NATIVE_DIR / name).read_bytes()).hexdigest()
-        for name in ("init.c", "Makefile")
+        for name in ("init.c", "shmtool.c", "Makefile")
     }
 
 
@@ -183,7 +184,7 @@ def _check_tools() -> None:
 
 
 def compile_init(dest_dir: Path) -> Path:
-    """``make -C native/guest OUT=dest_dir``: the static hpvc-init binary."""
+    """``make -C native/guest OUT=dest_dir``: the static hpvc-init (and hpvc-shm) binaries."""
     done = subprocess.run(
         ["make", "-s", "-C", str(NATIVE_DIR), f"OUT={dest_dir}"],
         capture_output=True,
@@ -227,7 +228,8 @@ def _populate(build: _Build, tmp: Path) -> None:
     build.progress("packing the initramfs")
     pack_initramfs(init, build.kernel.modules, tmp / "initrd.img", tmp)
     build.progress(f"making the base disk of image {build.image.name} (mkfs.ext4 -d)")
-    size = make_base_disk(build.image.rootfs, init, tmp / "disk.raw", tmp)
+    shm_tool = init.with_name("hpvc-shm")
+    size = make_base_disk(build.image.rootfs, init, tmp / "disk.raw", tmp, shm_tool)
     os.chmod(tmp / "disk.raw", 0o444)
     doc = {
         "key": build.key,

@@ -2,7 +2,8 @@
 
 ``make_base_disk`` never mounts anything and never writes into the image: it
 builds a hard-link farm of the rootfs (``cp -al``, no data copied) in a scratch
-directory, adds ``/sbin/hpvc-init`` there as a new file, removes the image's ssh
+directory, adds ``/sbin/hpvc-init`` (and ``/usr/local/sbin/hpvc-shm``, the tool for
+the ivshmem region co-resident VMs share) there as new files, removes the image's ssh
 host keys from the farm (unlinking a link leaves the image untouched) so that
 every node makes its own on first boot, and hands the farm to
 ``mkfs.ext4 -d``. ``node_disk`` gives each node a writable disk over the base:
@@ -25,6 +26,7 @@ HEADROOM = 512 * MiB
 ROUND = 64 * MiB
 LABEL = "hpvc-root"
 INIT_PATH = "sbin/hpvc-init"
+SHM_TOOL_PATH = "usr/local/sbin/hpvc-shm"
 DiskMode = Literal["raw", "qcow2"]
 DISK_MODES: tuple[DiskMode, ...] = ("raw", "qcow2")
 
@@ -73,10 +75,12 @@ def in_tree(top: Path, rel: str) -> Path:
     return current
 
 
-def _add_init(farm: Path, init: Path) -> None:
-    dest = in_tree(farm, str(Path(INIT_PATH).parent)) / Path(INIT_PATH).name
+def _add_init(farm: Path, init: Path, rel: str = INIT_PATH, mkdir: bool = False) -> None:
+    dest = in_tree(farm, str(Path(rel).parent)) / Path(rel).name
+    if mkdir and not dest.parent.exists() and not dest.parent.is_symlink():
+        dest.parent.mkdir(mode=0o755, parents=True)
     if not dest.parent.is_dir():
-        raise HpvcError("guest disk", f"/{Path(INIT_PATH).parent} is not a directory in the image")
+        raise HpvcError("guest disk", f"/{Path(rel).parent} is not a directory in the image")
     if dest.exists() or dest.is_symlink():
         dest.unlink()  # a link into the image: unlinking leaves the image alone
     shutil.copyfile(init, dest)
@@ -90,13 +94,20 @@ def _drop_host_keys(farm: Path) -> None:
             key.unlink()
 
 
-def make_base_disk(rootfs: Path, init: Path, dest: Path, workdir: Path) -> int:
-    """Write the base ext4 image of ``rootfs`` plus ``init`` to ``dest``; return its size."""
+def make_base_disk(
+    rootfs: Path, init: Path, dest: Path, workdir: Path, shm_tool: Path | None = None
+) -> int:
+    """Write the base ext4 image of ``rootfs`` plus ``init`` (and ``shm_tool``) to ``dest``.
+
+    Returns the disk's size in bytes.
+    """
     farm = workdir / "root"
     size = disk_size(tree_size(rootfs))
     try:
         _run(["cp", "-al", str(rootfs), str(farm)], "guest disk", "coreutils")
         _add_init(farm, init)
+        if shm_tool is not None:
+            _add_init(farm, shm_tool, SHM_TOOL_PATH, mkdir=True)
         _drop_host_keys(farm)
         os.chmod(farm, rootfs.stat().st_mode & 0o7777)
         argv = ["mkfs.ext4", "-q", "-F", "-d", str(farm), "-L", LABEL, "-m", "0"]

@@ -71,6 +71,9 @@ class RenderContext:
     shared_ns_pid: int | None = None
     shared_shm: str | None = None
     binds: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only)
+    # VMs: co-resident nodes map this host file (size in MiB, a power of two) as
+    # the BAR 2 of an ivshmem-plain device (hpvc.host.ivshmem allocates it).
+    ivshmem: tuple[str, int] | None = None
 
     def cluster_dir(self, cluster: str) -> str:
         """State directory of one cluster (rendered artifacts, the hosts file)."""

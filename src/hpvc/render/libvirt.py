@@ -7,6 +7,7 @@ backed by preallocated hugepages, no page sharing, virtio disk and network.
 
 from __future__ import annotations
 
+import os
 import uuid
 import xml.etree.ElementTree as ET
 
@@ -158,6 +159,12 @@ def _devices(dom: ET.Element, plan: Plan, node: PlannedNode, ctx: RenderContext)
     _sub(serial, "target", port="0")
     console = _sub(dev, "console", type="pty")
     _sub(console, "target", type="serial", port="0")
+    if ctx.ivshmem is not None:
+        # libvirt maps /dev/shm/<name>: the name is the backing file's, minus the directory.
+        path, mib = ctx.ivshmem
+        shmem = _sub(dev, "shmem", name=os.path.basename(path))
+        _sub(shmem, "model", type="ivshmem-plain")
+        _sub(shmem, "size", str(mib), unit="M")
     _sub(dev, "memballoon", model="none")  # a balloon would undo the pinned, preallocated memory
 
 

@@ -106,6 +106,19 @@ def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]
     ]
 
 
+def ivshmem_args(ctx: RenderContext) -> list[str]:
+    """The shared ivshmem-plain region of co-resident nodes (share=on: one file, many VMs)."""
+    if ctx.ivshmem is None:
+        return []
+    path, mib = ctx.ivshmem
+    return [
+        "-object",
+        f"memory-backend-file,id=ivshmem0,mem-path={_v(path)},size={mib}M,share=on",
+        "-device",
+        "ivshmem-plain,memdev=ivshmem0",
+    ]
+
+
 def _boot_args(ctx: RenderContext) -> list[str]:
     if not ctx.kernel:
         return []
@@ -129,6 +142,7 @@ def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
         *_machine_args(node, ctx),
         *_memory_args(node, ctx),
         *_device_args(plan, node, ctx),
+        *ivshmem_args(ctx),
         *_boot_args(ctx),
         "-rtc",
         "base=utc",

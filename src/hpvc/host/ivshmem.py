@@ -1,0 +1,195 @@
+"""Shared-memory regions between co-resident VMs of a cluster (QEMU ivshmem-plain).
+
+Every VM of a cluster on one host maps the same host file as the BAR 2 of an
+``ivshmem-plain`` PCI device (``render.qemu`` adds the device when the render
+context has ``ivshmem``); a write in one guest is read in the others (the
+guest tool is ``hpvc-shm``, ``native/guest/shmtool.c``).
+
+Each region has a small integer id, unique on the host, and lives in
+``/dev/shm/hpvc-ivshmem-<id>`` (libvirt's ``<shmem name=...>`` looks there
+too), or in the cluster's hugetlbfs mount when the caller gives one and the
+size is a multiple of its page size. Ids are chosen under an flock on
+``<state_root>/ivshmem.lock``; a live id is a file ``<state_root>/ivshmem/<id>``
+naming its cluster and backing file. An id is never given out while its id file
+or its backing file exists (the latter also keeps clear of another hpvc state
+directory on the same host); a freed id may be given out again.
+
+Journal kind ``"ivshmem"`` (DESIGN rule 3), recorded before the id file and the
+backing file are made: ``{id, cluster, path, record, lock}``. Its undo removes
+the backing file and then the id file, under the lock, but only while the id
+file still names that cluster and path: an id that was never taken, or is
+another cluster's by now, is left alone. The backing file is preallocated
+(``posix_fallocate``), so a full /dev/shm or an empty hugepage pool is an
+error here rather than a SIGBUS in a running VM later.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hpvc.errors import HpvcError, InputError
+from hpvc.host.journal import Args, Journal, undoer
+
+MiB = 1 << 20
+DEFAULT_MIB = 64  # a power of two: QEMU aborts on a BAR size that is not
+MAX_MIB = 1 << 16
+SHM_DIR = Path("/dev/shm")
+PREFIX = "hpvc-ivshmem-"
+LOCK_NAME = "ivshmem.lock"
+IDS_DIR = "ivshmem"
+MAX_IDS = 4096
+
+
+@contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    """flock on ``lock`` (an open file description of our own: threads exclude each other)."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_size(size_mib: int) -> None:
+    """InputError unless ``size_mib`` is a power of two (the PCI BAR size) in range."""
+    if not 1 <= size_mib <= MAX_MIB or size_mib & (size_mib - 1):
+        raise InputError(
+            f"ivshmem size {size_mib} MiB",
+            "not a power of two from 1 to 65536 MiB (a PCI BAR)",
+            f"use e.g. {DEFAULT_MIB}",
+        )
+
+
+def page_size(directory: Path) -> int:
+    """Bytes per page of the file system at ``directory`` (a hugetlbfs: its huge page)."""
+    return os.statvfs(directory).f_bsize
+
+
+def _read_record(record: Path) -> tuple[str, str] | None:
+    """(cluster, backing path) named by an id file, or None when there is none."""
+    try:
+        lines = record.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    lines += ["", ""]  # a torn file still holds its id
+    return lines[0], lines[1]
+
+
+def live_ids(state_root: Path) -> dict[int, tuple[str, str]]:
+    """Every live id on this state root -> (cluster, backing path)."""
+    out: dict[int, tuple[str, str]] = {}
+    ids = state_root / IDS_DIR
+    for f in ids.iterdir() if ids.is_dir() else ():
+        owner = _read_record(f) if f.name.isdigit() else None
+        if owner is not None:
+            out[int(f.name)] = owner
+    return out
+
+
+def find(state_root: Path, cluster: str) -> Path | None:
+    """The backing file of the region ``cluster`` already holds, if any."""
+    for _, (owner, path) in sorted(live_ids(state_root).items()):
+        if owner == cluster and path:
+            return Path(path)
+    return None
+
+
+def _backing_dir(size_mib: int, hugepage_dir: Path | None, shm_dir: Path) -> Path:
+    if hugepage_dir is not None and (size_mib * MiB) % page_size(hugepage_dir) == 0:
+        return hugepage_dir
+    return shm_dir
+
+
+def _free_id(state_root: Path, dirs: tuple[Path, ...]) -> int:
+    """The smallest id with neither an id file nor a backing file in any of ``dirs``."""
+    for i in range(MAX_IDS):
+        taken = (state_root / IDS_DIR / str(i)).exists() or any(
+            (d / f"{PREFIX}{i}").exists() for d in dirs
+        )
+        if not taken:
+            return i
+    raise HpvcError(
+        "ivshmem", f"all {MAX_IDS} region ids are in use", "hpvc down clusters you no longer need"
+    )
+
+
+def _create(path: Path, size: int) -> bool:
+    """Make ``path`` with ``size`` bytes preallocated; False if it exists already."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        why = "no free huge pages or memory" if e.errno in (errno.ENOSPC, errno.ENOMEM) else e
+        raise HpvcError(
+            f"ivshmem file {path}",
+            f"cannot allocate {size // MiB} MiB: {why}",
+            "free memory in that file system, or use a smaller region",
+        ) from None
+    finally:
+        os.close(fd)
+    return True
+
+
+def allocate(
+    journal: Journal,
+    state_root: Path,
+    cluster: str,
+    size_mib: int,
+    hugepage_dir: Path | None,
+    *,
+    shm_dir: Path | None = None,
+) -> Path:
+    """A new shared region of ``size_mib`` MiB for ``cluster``; returns its backing file.
+
+    ``shm_dir`` (default /dev/shm) is where a region goes unless ``hugepage_dir``
+    is given and ``size_mib`` is a multiple of its page size.
+    """
+    check_size(size_mib)
+    shm = shm_dir or SHM_DIR
+    where = _backing_dir(size_mib, hugepage_dir, shm)
+    state_root.mkdir(parents=True, exist_ok=True)
+    (state_root / IDS_DIR).mkdir(exist_ok=True)
+    lock = state_root / LOCK_NAME
+    with _locked(lock):
+        while True:
+            n = _free_id(state_root, (shm, where))
+            path, record = where / f"{PREFIX}{n}", state_root / IDS_DIR / str(n)
+            journal.record(
+                "ivshmem",
+                id=n,
+                cluster=cluster,
+                path=str(path),
+                record=str(record),
+                lock=str(lock),
+            )
+            with open(record, "x") as f:  # under the lock: nobody else makes it
+                f.write(f"{cluster}\n{path}\n")
+            try:
+                if _create(path, size_mib * MiB):
+                    return path
+            except BaseException:
+                record.unlink(missing_ok=True)
+                raise
+            record.unlink()  # made just now by someone outside this state root: next id
+
+
+@undoer("ivshmem")
+def _undo(args: Args) -> None:
+    record, lock = Path(args["record"]), Path(args["lock"])
+    if not lock.parent.is_dir():
+        return  # the state root is gone, and with it every id
+    with _locked(lock):
+        if _read_record(record) != (args["cluster"], args["path"]):
+            return  # never taken, already freed, or another cluster's now
+        Path(args["path"]).unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
