@@ -144,7 +144,10 @@ def wait_all(
 
 
 def configure(store: Store, plan: Plan, names: list[str]) -> None:
-    """/etc/hosts and permanent ARP entries of every node, in the given guests."""
+    """/etc/hosts and permanent ARP entries of every node, in the given guests.
+
+    One ssh per guest, all at once: under TCG a handshake costs about a second.
+    """
     cdir = store.cluster_dir(plan.cluster)
     hosts = render_files.hosts(plan)
     neigh = " && ".join(
@@ -152,12 +155,31 @@ def configure(store: Store, plan: Plan, names: list[str]) -> None:
         for ip, mac in render_files.arp_entries(plan)
     )
     script = f"cat > /etc/hosts && {neigh}"
-    for name in names:
-        node = plan.node(name)
-        argv = ssh_argv(cdir, node.ip, ["sh", "-c", script])
-        done = subprocess.run(argv, input=hosts, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise HpvcError(f"configure {name}", done.stderr.strip() or "ssh failed")
+    left: list[str] = list(names)
+    failed: list[str] = []
+    for attempt in range(3):  # a guest busy booting its neighbours may miss an ARP
+        procs = {
+            name: subprocess.Popen(
+                ssh_argv(cdir, plan.node(name).ip, ["sh", "-c", script]),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name in left
+        }
+        left, failed = [], []
+        for name, proc in procs.items():
+            _, err = proc.communicate(hosts)
+            if proc.returncode == 255 and attempt < 2:  # ssh itself failed: try again
+                left.append(name)
+            elif proc.returncode != 0:
+                failed.append(f"{name}: {err.strip() or 'ssh failed'}")
+        if not left:
+            break
+        time.sleep(1.0)
+    if failed:
+        raise HpvcError("configure guests", failed[0], "see the node's console.log")
 
 
 def exec_node(store: Store, plan: Plan, node: str, argv: list[str]) -> int:
