@@ -20,6 +20,11 @@ APT_PACKAGES=(
   qemu-system-x86  # VM nodes (KVM where usable, TCG otherwise)
   qemu-utils       # qemu-img: per-node VM disks
   libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema
+  libvirt-daemon   # libvirtd and virtlogd: the libvirt backend for VM nodes (docs/libvirt.md)
+  libvirt-daemon-driver-qemu  # libvirtd's QEMU driver
+  libvirt-dev      # headers and API description: libvirt-python builds from source against them
+  pkg-config       # how libvirt-python's build finds libvirt-dev
+  python3-dev      # Python.h: libvirt-python is a C extension
   libxml2-utils    # xmllint, needed by virt-xml-validate
   python3-venv
 )

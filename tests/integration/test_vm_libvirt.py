@@ -41,7 +41,7 @@ from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest, kernel_cmdline, node_disk
 from hpvc.plan import Plan, PlannedNode, plan_cluster
 from hpvc.render.context import RenderContext, tap_name
-from hpvc.render.libvirt import domain_name, render_domain_xml
+from hpvc.render.libvirt import domain_name, domain_uuid, render_domain_xml
 from hpvc.spec.model import Spec
 from hpvc.topology import read_topology
 from tests.helpers import requires
@@ -86,10 +86,12 @@ def need(what: str, reason: str | None) -> None:
 
 
 def qemu_driver() -> str | None:
-    found = glob.glob(
-        "/usr/lib*/**/libvirt/connection-driver/libvirt_driver_qemu.so", recursive=True
-    )
-    return found[0] if found else None
+    """libvirt's QEMU driver module (Debian: /usr/lib/<triplet>/libvirt/connection-driver)."""
+    patterns = ("/usr/lib/*/libvirt/connection-driver", "/usr/lib64/libvirt/connection-driver")
+    for pattern in patterns:
+        for found in sorted(glob.glob(f"{pattern}/libvirt_driver_qemu.so")):
+            return found
+    return None
 
 
 def requires_libvirt() -> None:
@@ -119,6 +121,7 @@ class PrivateLibvirtd:
 
     root: Path
     proc: subprocess.Popen[bytes] | None = None
+    start_s: float = 0.0  # until it answered and had probed QEMU
     made_dirs: list[Path] = field(default_factory=list)
 
     @property
@@ -162,6 +165,7 @@ class PrivateLibvirtd:
                 path.mkdir(parents=True)
                 self.made_dirs.append(path)
         env = {**os.environ, "LIBVIRT_DRIVER_DIR": str(self.root / "drivers")}
+        started = time.monotonic()
         with open(self.root / "daemon-logs" / "stdio.log", "wb") as out:
             self.proc = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "--",
@@ -170,6 +174,7 @@ class PrivateLibvirtd:
                 env=env, start_new_session=True,
             )  # fmt: skip
         self._wait_ready()
+        self.start_s = time.monotonic() - started
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
@@ -178,12 +183,17 @@ class PrivateLibvirtd:
             if self.proc.poll() is not None:
                 pytest.fail(f"private libvirtd exited ({self.proc.returncode}): {self.logs()}")
             try:
-                vm_libvirt.connect(self.uri).close()
-                return
+                conn = vm_libvirt.connect(self.uri)
             except MissingDependency:
                 if time.monotonic() > deadline:
                     pytest.fail(f"private libvirtd did not answer: {self.logs()}")
                 time.sleep(0.1)
+                continue
+            try:  # libvirt probes QEMU once (cached after): not part of a domain's start
+                conn.getDomainCapabilities(None, "x86_64", "q35", "qemu")
+            finally:
+                conn.close()
+            return
 
     def logs(self) -> str:
         parts = []
@@ -375,12 +385,15 @@ def test_boot_pin_read_back_undo(
         start_s = time.monotonic() - started
         log = Path(ctx.console_log(plan.cluster, vm.name))
         boot_s = vm_qemu.wait_ready(log, f"hpvc-ready {vm.name}", READY_TIMEOUT_S, pid)
-        print(f"\nlibvirt: define+start {start_s:.2f} s, then hpvc-ready after {boot_s:.2f} s")
+        print(
+            f"\nlibvirt: private libvirtd up in {libvirtd.start_s:.2f} s; "
+            f"define+start {start_s:.2f} s, then hpvc-ready after {boot_s:.2f} s"
+        )
         assert [c.kind for c in node.journal.entries()] == ["bridge", "libvirt-domain"]
 
         back = vm_libvirt.read_back(conn, name)
         want = [vm.vcpus[0].pcpu]
-        assert (back["state"], back["pid"], back["uuid"]) == ("running", pid, str(back["uuid"]))
+        assert (back["state"], back["pid"], back["uuid"]) == ("running", pid, domain_uuid(plan, vm))
         (vcpu,) = back["vcpus"]
         assert (vcpu["vcpu"], vcpu["pinned"], vcpu["cpus"]) == (0, want, want)
         assert vcpu["running_on"] in want
@@ -482,3 +495,43 @@ def test_an_existing_domain_is_refused_and_not_journaled(
     finally:
         conn.close()
     assert_undefined(libvirtd, name)
+
+
+# --- the lifecycle with backend = "libvirt" --------------------------------------------
+
+
+def test_cluster_up_status_exec_down_through_libvirt(
+    libvirtd: PrivateLibvirtd,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from hpvc.cluster import lifecycle, ops
+    from hpvc.cluster.state import Store
+    from tests.integration.test_vm_cluster import vm_leftovers, vm_spec
+
+    monkeypatch.setenv("HPVC_LIBVIRT_URI", libvirtd.uri)
+    store = Store(tmp_path / "state")
+    name = f"l{os.getpid() % 10000}"
+    spec = Path(vm_spec(tmp_path, name, computes=1))
+    text = spec.read_text().replace('kind = "vm"', 'kind = "vm"\nbackend = "libvirt"')
+    # libvirtd finds hugetlbfs mounts when it starts (docs/libvirt.md): none here.
+    spec.write_text(text.replace('hugepages = "2M"', 'hugepages = "none"'))
+    try:
+        lifecycle.up(str(spec), store)
+        st = ops.status(name, store)
+        assert st["backend"] == "libvirt"
+        assert sorted(domain_names(libvirtd)) == [f"hpvc-{name}-compute0", f"hpvc-{name}-head0"]
+        for n in st["nodes"]:  # libvirt applied the plan's pinning from <cputune>
+            assert n["state"] == "running"
+            assert [v["cpus"] for v in n["vm"]["vcpus"]] == [n["planned"]["cpus"]]
+        capfd.readouterr()
+        assert ops.exec_node(name, "compute0", ["hostname"], store) == 0
+        assert capfd.readouterr().out.strip() == "compute0"
+        lifecycle.down(name, store)
+        assert domain_names(libvirtd) == []
+        assert vm_leftovers(name, store) == []
+    finally:
+        for n in {p.name for p in (store.root / "clusters").glob("*")}:
+            lifecycle.teardown(store, n)
+        store.host_journal().undo_all()

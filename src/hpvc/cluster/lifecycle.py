@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends import container as ct
-from hpvc.backends import vm_qemu
+from hpvc.backends import vm_libvirt, vm_qemu
 from hpvc.cluster import vm
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
@@ -58,10 +58,6 @@ def inject(step: str) -> None:
 
 def preflight(spec: Spec) -> None:
     """Refuse, before any host change, what cannot work here."""
-    if spec.kind == "vm" and spec.backend == "libvirt":
-        raise InputError(
-            "backend 'libvirt'", "not supported by this hpvc yet", "leave backend out (QEMU)"
-        )
     if os.geteuid() != 0:
         raise MissingDependency(
             "hpvc up", "needs root (cgroups, namespaces, mounts)", "run as root"
@@ -71,6 +67,8 @@ def preflight(spec: Spec) -> None:
             raise MissingDependency(
                 "VM nodes", f"{QEMU} not found", "apt-get install qemu-system-x86"
             )
+        if spec.backend == "libvirt":
+            vm_libvirt.connect(vm.libvirt_uri()).close()  # libvirtd answers, or exit 2 now
     else:
         ct.runtime()
 
@@ -175,6 +173,9 @@ def _prepare_vm(env: Env, plan: Plan, progress: Progress) -> None:
     vm.ssh_key(env.dir)
     choice = vm_qemu.accelerator()
     env.rec.extra["accel"] = choice.name
+    env.rec.extra["backend"] = env.rec.spec.get("backend") or "qemu"
+    if env.rec.extra["backend"] == "libvirt":
+        env.rec.extra["libvirt_uri"] = vm.libvirt_uri()
     if choice.warning:
         progress(choice.warning)
         env.rec.extra["accel_warning"] = choice.warning
@@ -198,7 +199,9 @@ def _start_vms(
     t0 = time.perf_counter()
     for name in names:
         progress(f"node {name}: starting QEMU")
-        pids[name] = vm.start_node(env.store, plan, plan.node(name), guest, ctx)
+        pids[name] = vm.start_node(
+            env.store, plan, plan.node(name), guest, ctx, env.rec.extra.get("backend", "qemu")
+        )
         inject(f"node:{name}")
     t1 = time.perf_counter()
     progress(f"waiting for {len(names)} guest(s) to boot ({ctx.accel})")
@@ -398,7 +401,12 @@ def _union(a: Holding | None, b: Holding | None) -> Holding:
 
 
 def _repin_vms(env: Env, old: Plan, plan: Plan) -> None:
-    """Running VMs whose floating set or emulator CPUs changed get them applied live."""
+    """Running VMs whose floating set or emulator CPUs changed get them applied live.
+
+    (Direct-QEMU backend; under libvirt the running domains keep their pinning.)
+    """
+    if env.rec.extra.get("backend") == "libvirt":
+        return
     pids = env.rec.extra.get("pids", {})
     for n in plan.nodes:
         was = old.node(n.name) if n.name in {o.name for o in old.nodes} else None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends import container as ct
-from hpvc.backends import vm_qemu
+from hpvc.backends import vm_libvirt, vm_qemu
 from hpvc.cluster import vm
 from hpvc.cluster.lifecycle import Env
 from hpvc.cluster.state import Store
@@ -18,6 +18,7 @@ from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import cgroups, net
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render.files import mpi_nodes
+from hpvc.render.libvirt import domain_name
 
 MPIRUN = "mpirun.openmpi"
 
@@ -42,7 +43,26 @@ def _node_status(plan: Plan, node: PlannedNode) -> dict[str, Any]:
     return out
 
 
-def _vm_status(store: Store, plan: Plan, node: PlannedNode, pid: int | None) -> dict[str, Any]:
+def _libvirt_read_back(uri: str, plan: Plan, node: PlannedNode) -> dict[str, Any]:
+    """libvirt's view, in the shape `hpvc status` shows for both VM backends."""
+    conn = vm_libvirt.connect(uri)
+    try:
+        rb = vm_libvirt.read_back(conn, domain_name(plan, node))
+    finally:
+        conn.close()
+    return {
+        "vcpus": [
+            {"vcpu": v["vcpu"], "cpus": v["cpus"], "pinned": v["pinned"]} for v in rb["vcpus"]
+        ],
+        "emulator": [{"cpus": rb["emulator"]["cpus"]}],
+        "memdevs": [],
+        "libvirt": dict(rb),
+    }
+
+
+def _vm_status(
+    store: Store, plan: Plan, node: PlannedNode, pid: int | None, libvirt: str | None = None
+) -> dict[str, Any]:
     """A VM node: QEMU alive?, thread affinities and memory backends read back over QMP."""
     out: dict[str, Any] = {
         "name": node.name,
@@ -55,7 +75,10 @@ def _vm_status(store: Store, plan: Plan, node: PlannedNode, pid: int | None) -> 
     if pid and out["state"] == "running":
         qmp = store.root / "run" / plan.cluster / node.name / "qmp.sock"
         try:
-            out["vm"] = dict(vm_qemu.read_back(pid, qmp))
+            if libvirt:
+                out["vm"] = _libvirt_read_back(libvirt, plan, node)
+            else:
+                out["vm"] = dict(vm_qemu.read_back(pid, qmp))
         except HpvcError as e:
             out["vm"] = {"error": e.why}
     return out
@@ -68,7 +91,8 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
     plan = rec.the_plan()
     if plan.kind == "vm":
         pids = rec.extra.get("pids", {})
-        nodes = [_vm_status(store, plan, n, pids.get(n.name)) for n in plan.nodes]
+        uri = rec.extra.get("libvirt_uri") if rec.extra.get("backend") == "libvirt" else None
+        nodes = [_vm_status(store, plan, n, pids.get(n.name), uri) for n in plan.nodes]
     else:
         nodes = [_node_status(plan, n) for n in plan.nodes]
     return {
@@ -84,6 +108,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "phases": rec.extra.get("phases"),
         "shared_dir": {"host": str(store.cluster_dir(name) / "shared"), "node": "/shared"},
         "accelerator": rec.extra.get("accel"),
+        "backend": rec.extra.get("backend"),
         "accelerator_warning": rec.extra.get("accel_warning"),
         "nodes": nodes,
     }

@@ -10,13 +10,14 @@ container nodes, and undone the same way.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from hpvc.backends import vm_qemu
+from hpvc.backends import vm_libvirt, vm_qemu
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem
@@ -25,6 +26,7 @@ from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext, tap_name
+from hpvc.render.libvirt import domain_name, render_domain_xml
 from hpvc.render.qemu import render_qemu
 
 DISK_MODE: DiskMode = "qcow2"  # see docs/vms.md: made in milliseconds, boots like a raw copy
@@ -109,10 +111,24 @@ def ivshmem_for(
     return str(path), size_mib
 
 
+def libvirt_uri() -> str:
+    """Where the libvirt backend connects: $HPVC_LIBVIRT_URI, else the system daemon."""
+    return os.environ.get("HPVC_LIBVIRT_URI", vm_libvirt.DEFAULT_URI)
+
+
 def start_node(
-    store: Store, plan: Plan, node: PlannedNode, guest: GuestArtifacts, ctx: RenderContext
+    store: Store,
+    plan: Plan,
+    node: PlannedNode,
+    guest: GuestArtifacts,
+    ctx: RenderContext,
+    backend: str = "qemu",
 ) -> int:
-    """Disk, tap, QEMU, pinning for one node; returns QEMU's PID (not yet booted)."""
+    """Disk, tap, QEMU, pinning for one node; returns QEMU's PID (not yet booted).
+
+    With the libvirt backend, libvirt creates the tap and applies the pinning
+    from the same rendered domain XML that `hpvc render` writes.
+    """
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
     j.record("tree", path=str(node_dir))
@@ -123,6 +139,12 @@ def start_node(
         node.name, f"{node.ip}/{plan.network.prefixlen}", plan.network.mtu, pub
     )
     nctx = replace(ctx, cmdline=cmdline, disk_images=((node.name, str(disk)),))
+    if backend == "libvirt":
+        Path(nctx.node_run_dir(plan.cluster, node.name)).mkdir(parents=True, exist_ok=True)
+        xml = render_domain_xml(plan, node, nctx)
+        (node_dir / "domain.xml").write_text(xml)
+        conn = vm_libvirt.connect(libvirt_uri())
+        return vm_libvirt.start_domain(j, conn, xml, domain_name(plan, node))
     vm_qemu.create_tap(j, tap_name(plan.cluster, node.name), plan.network.bridge, plan.network.mtu)
     launch = render_qemu(plan, node, nctx)
     pid = vm_qemu.start_qemu(j, launch, log=node_dir / "qemu.log")
