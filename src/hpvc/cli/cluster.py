@@ -104,12 +104,15 @@ def _vm_rows(t: Table, st: dict[str, Any]) -> None:
             continue
         vcpus = " ".join(f"{x['vcpu']}:{format_cpulist(x['cpus'])}" for x in v["vcpus"])
         emu = sorted({c for x in v["emulator"] for c in x["cpus"]})
-        mems = ",".join(format_cpulist(m.get("host_nodes") or []) or "-" for m in v["memdevs"])
+        cells = [m for m in v["memdevs"] if not str(m.get("id", "")).startswith("ivshmem")]
+        shared = [m for m in v["memdevs"] if m not in cells]
+        mems = ",".join(format_cpulist(m.get("host_nodes") or []) or "-" for m in cells)
         backs = " ".join(
             f"{m.get('size', 0) // 2**20}MiB {m.get('policy')}"
             f"{' prealloc' if m.get('prealloc') else ''}"
-            for m in v["memdevs"]
+            for m in cells
         )
+        backs += "".join(f"; ivshmem {m.get('size', 0) // 2**20}MiB" for m in shared)
         limits = f"vCPU>CPU {vcpus}; emulator {format_cpulist(emu)}; {backs}"
         t.add_row(n["name"], n["state"], n["planned"]["ip"], str(st["mtu"]), vcpus, mems, limits)
 
