@@ -66,6 +66,8 @@ def test_vm_up_exec_run_status_down(
     lifecycle.up(vm_spec(tmp_path, name), store)
     st = ops.status(name, store)
     assert [n["state"] for n in st["nodes"]] == ["running"] * 3
+    # Hugepages read back from the pool: the guests' memory is preallocated there.
+    assert st["hugepages"] and all(p["in_use"] >= p["planned"] > 0 for p in st["hugepages"])
     for n in st["nodes"]:  # read back from QEMU: threads where the plan put them
         vm = n["vm"]
         assert [v["cpus"] for v in vm["vcpus"]] == [n["planned"]["cpus"]]

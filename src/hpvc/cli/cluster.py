@@ -74,6 +74,13 @@ def show_status(st: dict[str, Any]) -> None:
     )
     for col in ("node", "state", "ip", "mtu", "cpus", "mems", "limits"):
         t.add_column(col, overflow="fold")
+    pools = "; ".join(
+        f"node {p['host_node']} {p['size_kib']}kB: {p['in_use']} in use of {p['total']}"
+        f" (cluster planned {p['planned']})"
+        for p in st.get("hugepages") or []
+    )
+    if pools:
+        t.caption = f"{t.caption}; hugepages: {pools}"
     if st["kind"] == "vm":
         _vm_rows(t, st)
         console.print(t)

@@ -15,7 +15,7 @@ from hpvc.cluster import vm
 from hpvc.cluster.lifecycle import Env
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
-from hpvc.host import cgroups, net
+from hpvc.host import cgroups, hugepages, net
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render.files import mpi_nodes
 from hpvc.render.libvirt import domain_name
@@ -84,6 +84,29 @@ def _vm_status(
     return out
 
 
+def _pools(plan: Plan) -> list[dict[str, Any]]:
+    """The host pools the plan draws on, as the kernel counts them now."""
+    out = []
+    for h in plan.hosts:
+        for g in h.hugepages:
+            try:
+                total, free = hugepages.pool_state(g.host_node, g.size_kib)
+            except (OSError, HpvcError):
+                total = free = -1
+            out.append(
+                {
+                    "host": h.name,
+                    "host_node": g.host_node,
+                    "size_kib": g.size_kib,
+                    "planned": g.count,
+                    "total": total,
+                    "free": free,
+                    "in_use": total - free if total >= 0 else None,
+                }
+            )
+    return out
+
+
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
     store = store or Store()
@@ -107,6 +130,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "up_seconds": rec.extra.get("up_seconds"),
         "phases": rec.extra.get("phases"),
         "shared_dir": {"host": str(store.cluster_dir(name) / "shared"), "node": "/shared"},
+        "hugepages": _pools(plan),
         "accelerator": rec.extra.get("accel"),
         "backend": rec.extra.get("backend"),
         "accelerator_warning": rec.extra.get("accel_warning"),
