@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.errors import HpvcError, InputError
-from hpvc.host import cgroups
+from hpvc.host import blkio, cgroups
 from hpvc.host.cgroups import (
     apply_node_extras,
     cluster_cgroup_exists,
@@ -102,6 +102,7 @@ def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeKernel:
     k = FakeKernel(tmp_path)
     monkeypatch.setattr(cgroups, "_rmdir", k.rmdir)
     monkeypatch.setattr(cgroups, "_runner", k.run)
+    monkeypatch.setattr(blkio, "_runner", k.run)  # modprobe bfq
     return k
 
 

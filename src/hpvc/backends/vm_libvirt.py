@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from hpvc.backends.vm_qemu import running
+from hpvc.backends.procfs import running
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host.journal import Args, Journal, undoer
 

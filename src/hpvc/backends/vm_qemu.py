@@ -15,19 +15,17 @@ pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
 SIGTERM, then SIGKILL, and signals a PID only while its command line still
 holds the expected ``-name`` (a reused PID is never signalled).
 
-Host paths under ``/proc`` are read below an injectable ``proc`` root, so the
-bookkeeping is tested with fake task lists.
+The QMP session code is in ``hpvc.backends.qmp`` and the ``/proc`` readers
+(below an injectable ``proc`` root, so the bookkeeping is tested with fake task
+lists) in ``hpvc.backends.procfs``; the names callers use are re-exported here.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import os
 import re
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -37,8 +35,25 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
-from qemu.qmp import QMPClient, QMPError
 
+from hpvc.backends.procfs import PROC as PROC
+from hpvc.backends.procfs import ThreadAffinity as ThreadAffinity
+from hpvc.backends.procfs import find_qemu as find_qemu
+from hpvc.backends.procfs import is_qemu as is_qemu
+from hpvc.backends.procfs import running as running
+from hpvc.backends.procfs import task_ids as task_ids
+from hpvc.backends.procfs import thread_affinity
+from hpvc.backends.qmp import QMP_COMMAND_S as QMP_COMMAND_S
+from hpvc.backends.qmp import QMP_CONNECT_S as QMP_CONNECT_S
+from hpvc.backends.qmp import TAIL_LINES as TAIL_LINES
+from hpvc.backends.qmp import Command as Command
+from hpvc.backends.qmp import Memdev as Memdev
+from hpvc.backends.qmp import memdevs as memdevs
+from hpvc.backends.qmp import qmp as qmp
+from hpvc.backends.qmp import tail as tail
+from hpvc.backends.qmp import vcpu_threads as vcpu_threads
+from hpvc.backends.qmp import wait_qmp as wait_qmp
+from hpvc.backends.qmp import with_tail
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import probe
 from hpvc.host.journal import Args, Journal, undoer
@@ -46,28 +61,14 @@ from hpvc.render.context import Accel
 from hpvc.render.qemu import QemuLaunch, QemuPinning
 from hpvc.units import format_cpulist
 
-PROC = Path("/proc")
 ACCEL_ENV = "HPVC_ACCEL"
-QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
-QMP_COMMAND_S = 5.0
 STOP_WAIT_S = (3.0, 3.0, 2.0)  # after quit, after SIGTERM, after SIGKILL
-TAIL_LINES = 12
 _ENODEV = 19
 _TUN_TYPE_TAP = 2
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # QEMUs started by this process
 
-Command = str | tuple[str, Mapping[str, object]]
-
 
 # --- typed results -------------------------------------------------------------------
-
-
-class ThreadAffinity(TypedDict):
-    """One host thread of a QEMU process and the CPUs it may run on."""
-
-    tid: int
-    name: str
-    cpus: list[int]
 
 
 class VcpuAffinity(ThreadAffinity):
@@ -80,18 +81,6 @@ class Pinned(TypedDict):
     vcpus: list[VcpuAffinity]
     emulator_cpus: list[int]
     emulator_threads: list[int]
-
-
-class Memdev(TypedDict):
-    """One memory backend as QEMU reports it (``query-memdev``)."""
-
-    id: str
-    size: int
-    host_nodes: list[int]
-    policy: str
-    prealloc: bool
-    share: bool
-    merge: bool
 
 
 class ReadBack(TypedDict):
@@ -174,8 +163,8 @@ def launch_files(argv: Sequence[str]) -> LaunchFiles:
     """The unix sockets (``-qmp unix:``, ``-chardev socket,path=``), pid file and chardev logs."""
     sockets: list[str] = []
     logs: list[str] = []
-    for qmp in _values(argv, "-qmp"):
-        first = _opts(qmp)[0]
+    for value in _values(argv, "-qmp"):
+        first = _opts(value)[0]
         if first.startswith("unix:"):
             sockets.append(first[5:])
     for dev in _values(argv, "-chardev"):
@@ -187,146 +176,6 @@ def launch_files(argv: Sequence[str]) -> LaunchFiles:
             logs.append(keys["logfile"])
     pidfiles = _values(argv, "-pidfile")
     return LaunchFiles(tuple(sockets), pidfiles[-1] if pidfiles else None, tuple(logs))
-
-
-# --- processes under /proc -----------------------------------------------------------
-
-
-def running(pid: int, proc: Path = PROC) -> bool:
-    """Is ``pid`` a live process (not gone, not a zombie)?"""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except (OSError, UnicodeDecodeError):
-        return False
-    fields = text.rsplit(")", 1)[-1].split()
-    return bool(fields) and fields[0] not in ("Z", "X")
-
-
-def is_qemu(pid: int, name: str, proc: Path = PROC) -> bool:
-    """Does ``pid``'s command line hold ``-name <name>``? (False for zombies and reused PIDs.)"""
-    try:
-        args = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return False
-    return any(a == "-name" and b == name for a, b in itertools.pairwise(args))
-
-
-def find_qemu(name: str, proc: Path = PROC) -> list[int]:
-    """Every process whose command line holds ``-name <name>``."""
-    pids = sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
-    return [pid for pid in pids if is_qemu(pid, name, proc)]
-
-
-def task_ids(pid: int, proc: Path = PROC) -> list[int]:
-    """The thread IDs of a process (``/proc/PID/task``); empty when it is gone."""
-    try:
-        return sorted(int(t.name) for t in (proc / str(pid) / "task").iterdir() if t.name.isdigit())
-    except OSError:
-        return []
-
-
-def _comm(pid: int, tid: int, proc: Path) -> str:
-    try:
-        return (proc / str(pid) / "task" / str(tid) / "comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
-    """The last ``lines`` non-empty lines of a log (empty when unreadable)."""
-    try:
-        text = path.read_bytes()[-16384:].decode(errors="replace")
-    except OSError:
-        return []
-    clean = [line.replace("\r", "").rstrip() for line in text.splitlines()]
-    return [line for line in clean if line][-lines:]
-
-
-def _with_tail(why: str, log: Path) -> str:
-    last = tail(log)
-    return f"{why}; last lines of {log}: " + " | ".join(last) if last else f"{why} ({log} is empty)"
-
-
-# --- QMP -----------------------------------------------------------------------------
-
-
-class _Exited(Exception):
-    """The QEMU process went away while we waited for its QMP socket."""
-
-
-async def _open_unix(path: str, timeout: float, pid: int | None) -> socket.socket:
-    """Connect to a unix socket, retrying until it answers or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(QMP_COMMAND_S)
-        try:
-            sock.connect(path)
-            return sock
-        except (FileNotFoundError, ConnectionRefusedError) as e:
-            sock.close()
-            if pid is not None and not running(pid):
-                raise _Exited(pid) from e
-            if time.monotonic() >= deadline:
-                raise HpvcError(f"QMP {path}", f"no answer after {timeout:g} s ({e})") from e
-        except OSError as e:  # a timeout (backlog full: another client holds it), EACCES
-            sock.close()
-            raise HpvcError(f"QMP {path}", str(e) or type(e).__name__) from e
-        await asyncio.sleep(0.02)
-
-
-async def _session(
-    path: str, commands: Sequence[Command], connect_s: float, command_s: float, pid: int | None
-) -> list[object]:
-    start = time.monotonic()
-    sock = await _open_unix(path, connect_s, pid)
-    client = QMPClient("hpvc")
-    try:
-        # The greeting comes once QEMU's main loop runs (after memory prealloc).
-        greet_s = max(command_s, connect_s - (time.monotonic() - start))
-        await asyncio.wait_for(client.connect(sock), greet_s)
-        out: list[object] = []
-        for cmd in commands:
-            name, args = (cmd, None) if isinstance(cmd, str) else cmd
-            out.append(await asyncio.wait_for(client.execute(name, args), command_s))
-        return out
-    except (QMPError, OSError, EOFError, TimeoutError) as e:
-        raise HpvcError(f"QMP {path}", str(e) or type(e).__name__) from e
-    finally:
-        # disconnect() re-raises what ended the session (EOF after `quit`): not an error here.
-        with contextlib.suppress(QMPError, OSError, EOFError):
-            await client.disconnect()
-        sock.close()
-
-
-def qmp(
-    path: str | Path,
-    *commands: Command,
-    connect_s: float = QMP_CONNECT_S,
-    command_s: float = QMP_COMMAND_S,
-    pid: int | None = None,
-) -> list[object]:
-    """Run QMP ``commands`` in one session; their return values in order.
-
-    Connecting retries for ``connect_s`` (stopping early when ``pid`` exits);
-    each command may take ``command_s``. Errors become ``HpvcError``.
-    """
-    try:
-        return asyncio.run(_session(str(path), commands, connect_s, command_s, pid))
-    except _Exited as e:
-        raise HpvcError(f"QMP {path}", f"QEMU (PID {pid}) exited") from e
-
-
-def wait_qmp(path: str | Path, pid: int, timeout: float, log: Path) -> float:
-    """Wait until QEMU answers on its QMP socket; seconds waited. Fails early if QEMU exits."""
-    start = time.monotonic()
-    try:
-        asyncio.run(_session(str(path), ["query-status"], timeout, QMP_COMMAND_S, pid))
-    except _Exited as e:
-        raise HpvcError(f"QEMU (PID {pid})", _with_tail("exited while starting", log)) from e
-    except HpvcError as e:
-        raise HpvcError(e.what, _with_tail(e.why, log)) from e
-    return time.monotonic() - start
 
 
 # --- tap -----------------------------------------------------------------------------
@@ -505,23 +354,6 @@ def _undo_qemu(args: Args) -> None:
 # --- pinning -------------------------------------------------------------------------
 
 
-def _as_dicts(value: object, what: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise HpvcError(f"QMP {what}", f"unexpected reply {value!r:.200}")
-    return value
-
-
-def vcpu_threads(cpus_fast: object) -> dict[int, int]:
-    """vCPU index -> host thread ID, from a ``query-cpus-fast`` reply."""
-    out: dict[int, int] = {}
-    for cpu in _as_dicts(cpus_fast, "query-cpus-fast"):
-        index, tid = cpu.get("cpu-index"), cpu.get("thread-id")
-        if not isinstance(index, int) or not isinstance(tid, int):
-            raise HpvcError("QMP query-cpus-fast", f"no cpu-index/thread-id in {cpu!r:.200}")
-        out[index] = tid
-    return out
-
-
 def check_cpus(pinning: QemuPinning, allowed: Iterable[int]) -> None:
     """Raise unless every planned CPU is one this process may use."""
     planned = {c for _, cpus in pinning.vcpus for c in cpus} | set(pinning.emulator)
@@ -589,35 +421,13 @@ def apply_pinning(
     for tid, cpus in per_tid.items():
         _set_affinity(tid, cpus, required=True)
     emulator = _pin_emulator(pid, set(per_tid), pinning.emulator, proc) if pinning.emulator else []
-    vcpus = [VcpuAffinity(vcpu=v, **_affinity(pid, threads[v], proc)) for v in sorted(threads)]
+    vcpus = [
+        VcpuAffinity(vcpu=v, **thread_affinity(pid, threads[v], proc)) for v in sorted(threads)
+    ]
     return Pinned(vcpus=vcpus, emulator_cpus=sorted(pinning.emulator), emulator_threads=emulator)
 
 
 # --- read-back -----------------------------------------------------------------------
-
-
-def memdevs(reply: object) -> list[Memdev]:
-    """The ``query-memdev`` reply as typed records."""
-    return [
-        Memdev(
-            id=str(m.get("id", "")),
-            size=int(m.get("size", 0)),
-            host_nodes=[int(n) for n in m.get("host-nodes", [])],
-            policy=str(m.get("policy", "")),
-            prealloc=bool(m.get("prealloc", False)),
-            share=bool(m.get("share", False)),
-            merge=bool(m.get("merge", False)),
-        )
-        for m in _as_dicts(reply, "query-memdev")
-    ]
-
-
-def _affinity(pid: int, tid: int, proc: Path) -> ThreadAffinity:
-    try:
-        cpus = sorted(os.sched_getaffinity(tid))
-    except OSError:
-        cpus = []
-    return ThreadAffinity(tid=tid, name=_comm(pid, tid, proc), cpus=cpus)
 
 
 def _int_dict(value: object) -> dict[str, int]:
@@ -641,10 +451,12 @@ def read_back(pid: int, qmp_socket: str | Path, proc: Path = PROC) -> ReadBack:
     )
     threads = vcpu_threads(cpus)
     vcpus = [
-        VcpuAffinity(vcpu=v, **_affinity(pid, tid, proc)) for v, tid in sorted(threads.items())
+        VcpuAffinity(vcpu=v, **thread_affinity(pid, tid, proc))
+        for v, tid in sorted(threads.items())
     ]
     emulator = [
-        _affinity(pid, t, proc) for t in emulator_threads(task_ids(pid, proc), threads.values())
+        thread_affinity(pid, t, proc)
+        for t in emulator_threads(task_ids(pid, proc), threads.values())
     ]
     return ReadBack(
         pid=pid,
@@ -696,9 +508,9 @@ def wait_ready(
         if any(pattern.search(line) for line in lines):
             return time.monotonic() - start
         if not running(pid, proc):
-            why = _with_tail(f"QEMU (PID {pid}) exited before '{marker}'", console_log)
+            why = with_tail(f"QEMU (PID {pid}) exited before '{marker}'", console_log)
             raise HpvcError(f"VM boot ({marker})", why)
         if time.monotonic() - start > timeout:
-            why = _with_tail(f"no '{marker}' after {timeout:g} s", console_log)
+            why = with_tail(f"no '{marker}' after {timeout:g} s", console_log)
             raise HpvcError(f"VM boot ({marker})", why, "see the console log")
         time.sleep(0.05)

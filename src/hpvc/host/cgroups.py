@@ -32,12 +32,13 @@ Undo kinds (DESIGN rule 3):
     hierarchy (no cgroup below its root, no ``/hpvc`` in any hierarchy), else it
     leaves the mount, which is what crun needs anyway, and says so in the log.
     So another cluster relying on it is never broken.
-``"blk-scheduler"`` ``{root, device, previous}``
-    host-wide: ``ensure_bfq`` switched a device to bfq; the undo puts the
-    previous scheduler back if bfq is still the active one.
+``"blk-scheduler"``
+    in ``hpvc.host.blkio`` (bfq scheduler switching, block I/O weights and
+    throttles), whose public names are re-exported here.
 
-Every function takes ``root`` (``/`` or a fake tree); mounts, unmounts and
-modprobe go through ``_runner``, which refuses a fake root unless a test set it.
+Every function takes ``root`` (``/`` or a fake tree); mounts and unmounts go
+through ``_runner`` (modprobe through ``blkio._runner``), which refuses a fake
+root unless a test set it.
 """
 
 from __future__ import annotations
@@ -49,9 +50,18 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hpvc.errors import HpvcError, InputError
+from hpvc.host.blkio import THROTTLES as THROTTLES
+from hpvc.host.blkio import Runner, Version, apply_io, weight_value
+from hpvc.host.blkio import device_name as device_name
+from hpvc.host.blkio import ensure_bfq as ensure_bfq
+from hpvc.host.blkio import parse_device_map as parse_device_map
+from hpvc.host.blkio import parse_io_max as parse_io_max
+from hpvc.host.blkio import read_text as _read
+from hpvc.host.blkio import to_int as _int
+from hpvc.host.blkio import write_text as _write
 from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
@@ -62,17 +72,8 @@ from hpvc.units import format_cpulist, parse_cpulist
 PARENT = "hpvc"
 CRUN_V1 = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "pids", "hugetlb", "devices", "freezer")
 V2_CONTROLLERS = ("cpuset", "cpu", "memory", "io", "pids", "hugetlb")
-THROTTLES = (
-    ("read_bps", "rbps"),
-    ("write_bps", "wbps"),
-    ("read_iops", "riops"),
-    ("write_iops", "wiops"),
-)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_UNLIMITED = 1 << 62  # v1 prints "no limit" as PAGE_COUNTER_MAX * page size
 _log = logging.getLogger(__name__)
-Runner = Callable[[Sequence[str]], None]
-Version = Literal["v1", "v2"]
 
 
 _runner: Runner = _host_run
@@ -95,28 +96,6 @@ def _check_name(what: str, name: str) -> None:
             "not usable as a cgroup name",
             "use letters, digits, '_', '.', '-' (at most 64, not starting with '.' or '-')",
         )
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def _int(text: str | None) -> int | None:
-    """An integer file; ``max``, ``-1`` and v1's huge "no limit" read as None."""
-    if text is None or text in ("max", "-1") or not text.lstrip("-").isdigit():
-        return None
-    value = int(text)
-    return None if value >= _UNLIMITED else value
-
-
-def _write(path: Path, value: str) -> None:
-    try:
-        path.write_text(value)
-    except OSError as e:
-        raise HpvcError(f"write {value!r} to {path}", e.strerror or str(e)) from e
 
 
 def _cpulist(value: str | Iterable[int]) -> str:
@@ -424,65 +403,7 @@ def cluster_cgroup_exists(cluster: str, root: Path = Path("/")) -> bool:
     return any((_at(root, t) / rel.lstrip("/")).is_dir() for t in _all_hierarchies(root))
 
 
-# --- per-node block I/O --------------------------------------------------------------
-
-
-def _scheduler(path: Path) -> tuple[str, list[str]] | None:
-    """(active, offered) from a queue/scheduler file, or None when unreadable."""
-    text = _read(path)
-    if text is None:
-        return None
-    offered = text.replace("[", "").replace("]", "").split()
-    active = re.search(r"\[([^\]]+)\]", text)
-    if active:
-        return active.group(1), offered
-    return (offered[0] if len(offered) == 1 else "none"), offered
-
-
-def ensure_bfq(journal: Journal, device_name: str, root: Path = Path("/")) -> list[str]:
-    """Make bfq the scheduler of ``device_name`` (undo kind "blk-scheduler"); return notes.
-
-    Host-wide: pass the host journal. Loads the bfq module with ``modprobe bfq`` only
-    when the device does not offer bfq (the module stays loaded, and a note says so).
-    """
-    path = _at(root, f"/sys/block/{device_name}/queue/scheduler")
-    state = _scheduler(path)
-    if state is None:
-        raise HpvcError(f"block device {device_name}", f"no {path}", "name a disk in /sys/block")
-    active, offered = state
-    if active == "bfq":
-        return []
-    notes = []
-    if "bfq" not in offered:
-        _run(root, ["modprobe", "bfq"])
-        notes.append("loaded the bfq module (modprobe bfq); hpvc leaves it loaded")
-        state = _scheduler(path)
-        if state is None or "bfq" not in state[1]:
-            raise HpvcError(f"bfq on {device_name}", "the kernel offers no bfq scheduler")
-    journal.record("blk-scheduler", root=str(root), device=device_name, previous=active)
-    _write(path, "bfq")
-    now = _scheduler(path)
-    if now is None or now[0] != "bfq":
-        raise HpvcError(f"bfq on {device_name}", f"the scheduler is still {now[0] if now else '?'}")
-    notes.append(f"{device_name}: I/O scheduler {active} -> bfq")
-    return notes
-
-
-@undoer("blk-scheduler")
-def _undo_scheduler(args: Args) -> None:
-    path = _at(Path(args["root"]), f"/sys/block/{args['device']}/queue/scheduler")
-    state = _scheduler(path)
-    if state is not None and state[0] == "bfq" and args["previous"] in state[1]:
-        _write(path, args["previous"])
-
-
-def device_name(device: tuple[int, int], root: Path = Path("/")) -> str:
-    """Disk name of a block device number (a partition's disk, which holds the scheduler)."""
-    link = _at(root, f"/sys/dev/block/{device[0]}:{device[1]}")
-    if not link.exists():
-        raise HpvcError(f"block device {device[0]}:{device[1]}", f"no {link}")
-    real = link.resolve()
-    return real.parent.name if (real / "partition").exists() else real.name
+# --- per-node block I/O (the rest is in hpvc.host.blkio) ----------------------------
 
 
 def _node_dir(root: Path, cluster: str, node: str, controller: str) -> tuple[Version, Path]:
@@ -513,85 +434,7 @@ def apply_node_extras(
     if io is None:
         return []
     version, d = _node_dir(root, cluster, node, "blkio")
-    done: list[str] = []
-    if io.weight is not None:
-        done += _apply_weight(root, version, d, io.weight, device)
-    wanted = {name: getattr(io, name) for name, _ in THROTTLES if getattr(io, name) is not None}
-    if wanted and device is None:
-        done.append("block I/O throttles not checked: no block device given")
-    elif wanted and device is not None:
-        key = f"{device[0]}:{device[1]}"
-        setter = _throttle_v1 if version == "v1" else _throttle_v2
-        done += [setter(d, key, name, value) for name, value in wanted.items()]
-    return [line for line in done if line]
-
-
-def _weight_value(text: str | None) -> int | None:
-    """``100`` or ``default 100`` (plus per-device lines) -> 100."""
-    first = (text or "").splitlines()[0].split() if text else []
-    return _int(first[-1]) if first else None
-
-
-def _apply_weight(
-    root: Path, version: Version, d: Path, weight: int, device: tuple[int, int] | None
-) -> list[str]:
-    if device is not None:
-        name = device_name(device, root)
-        state = _scheduler(_at(root, f"/sys/block/{name}/queue/scheduler"))
-        if state is None or state[0] != "bfq":
-            raise HpvcError(
-                f"block I/O weight {weight} of {d}",
-                f"{name} uses the {state[0] if state else '?'} scheduler; weights need bfq",
-                f"hpvc switches it at up (ensure_bfq); by hand: echo bfq > /sys/block/{name}"
-                "/queue/scheduler",
-            )
-    path = d / ("blkio.bfq.weight" if version == "v1" else "io.bfq.weight")
-    if not path.exists():
-        raise HpvcError(f"block I/O weight of {d}", f"no {path.name}", "modprobe bfq")
-    _write(path, str(weight))
-    if _weight_value(_read(path)) != weight:
-        raise HpvcError(f"block I/O weight of {d}", f"{path.name} reads {_read(path)!r}")
-    return [f"{path.name} = {weight}"]
-
-
-def parse_device_map(text: str | None) -> dict[str, int]:
-    """``8:0 1048576`` lines (v1 blkio.throttle.*) -> {"8:0": 1048576}."""
-    out: dict[str, int] = {}
-    for line in (text or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
-def parse_io_max(text: str | None) -> dict[str, dict[str, int | None]]:
-    """v2 io.max lines -> {"8:0": {"rbps": 1048576, "wbps": None, ...}}."""
-    out: dict[str, dict[str, int | None]] = {}
-    for line in (text or "").splitlines():
-        dev, *pairs = line.split()
-        out[dev] = {k: _int(v) for k, _, v in (p.partition("=") for p in pairs)}
-    return out
-
-
-def _throttle_v1(d: Path, key: str, name: str, value: int) -> str:
-    path = d / f"blkio.throttle.{name}_device"
-    if parse_device_map(_read(path)).get(key) == value:
-        return ""
-    _write(path, f"{key} {value}")
-    if parse_device_map(_read(path)).get(key) != value:
-        raise HpvcError(f"block I/O limit of {d}", f"{path.name} does not hold {key} {value}")
-    return f"{path.name} = {key} {value} (crun had not set it)"
-
-
-def _throttle_v2(d: Path, key: str, name: str, value: int) -> str:
-    field = dict(THROTTLES)[name]
-    path = d / "io.max"
-    if parse_io_max(_read(path)).get(key, {}).get(field) == value:
-        return ""
-    _write(path, f"{key} {field}={value}")
-    if parse_io_max(_read(path)).get(key, {}).get(field) != value:
-        raise HpvcError(f"block I/O limit of {d}", f"io.max does not hold {key} {field}={value}")
-    return f"io.max = {key} {field}={value} (crun had not set it)"
+    return apply_io(root, version, d, io, device)
 
 
 # --- read-back -----------------------------------------------------------------------
@@ -682,7 +525,7 @@ def _limits_v1(root: Path, layout: CgroupLayout, cluster: str, node: str) -> dic
             name: parse_device_map(n("blkio", f"blkio.throttle.{name}_device"))
             for name, _ in THROTTLES
         },
-        "io_weight": _weight_value(n("blkio", "blkio.bfq.weight")),
+        "io_weight": weight_value(n("blkio", "blkio.bfq.weight")),
         "pids_max": _int(n("pids", "pids.max")),
         "pids_current": _int(n("pids", "pids.current")),
         "hugetlb": _hugetlb(
@@ -719,7 +562,7 @@ def _limits_v2(d: Path, cl: Path) -> dict[str, Any]:
         "cpu_quota_us": _int(cpu_max[0]) if cpu_max else None,
         "cpu_period_us": _int(cpu_max[1]) if len(cpu_max) > 1 else None,
         "io": {name: _io_field(io_max, f) for name, f in THROTTLES},
-        "io_weight": _weight_value(_read(d / "io.bfq.weight")),
+        "io_weight": weight_value(_read(d / "io.bfq.weight")),
         "pids_max": _int(_read(d / "pids.max")),
         "pids_current": _int(_read(d / "pids.current")),
         "hugetlb": _hugetlb(d, "max", "current"),

@@ -1,0 +1,177 @@
+"""QMP sessions with a QEMU process, and the replies hpvc reads from them.
+
+``qmp`` runs a few commands in one session through ``qemu.qmp``'s asyncio
+``QMPClient`` (wrapped here so callers stay synchronous); ``wait_qmp`` waits
+until a QEMU that is starting answers, and fails early, quoting its log, when
+the process exits first. Every failure becomes an ``HpvcError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
+
+from qemu.qmp import QMPClient, QMPError
+
+from hpvc.backends.procfs import running
+from hpvc.errors import HpvcError
+
+QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
+QMP_COMMAND_S = 5.0
+TAIL_LINES = 12
+
+Command = str | tuple[str, Mapping[str, object]]
+
+
+# --- QEMU's log ----------------------------------------------------------------------
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` non-empty lines of a log (empty when unreadable)."""
+    try:
+        text = path.read_bytes()[-16384:].decode(errors="replace")
+    except OSError:
+        return []
+    clean = [line.replace("\r", "").rstrip() for line in text.splitlines()]
+    return [line for line in clean if line][-lines:]
+
+
+def with_tail(why: str, log: Path) -> str:
+    """``why`` followed by the last lines of ``log`` (or a note that it is empty)."""
+    last = tail(log)
+    return f"{why}; last lines of {log}: " + " | ".join(last) if last else f"{why} ({log} is empty)"
+
+
+# --- sessions ------------------------------------------------------------------------
+
+
+class _Exited(Exception):
+    """The QEMU process went away while we waited for its QMP socket."""
+
+
+async def _open_unix(path: str, timeout: float, pid: int | None) -> socket.socket:
+    """Connect to a unix socket, retrying until it answers or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(QMP_COMMAND_S)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            if pid is not None and not running(pid):
+                raise _Exited(pid) from e
+            if time.monotonic() >= deadline:
+                raise HpvcError(f"QMP {path}", f"no answer after {timeout:g} s ({e})") from e
+        except OSError as e:  # a timeout (backlog full: another client holds it), EACCES
+            sock.close()
+            raise HpvcError(f"QMP {path}", str(e) or type(e).__name__) from e
+        await asyncio.sleep(0.02)
+
+
+async def _session(
+    path: str, commands: Sequence[Command], connect_s: float, command_s: float, pid: int | None
+) -> list[object]:
+    start = time.monotonic()
+    sock = await _open_unix(path, connect_s, pid)
+    client = QMPClient("hpvc")
+    try:
+        # The greeting comes once QEMU's main loop runs (after memory prealloc).
+        greet_s = max(command_s, connect_s - (time.monotonic() - start))
+        await asyncio.wait_for(client.connect(sock), greet_s)
+        out: list[object] = []
+        for cmd in commands:
+            name, args = (cmd, None) if isinstance(cmd, str) else cmd
+            out.append(await asyncio.wait_for(client.execute(name, args), command_s))
+        return out
+    except (QMPError, OSError, EOFError, TimeoutError) as e:
+        raise HpvcError(f"QMP {path}", str(e) or type(e).__name__) from e
+    finally:
+        # disconnect() re-raises what ended the session (EOF after `quit`): not an error here.
+        with contextlib.suppress(QMPError, OSError, EOFError):
+            await client.disconnect()
+        sock.close()
+
+
+def qmp(
+    path: str | Path,
+    *commands: Command,
+    connect_s: float = QMP_CONNECT_S,
+    command_s: float = QMP_COMMAND_S,
+    pid: int | None = None,
+) -> list[object]:
+    """Run QMP ``commands`` in one session; their return values in order.
+
+    Connecting retries for ``connect_s`` (stopping early when ``pid`` exits);
+    each command may take ``command_s``. Errors become ``HpvcError``.
+    """
+    try:
+        return asyncio.run(_session(str(path), commands, connect_s, command_s, pid))
+    except _Exited as e:
+        raise HpvcError(f"QMP {path}", f"QEMU (PID {pid}) exited") from e
+
+
+def wait_qmp(path: str | Path, pid: int, timeout: float, log: Path) -> float:
+    """Wait until QEMU answers on its QMP socket; seconds waited. Fails early if QEMU exits."""
+    start = time.monotonic()
+    try:
+        asyncio.run(_session(str(path), ["query-status"], timeout, QMP_COMMAND_S, pid))
+    except _Exited as e:
+        raise HpvcError(f"QEMU (PID {pid})", with_tail("exited while starting", log)) from e
+    except HpvcError as e:
+        raise HpvcError(e.what, with_tail(e.why, log)) from e
+    return time.monotonic() - start
+
+
+# --- replies -------------------------------------------------------------------------
+
+
+class Memdev(TypedDict):
+    """One memory backend as QEMU reports it (``query-memdev``)."""
+
+    id: str
+    size: int
+    host_nodes: list[int]
+    policy: str
+    prealloc: bool
+    share: bool
+    merge: bool
+
+
+def _as_dicts(value: object, what: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise HpvcError(f"QMP {what}", f"unexpected reply {value!r:.200}")
+    return value
+
+
+def vcpu_threads(cpus_fast: object) -> dict[int, int]:
+    """vCPU index -> host thread ID, from a ``query-cpus-fast`` reply."""
+    out: dict[int, int] = {}
+    for cpu in _as_dicts(cpus_fast, "query-cpus-fast"):
+        index, tid = cpu.get("cpu-index"), cpu.get("thread-id")
+        if not isinstance(index, int) or not isinstance(tid, int):
+            raise HpvcError("QMP query-cpus-fast", f"no cpu-index/thread-id in {cpu!r:.200}")
+        out[index] = tid
+    return out
+
+
+def memdevs(reply: object) -> list[Memdev]:
+    """The ``query-memdev`` reply as typed records."""
+    return [
+        Memdev(
+            id=str(m.get("id", "")),
+            size=int(m.get("size", 0)),
+            host_nodes=[int(n) for n in m.get("host-nodes", [])],
+            policy=str(m.get("policy", "")),
+            prealloc=bool(m.get("prealloc", False)),
+            share=bool(m.get("share", False)),
+            merge=bool(m.get("merge", False)),
+        )
+        for m in _as_dicts(reply, "query-memdev")
+    ]
