@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc import __version__
+from hpvc.bench.common import cpu_model
 from hpvc.bench.stats import summary
 from hpvc.plan import plan_cluster
 from hpvc.spec import Spec, parse_spec
@@ -155,7 +156,7 @@ def run(
         "python": platform.python_version(),
         "machine": platform.machine(),
         "node": platform.node(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "pinned_cpu": cpu,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hosts": hosts,
@@ -164,16 +165,6 @@ def run(
         "topologies": [n for n, _ in topos],
         "scenarios": results,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def report_md(doc: dict[str, Any]) -> str:

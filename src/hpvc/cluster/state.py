@@ -16,7 +16,6 @@ planner runs, and the record is written, under the lock.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from typing import Any
 
 from hpvc.errors import InputError
 from hpvc.host.journal import Journal
+from hpvc.locks import file_lock
 from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
 
@@ -71,13 +71,8 @@ class Store:
     def lock(self) -> Iterator[None]:
         """Exclusive lock over planning and record changes on this host."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / "state.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with file_lock(self.root / "state.lock"):
             yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def cluster_dir(self, name: str) -> Path:
         return self.root / "clusters" / name

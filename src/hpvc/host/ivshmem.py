@@ -26,14 +26,12 @@ error here rather than a SIGBUS in a running VM later.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from hpvc.errors import HpvcError, InputError
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.locks import file_lock
 
 MiB = 1 << 20
 DEFAULT_MIB = 64  # a power of two: QEMU aborts on a BAR size that is not
@@ -43,17 +41,6 @@ PREFIX = "hpvc-ivshmem-"
 LOCK_NAME = "ivshmem.lock"
 IDS_DIR = "ivshmem"
 MAX_IDS = 4096
-
-
-@contextmanager
-def _locked(lock: Path) -> Iterator[None]:
-    """flock on ``lock`` (an open file description of our own: threads exclude each other)."""
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def check_size(size_mib: int) -> None:
@@ -160,7 +147,7 @@ def allocate(
     state_root.mkdir(parents=True, exist_ok=True)
     (state_root / IDS_DIR).mkdir(exist_ok=True)
     lock = state_root / LOCK_NAME
-    with _locked(lock):
+    with file_lock(lock):
         while True:
             n = _free_id(state_root, (shm, where))
             path, record = where / f"{PREFIX}{n}", state_root / IDS_DIR / str(n)
@@ -188,7 +175,7 @@ def _undo(args: Args) -> None:
     record, lock = Path(args["record"]), Path(args["lock"])
     if not lock.parent.is_dir():
         return  # the state root is gone, and with it every id
-    with _locked(lock):
+    with file_lock(lock):
         if _read_record(record) != (args["cluster"], args["path"]):
             return  # never taken, already freed, or another cluster's now
         Path(args["path"]).unlink(missing_ok=True)

@@ -41,8 +41,9 @@ from hpvc.image.builder import _sigterm_interrupts as sigterm_interrupts
 from hpvc.image.catalog import StoreArg, as_store
 from hpvc.image.guest_disk import DISK_MODES, DiskMode, make_base_disk, node_disk
 from hpvc.image.guest_initramfs import pack_initramfs
-from hpvc.image.guest_kernel import MODULES, Kernel, Progress, file_lock
+from hpvc.image.guest_kernel import MODULES, Kernel, Progress
 from hpvc.image.model import Image
+from hpvc.locks import file_lock
 
 __all__ = [
     "CMDLINE_MAX",

@@ -17,7 +17,6 @@ kernel's in-kernel decompression (``MODULE_INIT_COMPRESSED_FILE``).
 
 from __future__ import annotations
 
-import fcntl
 import gzip
 import json
 import lzma
@@ -25,12 +24,12 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
+from hpvc.locks import file_lock
 
 Progress = Callable[[str], None]
 
@@ -178,17 +177,6 @@ def _remember(memo: Path, kver: str, stamp: int) -> None:
         os.rename(tmp, memo)
     except OSError:
         pass
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive fcntl lock on ``path`` (created if missing), held for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _find_module(tree: Path, name: str) -> Path:

@@ -19,19 +19,18 @@ points to it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hpvc.errors import HpvcError, InputError
 from hpvc.image.model import Image, check_name
+from hpvc.locks import file_lock
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -47,15 +46,7 @@ def default_store() -> Path:
     return Path("/var/lib/hpvc/images")
 
 
-@contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    """Hold an exclusive fcntl lock on ``path`` (created if missing); waits for it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+_flock = file_lock  # the store's locks: state, names, digests
 
 
 def write_atomic(path: Path, text: str) -> None:
