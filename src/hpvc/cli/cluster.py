@@ -21,7 +21,9 @@ cleans up after a crash.
 
 Examples:
 
-  hpvc image build hpc && hpvc up examples/small.toml
+  hpvc image build hpc && hpvc up examples/demo.toml
+
+  hpvc up examples/vm-cluster.toml        (VMs: KVM where usable, TCG otherwise)
 
   hpvc up examples/small.toml --json
 """
