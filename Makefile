@@ -28,6 +28,8 @@ bench: setup
 	$(HPVC) image build hpc
 	$(HPVC) bench startup --out bench/results/startup
 	$(HPVC) bench locality --out bench/results/locality
+	$(HPVC) bench startup --kind vm --out bench/results/startup-vm
+	$(HPVC) bench io --out bench/results/io
 
 clean:
 	rm -rf build .mypy_cache .ruff_cache .pytest_cache .hypothesis
