@@ -125,6 +125,10 @@ def wait_qmp(path: str | Path, pid: int, timeout: float, log: Path) -> float:
     except _Exited as e:
         raise HpvcError(f"QEMU (PID {pid})", with_tail("exited while starting", log)) from e
     except HpvcError as e:
+        # QEMU may die while the handshake runs (connection reset): say so.
+        time.sleep(0.2)
+        if not running(pid):
+            raise HpvcError(f"QEMU (PID {pid})", with_tail("exited while starting", log)) from e
         raise HpvcError(e.what, with_tail(e.why, log)) from e
     return time.monotonic() - start
 
