@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 HPVC := $(VENV)/bin/hpvc
 SNAPSHOT := $(CURDIR)/../shared/topologies/64amd64-4s2n4ca2co.tar.bz2
 
-.PHONY: setup demo test lint unit bench clean
+.PHONY: setup demo test lint unit bench clean slurm-up slurm-down
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,14 @@ bench: setup
 	$(HPVC) bench locality --out bench/results/locality
 	$(HPVC) bench startup --kind vm --out bench/results/startup-vm
 	$(HPVC) bench io --out bench/results/io
+
+# Local Slurm test cluster (docs/slurm.md); the last line printed is the
+# `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.
+slurm-up: setup
+	@bash scripts/slurm/up.sh
+
+slurm-down:
+	@bash scripts/slurm/down.sh
 
 clean:
 	rm -rf build .mypy_cache .ruff_cache .pytest_cache .hypothesis

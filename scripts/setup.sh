@@ -26,6 +26,9 @@ APT_PACKAGES=(
   pkg-config       # how libvirt-python's build finds libvirt-dev
   python3-dev      # Python.h: libvirt-python is a C extension
   libxml2-utils    # xmllint, needed by virt-xml-validate
+  munge            # munged: the local Slurm test cluster runs its own (scripts/slurm, docs/slurm.md)
+  slurm-client     # srun, sbatch, sinfo, scancel: submit to the local Slurm test cluster
+  slurm-wlm        # slurmctld and slurmd: the local Slurm test cluster (make slurm-up)
   python3-venv
 )
 
