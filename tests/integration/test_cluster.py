@@ -33,6 +33,12 @@ def leftovers(name: str) -> list[str]:
     if netns.is_dir():
         found += [p.name for p in netns.iterdir() if p.name.startswith(f"hpvc-{name}-")]
     found += [str(p) for p in CGROUPS.glob(f"*/hpvc/{name}") if p.exists()]
+    return found + bridge_and_mounts(name)
+
+
+def bridge_and_mounts(name: str) -> list[str]:
+    """The cluster's bridge and its mounts, if still there (any kind of cluster)."""
+    found: list[str] = []
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
     if f" hpvc-{name}:" in links.stdout or f" hpvc-{name}@" in links.stdout:
         found.append(f"bridge hpvc-{name}")

@@ -13,7 +13,7 @@ from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
 from tests.helpers import requires
-from tests.integration.test_cluster import image_ready
+from tests.integration.test_cluster import bridge_and_mounts, image_ready
 
 
 def vm_leftovers(name: str, store: Store) -> list[str]:
@@ -24,11 +24,7 @@ def vm_leftovers(name: str, store: Store) -> list[str]:
         for line in ps.stdout.splitlines()
         if f"hpvc-{name}-" in line and "qemu" in line and " Z" not in line
     ]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    if f" hpvc-{name}:" in links.stdout:
-        found.append(f"bridge hpvc-{name}")
-    mounts = Path("/proc/self/mounts").read_text()
-    found += [line.split()[1] for line in mounts.splitlines() if f"/clusters/{name}/" in line]
+    found += bridge_and_mounts(name)
     if (store.root / "clusters" / name).exists():
         found.append("state directory")
     return found

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -130,6 +131,14 @@ def _sizes(text: str) -> list[int]:
         raise InputError(f"--nodes {text}", "not a list of numbers", "--nodes 1,4,8") from None
 
 
+def _written(out: Path, doc: dict[str, Any], report: str, as_json: bool) -> bool:
+    """Write results.json and report.md; with --json also print the results (True)."""
+    common.write_results(out, doc, report)
+    if as_json:
+        print_json(doc)
+    return as_json
+
+
 @bench_app.command("locality", help=LOCALITY_HELP)
 def locality_cmd(
     repeat: int = typer.Option(5, min=1, help="Repetitions (each runs all three configs)."),
@@ -137,9 +146,7 @@ def locality_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
     doc = locality.run(repeat, progress=_progress)
-    common.write_results(out, doc, locality.report_md(doc))
-    if as_json:
-        print_json(doc)
+    if _written(out, doc, locality.report_md(doc), as_json):
         return
     t = Table(title=f"MPI ping-pong, {repeat} repetitions; ratio: 1.0 = native, higher is better")
     for col in ("metric", "config", "min", "median", "max", "ratio min/median/max"):
@@ -178,9 +185,7 @@ def startup_cmd(
     sizes = _sizes(nodes or ("1,2,4" if kind == "vm" else "1,4,8"))
     out = out or Path("bench/results/startup" + ("-vm" if kind == "vm" else ""))
     doc = startup.run(sizes, repeat, progress=_progress, kind=kind)
-    common.write_results(out, doc, startup.report_md(doc))
-    if as_json:
-        print_json(doc)
+    if _written(out, doc, startup.report_md(doc), as_json):
         return
     t = Table(title=f"hpvc up / down, {doc['shape']}, {repeat} repetitions")
     for col in ("nodes", "up min s", "up median s", "up max s", "down min s", "down median s"):
@@ -227,9 +232,7 @@ def io_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
     doc = io.run(repeat, seconds, progress=_progress)
-    common.write_results(out, doc, io.report_md(doc))
-    if as_json:
-        print_json(doc)
+    if _written(out, doc, io.report_md(doc), as_json):
         return
     t = Table(title=f"block I/O, fio {seconds} s runs, {repeat} repetitions (medians)")
     for col in ("part", "what", "target", "measured", "min / max"):
