@@ -34,6 +34,7 @@ bench: setup
 # Local Slurm test cluster (docs/slurm.md); the last line printed is the
 # `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.
 slurm-up: setup
+	@$(MAKE) -s -C native/spank
 	@bash scripts/slurm/up.sh
 
 slurm-down:

@@ -29,6 +29,8 @@ APT_PACKAGES=(
   munge            # munged: the local Slurm test cluster runs its own (scripts/slurm, docs/slurm.md)
   slurm-client     # srun, sbatch, sinfo, scancel: submit to the local Slurm test cluster
   slurm-wlm        # slurmctld and slurmd: the local Slurm test cluster (make slurm-up)
+  libslurm-dev     # slurm/spank.h: builds the SPANK plugin in native/spank
+  stress-ng        # the competing commodity load of `hpvc bench isolation`
   python3-venv
 )
 

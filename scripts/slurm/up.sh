@@ -94,6 +94,9 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
+# Per-node TmpFS: three slurmd on one machine must not share PMIx's client
+# directories (/tmp/spmix_appdir_<uid>_<job>.<step> would clash).
+TmpFS=$SLURM_DIR/tmp/%n
 SwitchType=switch/none
 ReturnToService=2
 KillWait=5
@@ -103,6 +106,22 @@ CONF
     echo "NodeName=${NODES[$i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((BASE_PORT + 1 + i)) CPUs=$cpus RealMemory=1024 State=UNKNOWN" >>"$CONF"
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+}
+
+# hpvc's SPANK plugin (srun --hpvc=SPEC, docs/slurm.md) when it is built:
+# HPVC_SPANK_SO names the .so, HPVC_BIN the hpvc command it runs, and
+# HPVC_SPANK_ARGS extra plugstack arguments (site policy).
+write_plugstack() {
+  local so=${HPVC_SPANK_SO:-$here/../../native/spank/hpvc_spank.so}
+  local bin=${HPVC_BIN:-$here/../../.venv/bin/hpvc}
+  {
+    echo "# SPANK plugins of the hpvc test cluster (written by scripts/slurm/up.sh)"
+    if [ -e "$so" ]; then
+      echo "required $(realpath "$so") hpvc=$(realpath "$bin") state_dir=${HPVC_STATE_DIR:-/var/lib/hpvc} ${HPVC_SPANK_ARGS:-}"
+    else
+      echo "# $so is not built: 'make -C native/spank' adds srun --hpvc"
+    fi
+  } >"$SLURM_DIR/plugstack.conf"
 }
 
 start=$(date +%s.%N)
@@ -119,10 +138,9 @@ else
     chmod 755 "$SLURM_DIR"
     mkdir -p "$SLURM_DIR"/{state,run,log,munge,spool}
     chmod 700 "$SLURM_DIR/munge"
-    for n in "${NODES[@]}"; do mkdir -p "$SLURM_DIR/spool/$n"; done
+    for n in "${NODES[@]}"; do mkdir -p "$SLURM_DIR/spool/$n" "$SLURM_DIR/tmp/$n"; done
     write_conf
-    # The SPANK plugin (srun --hpvc=...) will be listed here; empty for now.
-    [ -e "$SLURM_DIR/plugstack.conf" ] || echo "# SPANK plugins for the hpvc test cluster (none yet)" >"$SLURM_DIR/plugstack.conf"
+    write_plugstack
   fi
   if [ ! -s "$MUNGE_KEY" ]; then
     (umask 077; dd if=/dev/urandom of="$MUNGE_KEY" bs=1024 count=1 status=none)
@@ -146,7 +164,10 @@ else
   fi
   for n in "${NODES[@]}"; do
     if ! ours_pid "$(slurmd_pid "$n")" slurmd >/dev/null; then
-      setsid slurmd -D -f "$CONF" -N "$n" </dev/null >>"$SLURM_DIR/log/slurmd-$n.out" 2>&1 &
+      # Tasks in hpvc nodes live in other network namespaces: the step's PMIx
+      # server must accept connections from them, not only on loopback.
+      PMIX_MCA_ptl_tcp_remote_connections=1 \
+        setsid slurmd -D -f "$CONF" -N "$n" </dev/null >>"$SLURM_DIR/log/slurmd-$n.out" 2>&1 &
       started+=("$!:slurmd $n")
     fi
   done

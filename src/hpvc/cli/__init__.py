@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from hpvc.cli import bench, cluster, doctor, image, plan, render, topology
+from hpvc.cli import bench, cluster, doctor, image, node, plan, render, topology
 from hpvc.cli.common import err_console, state
 from hpvc.errors import HpvcError
 
@@ -35,7 +35,7 @@ def _root(
     state.debug = debug
 
 
-for module in (doctor, topology, plan, render, image, cluster, bench):
+for module in (doctor, topology, plan, render, image, cluster, bench, node):
     module.register(app)
 
 

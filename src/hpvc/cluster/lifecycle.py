@@ -29,12 +29,14 @@ from hpvc.host import cgroups, hugepages, net
 from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest
 from hpvc.plan import Plan, plan_cluster
+from hpvc.plan.model import Reservations
 from hpvc.plan.reservations import Holding, holdings_of
 from hpvc.render import files as render_files
 from hpvc.render import qemu as render_qemu
 from hpvc.render.context import RenderContext
 from hpvc.spec import Spec, load_spec, parse_spec
 from hpvc.topology import read_topology
+from hpvc.topology.model import Topology
 from hpvc.units import format_cpulist
 
 Progress = Callable[[str], None]
@@ -103,6 +105,8 @@ class Env:
                 (str(self.dir / "mpi"), str(self.dir / "mpi"), False),
                 # A directory every node sees, like a cluster's shared home.
                 (str(self.dir / "shared"), SHARED_MOUNT, False),
+                # Host directories a site shares with Slurm jobs' nodes (hpvc.slurm).
+                *((p, p, False) for p in x.get("binds", [])),
             ),
             block_device=_dev(x.get("block_device")),
         )
@@ -243,9 +247,33 @@ def _start_node(env: Env, plan: Plan, node_name: str, rootfs: Path) -> None:
     inject(f"node:{node.name}")
 
 
+# How ``up`` plans: (spec, this host's name and topology, what other clusters
+# hold) -> the plan. Slurm shares plan a subset of the nodes (hpvc.slurm).
+Planner = Callable[[Spec, str, Topology, Reservations], Plan]
+
+
+def _plan_all(spec: Spec, host: str, topo: Topology, res: Reservations) -> Plan:
+    return plan_cluster(spec, [(host, topo)], res)
+
+
 def up(spec_path: str, store: Store | None = None, progress: Progress = _quiet) -> ClusterRecord:
     """Plan, then bring every node up; on any failure leave nothing behind."""
     spec = load_spec(spec_path)
+    doc = tomllib.loads(Path(spec_path).read_text())  # as written: scale edits counts
+    return up_spec(spec, doc, str(Path(spec_path).resolve()), store, progress)
+
+
+def up_spec(
+    spec: Spec,
+    doc: dict[str, Any],
+    spec_path: str,
+    store: Store | None = None,
+    progress: Progress = _quiet,
+    planner: Planner = _plan_all,
+    after_prepare: Callable[[Env, Plan], None] | None = None,
+) -> ClusterRecord:
+    """``up`` of an already loaded spec; ``planner`` and ``after_prepare`` let
+    callers (Slurm shares) plan part of a cluster and add files before nodes start."""
     preflight(spec)
     image = resolve_image(spec.image)
     t0 = time.perf_counter()
@@ -253,7 +281,7 @@ def up(spec_path: str, store: Store | None = None, progress: Progress = _quiet) 
     guest = build_guest(image, progress=progress) if spec.kind == "vm" else None
     phases["image"] = time.perf_counter() - t0
     store = store or Store()
-    rec, plan = _book(store, spec, spec_path)
+    rec, plan = _book(store, spec, doc, spec_path, planner)
     phases["plan"] = time.perf_counter() - t0 - sum(phases.values())
     rec.extra["phases"] = phases
     # A killed `up` still rolls back (only in this process: see _terminated).
@@ -261,6 +289,8 @@ def up(spec_path: str, store: Store | None = None, progress: Progress = _quiet) 
     env = Env(store, rec)
     try:
         _prepare(env, plan, spec, progress)
+        if after_prepare is not None:
+            after_prepare(env, plan)
         phases["host"] = time.perf_counter() - t0 - sum(phases.values())
         if guest is not None:
             _start_vms(env, plan, [n.name for n in plan.nodes], guest, progress)
@@ -300,19 +330,21 @@ def _terminated(owner: int) -> Callable[[int, object], None]:
     return handler
 
 
-def _book(store: Store, spec: Spec, spec_path: str) -> tuple[ClusterRecord, Plan]:
+def _book(
+    store: Store, spec: Spec, doc: dict[str, Any], spec_path: str, planner: Planner
+) -> tuple[ClusterRecord, Plan]:
     with store.lock():
         if store.load(spec.name) is not None:
             raise InputError(
                 f"cluster {spec.name!r}", "already exists", f"hpvc down {spec.name}, or rename it"
             )
         host, topo = hostname(), read_topology("/")
-        plan = plan_cluster(spec, [(host, topo)], store.reservations(exclude=spec.name))
+        plan = planner(spec, host, topo, store.reservations(exclude=spec.name))
         now = time.time()
         rec = ClusterRecord(
             name=spec.name,
-            spec=tomllib.loads(Path(spec_path).read_text()),  # as written: scale edits counts
-            spec_path=str(Path(spec_path).resolve()),
+            spec=doc,
+            spec_path=spec_path,
             plan=plan.to_json(),
             status="creating",
             created=now,

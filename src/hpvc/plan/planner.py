@@ -10,7 +10,7 @@ stay free.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from hpvc.errors import DoesNotFit, InputError
@@ -59,6 +59,7 @@ def plan_cluster(
     hosts: Sequence[tuple[str, Topology]],
     reservations: Reservations | None = None,
     existing: Plan | None = None,
+    only: Collection[str] | None = None,
 ) -> Plan:
     """Place every node of ``spec`` on ``hosts``; raise DoesNotFit if it cannot.
 
@@ -67,6 +68,10 @@ def plan_cluster(
     addresses; only the others are placed. ``reservations`` must then hold the
     other clusters only. Host hugepage counts cover every node, ``grow`` only
     the new ones.
+
+    ``only`` names the nodes to place, a share of the cluster (Slurm gives each
+    allocated host its share): they keep the names and addresses they have in
+    the whole cluster, so shares planned on different hosts fit together.
     """
     if not hosts:
         raise InputError("no hosts to plan on", "the host list is empty", "give --hosts FILE")
@@ -83,13 +88,19 @@ def plan_cluster(
     states = [host_state(n, t, rules.hpc, res.for_host(n)) for n, t in hosts]
     by_name = {h.name: h for h in states}
     wants = expand(spec)
+    if only is not None:
+        unknown = sorted(set(only) - {w.name for w, _ in wants})
+        if unknown or existing is not None:
+            raise InputError("plan of a share", f"unknown nodes {unknown}", "")
+        wants = [(w, g) for w, g in wants if w.name in only]
     kept = _kept(existing, wants, by_name)
     for node in kept.values():
         seed(by_name[node.host], node, rules)
     new = [w for w, _ in wants if w.name not in kept]
     placed = _place_all(states, new, rules)
     kept = {k: _refloat(n, by_name[n.host], rules) for k, n in kept.items()}
-    index = _address_indices(spec, kept, new)
+    # A share: every node has the address of its place in the whole spec.
+    index = _address_indices(spec, kept, new) if only is None else {w.name: w.index for w in new}
     nodes = tuple(
         kept[w.name]
         if w.name in kept

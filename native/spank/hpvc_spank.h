@@ -1,0 +1,71 @@
+/* hpvc SPANK plugin: shared declarations (see docs/slurm.md).
+ *
+ * Mechanism only: the plugin parses its plugstack.conf arguments, runs hpvc's
+ * node commands, and moves each task into the namespaces and cgroups hpvc
+ * names. Every decision (which virtual node a task runs in, what a site
+ * allows, how the cluster is split over the job's hosts) is made by
+ * `hpvc node ...` in Python. One file per SPANK context, like NVIDIA pyxis.
+ */
+#ifndef HPVC_SPANK_H
+#define HPVC_SPANK_H
+
+#include <stddef.h>
+#include <sys/types.h>
+#include <slurm/spank.h>
+
+#define HPVC_SPEC_ENV "HPVC_SPEC_B64"
+#define HPVC_SPEC_PATH_ENV "HPVC_SPEC"
+#define HPVC_MAX_TASKS 1024
+#define HPVC_MAX_CGROUPS 32
+#define HPVC_MAX_ENV 16
+#define HPVC_MAX_SITE 8
+
+/* plugstack.conf arguments (args.c) */
+struct hpvc_config {
+	char hpvc[4096];      /* the hpvc executable */
+	char state_dir[4096]; /* HPVC_STATE_DIR for the node commands */
+	char image_dir[4096]; /* HPVC_IMAGE_DIR, "" = under the state directory */
+	char *site[HPVC_MAX_SITE]; /* policy passed on as --site key=value */
+	int nsite;
+	int timeout;          /* seconds `hpvc node up` may take */
+};
+
+int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av);
+/* The environment of the node commands run as root: PATH, state and image dir. */
+void hpvc_root_env(const struct hpvc_config *cfg, char *state, size_t ssize, char *images,
+		   size_t isize, char **env, int nenv);
+void hpvc_config_free(struct hpvc_config *cfg);
+
+/* The user's --hpvc=SPEC (plugin.c) */
+extern char *hpvc_spec_arg;
+
+/* Running hpvc (run.c): argv with a NULL end; extra_env "K=V" entries are
+ * added to the environment. Captures stdout into *out (malloc'ed, NUL ended);
+ * each stderr line is logged with slurm_error("hpvc: ..."). Returns the exit
+ * status (0 = success), or -1 if it could not run or timed out. With as_root
+ * the child sets all its ids to root first (user_init runs with the user's
+ * effective ids). */
+int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_root, char **out);
+
+/* Contexts */
+int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg);   /* local.c */
+int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg); /* remote.c */
+int hpvc_task_join(spank_t sp);                                        /* task.c */
+int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.c */
+
+/* Per-task join records parsed from `hpvc node up` (remote.c, read by task.c) */
+struct hpvc_join {
+	int used;
+	pid_t pid;
+	char ns[128];   /* comma list: cgroup,ipc,uts,pid,mnt[,net] */
+	char node[64];
+	char *cgroups[HPVC_MAX_CGROUPS];
+	int ncgroups;
+	char *env[HPVC_MAX_ENV];
+	int nenv;
+};
+extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
+int hpvc_parse_joins(const char *text);
+void hpvc_free_joins(void);
+
+#endif

@@ -1,0 +1,122 @@
+/* hpvc SPANK plugin: entry points, dispatched on the SPANK context.
+ *
+ *   srun/sbatch/salloc --hpvc=SPEC   (local, allocator)  local.c
+ *   slurmstepd, once per step         (remote, user_init) remote.c
+ *   each task, before exec            (remote)            task.c
+ *   slurmd job epilog                 (job_script)        epilog.c
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <slurm/slurm.h>
+#include <string.h>
+
+#include "hpvc_spank.h"
+
+SPANK_PLUGIN(hpvc, 1);
+
+char *hpvc_spec_arg;
+static struct hpvc_config config;
+static int configured;
+
+/* Slurm passes the plugstack.conf arguments to every callback; not every
+ * context calls slurm_spank_init first (the job epilog does not). */
+static int configure(int ac, char **av)
+{
+	if (configured)
+		return 0;
+	if (hpvc_config_parse(&config, ac, av) < 0)
+		return -1;
+	configured = 1;
+	return 0;
+}
+
+static int spec_option(int val, const char *optarg, int remote)
+{
+	(void)val;
+	(void)remote;
+	if (optarg == NULL || optarg[0] == '\0') {
+		slurm_error("hpvc: --hpvc needs a spec file: --hpvc=cluster.toml");
+		return -1;
+	}
+	free(hpvc_spec_arg);
+	hpvc_spec_arg = strdup(optarg);
+	return hpvc_spec_arg ? 0 : -1;
+}
+
+static struct spank_option spec_opt = {
+	"hpvc", "SPEC",
+	"Run the job's steps inside the virtual nodes of the hpvc cluster described by SPEC (a TOML file; see docs/slurm.md)",
+	1, 0, spec_option
+};
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	/* Every context parses plugstack.conf: an unknown key fails everywhere,
+	 * so srun/sbatch refuse before a job is queued. */
+	if (configure(ac, av) < 0)
+		return -1;
+	/* Registered here rather than in a spank_options table: sbatch and
+	 * salloc (allocator context) only see options registered at init. */
+	spank_context_t ctx = spank_context();
+	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE) {
+		if (spank_option_register(sp, &spec_opt) != ESPANK_SUCCESS) {
+			slurm_error("hpvc: cannot register --hpvc");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	switch (spank_context()) {
+	case S_CTX_LOCAL:
+	case S_CTX_ALLOCATOR:
+		return hpvc_local_post_opt(sp, &config);
+	default:
+		return 0;
+	}
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	return hpvc_remote_user_init(sp, &config);
+}
+
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
+		return 0;
+	uint32_t step = 0;
+	if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= SLURM_INTERACTIVE_STEP)
+		return 0;
+	return hpvc_task_join(sp);
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	if (configure(ac, av) < 0)
+		return -1;
+	return hpvc_job_epilog(sp, &config);
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	hpvc_free_joins();
+	hpvc_config_free(&config);
+	configured = 0;
+	free(hpvc_spec_arg);
+	hpvc_spec_arg = NULL;
+	return 0;
+}

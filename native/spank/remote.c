@@ -1,0 +1,214 @@
+/* slurmstepd (remote context, user_init: once per step on each host, after the
+ * step's I/O is connected, so errors reach the user's terminal):
+ * `hpvc node up`, run as root, brings this host's share of the job's virtual
+ * cluster up (or finds it running) and prints how each local task joins its node. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <slurm/slurm.h>
+
+#include "hpvc_spank.h"
+
+struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
+
+void hpvc_free_joins(void)
+{
+	for (int t = 0; t < HPVC_MAX_TASKS; t++) {
+		for (int i = 0; i < hpvc_joins[t].ncgroups; i++)
+			free(hpvc_joins[t].cgroups[i]);
+		for (int i = 0; i < hpvc_joins[t].nenv; i++)
+			free(hpvc_joins[t].env[i]);
+		memset(&hpvc_joins[t], 0, sizeof(hpvc_joins[t]));
+	}
+}
+
+static int parse_task(const char *s, char **rest)
+{
+	errno = 0;
+	long t = strtol(s, rest, 10);
+	if (errno != 0 || *rest == s || **rest != ' ' || t < 0 || t >= HPVC_MAX_TASKS)
+		return -1;
+	(*rest)++;
+	return (int)t;
+}
+
+/* Lines: "task T PID NS NODE", "cgroup T FILE", "env T K=V"; anything else is an error. */
+int hpvc_parse_joins(const char *text)
+{
+	char *copy = strdup(text), *save = NULL, *rest;
+	if (copy == NULL)
+		return -1;
+	int rc = 0;
+	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		if (strncmp(line, "task ", 5) == 0) {
+			int t = parse_task(line + 5, &rest);
+			long pid;
+			char ns[128], node[64];
+			if (t < 0 || sscanf(rest, "%ld %127s %63s", &pid, ns, node) != 3 || pid <= 1) {
+				rc = -1;
+				break;
+			}
+			hpvc_joins[t].used = 1;
+			hpvc_joins[t].pid = (pid_t)pid;
+			strcpy(hpvc_joins[t].ns, ns);
+			strcpy(hpvc_joins[t].node, node);
+		} else if (strncmp(line, "cgroup ", 7) == 0) {
+			int t = parse_task(line + 7, &rest);
+			if (t < 0 || rest[0] != '/' || hpvc_joins[t].ncgroups >= HPVC_MAX_CGROUPS) {
+				rc = -1;
+				break;
+			}
+			hpvc_joins[t].cgroups[hpvc_joins[t].ncgroups++] = strdup(rest);
+		} else if (strncmp(line, "env ", 4) == 0) {
+			int t = parse_task(line + 4, &rest);
+			if (t < 0 || strchr(rest, '=') == NULL || hpvc_joins[t].nenv >= HPVC_MAX_ENV) {
+				rc = -1;
+				break;
+			}
+			hpvc_joins[t].env[hpvc_joins[t].nenv++] = strdup(rest);
+		} else if (line[0] != '\0') {
+			rc = -1;
+			break;
+		}
+	}
+	free(copy);
+	return rc;
+}
+
+/* This host's name (the step's node list at this node's id in the step: an
+ * srun inside a batch script inherits the batch host's SLURMD_NODENAME, so
+ * that variable cannot be trusted here), then its place in the job's list. */
+static int job_index(spank_t sp, uint32_t nodeid, int *index, int *hosts)
+{
+	char job_nodes[8192], step_nodes[8192], name[256] = "";
+	if (spank_getenv(sp, "SLURM_JOB_NODELIST", job_nodes, sizeof(job_nodes)) != ESPANK_SUCCESS ||
+	    spank_getenv(sp, "SLURM_STEP_NODELIST", step_nodes, sizeof(step_nodes)) != ESPANK_SUCCESS) {
+		slurm_error("hpvc: the step has no SLURM_JOB_NODELIST or SLURM_STEP_NODELIST");
+		return -1;
+	}
+	hostlist_t hl = slurm_hostlist_create(step_nodes);
+	char *h = NULL;
+	for (uint32_t i = 0; hl && i <= nodeid; i++) {
+		free(h);
+		h = slurm_hostlist_shift(hl);
+	}
+	if (h != NULL)
+		snprintf(name, sizeof(name), "%s", h);
+	free(h);
+	if (hl)
+		slurm_hostlist_destroy(hl);
+	hl = slurm_hostlist_create(job_nodes);
+	if (hl == NULL)
+		return -1;
+	*hosts = slurm_hostlist_count(hl);
+	*index = name[0] ? slurm_hostlist_find(hl, name) : -1;
+	slurm_hostlist_destroy(hl);
+	if (*index < 0) {
+		slurm_error("hpvc: node '%s' is not in the job's node list %s", name, job_nodes);
+		return -1;
+	}
+	return 0;
+}
+
+int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
+{
+	uint32_t job = 0, step = 0, nodeid = 0, ntasks = 0;
+	if (hpvc_spec_arg == NULL)
+		return 0;
+	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_NODEID, &nodeid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS) {
+		slurm_error("hpvc: cannot read the step's job id, step id, node id or task count");
+		return -1;
+	}
+	/* The batch script, the extern and the interactive step stay on the host:
+	 * they must reach slurmctld and run srun. Steps run in the virtual nodes. */
+	if (step >= SLURM_INTERACTIVE_STEP)
+		return 0;
+	if (ntasks > HPVC_MAX_TASKS) {
+		slurm_error("hpvc: %u tasks on one host; at most %d", ntasks, HPVC_MAX_TASKS);
+		return -1;
+	}
+	static char spec[65536 + 64];
+	memcpy(spec, HPVC_SPEC_ENV "=", sizeof(HPVC_SPEC_ENV));
+	char *value = spec + sizeof(HPVC_SPEC_ENV);
+	if (spank_getenv(sp, HPVC_SPEC_ENV, value, sizeof(spec) - sizeof(HPVC_SPEC_ENV)) != ESPANK_SUCCESS) {
+		slurm_error("hpvc: the job's environment has no %s (was it submitted with --export=NONE?)",
+			    HPVC_SPEC_ENV);
+		return -1;
+	}
+	int index = 0, hosts = 0;
+	if (job_index(sp, nodeid, &index, &hosts) < 0)
+		return -1;
+	char *cores = NULL, mpi[64] = "";
+	if (spank_get_item(sp, S_JOB_ALLOC_CORES, &cores) != ESPANK_SUCCESS)
+		cores = NULL;
+	if (spank_getenv(sp, "SLURM_MPI_TYPE", mpi, sizeof(mpi)) != ESPANK_SUCCESS)
+		mpi[0] = '\0';
+
+	char sjob[16], sindex[16], shosts[16], stasks[16], state[4200], images[4200];
+	snprintf(sjob, sizeof(sjob), "%u", job);
+	snprintf(sindex, sizeof(sindex), "%d", index);
+	snprintf(shosts, sizeof(shosts), "%d", hosts);
+	snprintf(stasks, sizeof(stasks), "%u", ntasks);
+	char *argv[24 + 2 * HPVC_MAX_SITE];
+	int k = 0;
+	argv[k++] = (char *)cfg->hpvc;
+	argv[k++] = "node";
+	argv[k++] = "up";
+	argv[k++] = "--job";
+	argv[k++] = sjob;
+	argv[k++] = "--index";
+	argv[k++] = sindex;
+	argv[k++] = "--hosts";
+	argv[k++] = shosts;
+	argv[k++] = "--tasks";
+	argv[k++] = stasks;
+	if (cores && cores[0]) {
+		argv[k++] = "--cpus";
+		argv[k++] = cores;
+	}
+	if (mpi[0]) {
+		argv[k++] = "--mpi";
+		argv[k++] = mpi;
+	}
+	for (int i = 0; i < cfg->nsite; i++) {
+		argv[k++] = "--site";
+		argv[k++] = cfg->site[i];
+	}
+	argv[k] = NULL;
+	char *env[7];
+	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), env, 6);
+	env[5] = NULL;
+	for (int i = 0; i < 6; i++) {
+		if (env[i] == NULL) {
+			env[i] = spec;
+			break;
+		}
+	}
+	env[6] = NULL;
+	char *out = NULL;
+	int rc = hpvc_run(argv, env, cfg->timeout, 1, &out);
+	if (rc != 0) {
+		free(out);
+		slurm_error("hpvc: job %u: the virtual nodes of host %d did not come up", job, index);
+		return -1;
+	}
+	hpvc_free_joins();
+	rc = hpvc_parse_joins(out);
+	free(out);
+	if (rc < 0) {
+		slurm_error("hpvc: cannot understand what `hpvc node up` printed");
+		return -1;
+	}
+	for (uint32_t t = 0; t < ntasks; t++) {
+		if (!hpvc_joins[t].used) {
+			slurm_error("hpvc: `hpvc node up` named no node for local task %u", t);
+			return -1;
+		}
+	}
+	return 0;
+}

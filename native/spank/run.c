@@ -1,0 +1,185 @@
+/* Running hpvc's node commands: fork, exec, capture stdout, log stderr, time out. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hpvc_spank.h"
+
+extern char **environ;
+
+#define MAX_OUT (1 << 20)
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Log complete stderr lines as they come; keep a partial one for later. */
+static void log_lines(char *buf, size_t *len, int flush)
+{
+	char *start = buf, *nl;
+	while ((nl = memchr(start, '\n', *len - (size_t)(start - buf))) != NULL) {
+		*nl = '\0';
+		if (*start)
+			slurm_error("hpvc: %s", strncmp(start, "hpvc: ", 6) == 0 ? start + 6 : start);
+		start = nl + 1;
+	}
+	size_t rest = *len - (size_t)(start - buf);
+	if (flush && rest > 0) {
+		buf[*len] = '\0';
+		slurm_error("hpvc: %s", start);
+		rest = 0;
+	}
+	memmove(buf, start, rest);
+	*len = rest;
+}
+
+static char **child_env(char *const extra[])
+{
+	size_t n = 0, m = 0;
+	while (environ && environ[n])
+		n++;
+	while (extra && extra[m])
+		m++;
+	char **env = calloc(n + m + 1, sizeof(char *));
+	if (env == NULL)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < m; i++)
+		env[k++] = extra[i];
+	for (size_t i = 0; i < n; i++) {
+		/* extra entries win over inherited ones of the same name */
+		const char *eq = strchr(environ[i], '=');
+		size_t klen = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
+		int dup = 0;
+		for (size_t j = 0; j < m; j++)
+			if (strncmp(extra[j], environ[i], klen) == 0 && extra[j][klen] == '=')
+				dup = 1;
+		if (!dup)
+			env[k++] = environ[i];
+	}
+	env[k] = NULL;
+	return env;
+}
+
+int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_root, char **out)
+{
+	int opipe[2], epipe[2];
+	*out = NULL;
+	if (pipe2(opipe, O_CLOEXEC) < 0)
+		return -1;
+	if (pipe2(epipe, O_CLOEXEC) < 0) {
+		close(opipe[0]);
+		close(opipe[1]);
+		return -1;
+	}
+	char **env = child_env(extra_env);
+	if (env == NULL)
+		goto fail_pipes;
+	pid_t pid = fork();
+	if (pid < 0) {
+		free(env);
+		goto fail_pipes;
+	}
+	if (pid == 0) {
+		int devnull = open("/dev/null", O_RDONLY);
+		if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(opipe[1], 1) < 0 || dup2(epipe[1], 2) < 0)
+			_exit(127);
+		/* slurmstepd runs user_init with the user's effective ids and root's
+		 * saved ones: the child takes root back for good (hpvc changes the host). */
+		if (as_root && (setresuid(0, 0, 0) < 0 || setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0)) {
+			dprintf(2, "cannot become root to run %s: %s\n", argv[0], strerror(errno));
+			_exit(126);
+		}
+		/* New session: on a timeout the whole group is killed, nothing else. */
+		setsid();
+		execve(argv[0], argv, env);
+		dprintf(2, "cannot run %s: %s (set hpvc=PATH in plugstack.conf)\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	free(env);
+	close(opipe[1]);
+	close(epipe[1]);
+
+	size_t olen = 0, ocap = 4096, elen = 0;
+	char *obuf = malloc(ocap), ebuf[4097];
+	int open_fds = 2, timed_out = 0;
+	double deadline = now_s() + timeout_s;
+	struct pollfd fds[2] = { { opipe[0], POLLIN, 0 }, { epipe[0], POLLIN, 0 } };
+	while (obuf != NULL && open_fds > 0) {
+		int left = (int)((deadline - now_s()) * 1000);
+		if (left <= 0) {
+			timed_out = 1;
+			break;
+		}
+		int r = poll(fds, 2, left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			break;
+		if (fds[0].revents) {
+			if (olen + 4096 + 1 > ocap && ocap < MAX_OUT) {
+				char *bigger = realloc(obuf, ocap * 2);
+				if (bigger == NULL)
+					break;
+				obuf = bigger;
+				ocap *= 2;
+			}
+			ssize_t n = olen + 4096 + 1 <= ocap ? read(opipe[0], obuf + olen, 4096) : 0;
+			if (n <= 0) {
+				fds[0].fd = -1;
+				open_fds--;
+			} else {
+				olen += (size_t)n;
+			}
+		}
+		if (fds[1].revents) {
+			ssize_t n = read(epipe[0], ebuf + elen, sizeof(ebuf) - 1 - elen);
+			if (n <= 0) {
+				fds[1].fd = -1;
+				open_fds--;
+			} else {
+				elen += (size_t)n;
+				log_lines(ebuf, &elen, elen == sizeof(ebuf) - 1);
+			}
+		}
+	}
+	log_lines(ebuf, &elen, 1);
+	close(opipe[0]);
+	close(epipe[0]);
+	if (timed_out) {
+		slurm_error("hpvc: %s %s did not finish in %d s (timeout= in plugstack.conf)",
+			    argv[0], argv[1] ? argv[1] : "", timeout_s);
+		kill(-pid, SIGKILL);
+	}
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	if (obuf == NULL)
+		return -1;
+	obuf[olen] = '\0';
+	*out = obuf;
+	if (timed_out)
+		return -1;
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return -1;
+
+fail_pipes:
+	close(opipe[0]);
+	close(opipe[1]);
+	close(epipe[0]);
+	close(epipe[1]);
+	return -1;
+}

@@ -1,0 +1,184 @@
+"""``hpvc node``: one host's share of a Slurm job's virtual cluster.
+
+The SPANK plugin (native/spank, docs/slurm.md) calls these; an administrator
+can call them by hand to look at or clean up a job's nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import typer
+
+from hpvc.backends import container as ct
+from hpvc.cli.common import console, err_console, print_json
+from hpvc.cluster.state import Store
+from hpvc.errors import InputError
+from hpvc.slurm import node
+
+node_app = typer.Typer(
+    help="Node-level commands for Slurm jobs (called by the hpvc SPANK plugin).",
+    no_args_is_help=True,
+)
+
+SITE_HELP = "Site rule key=value (images=a,b | kinds=container | subnets=CIDR,...); repeatable."
+
+
+def _progress(msg: str) -> None:
+    err_console.print(f"[dim]{msg}[/dim]")
+
+
+def _site(items: list[str] | None) -> node.Site:
+    return node.Site.parse(items or [])
+
+
+CHECK_HELP = """Check a spec against the site's rules; print it encoded for the job.
+
+Run by the plugin as the submitting user in srun/sbatch/salloc, so a bad spec
+stops the job before it is queued.
+
+Examples:
+
+  hpvc node check examples/slurm.toml
+
+  hpvc node check examples/slurm.toml --site images=hpc --site subnets=10.88.0.0/16
+"""
+
+
+@node_app.command("check", help=CHECK_HELP)
+def check_cmd(
+    spec: Path = typer.Argument(..., help="The cluster spec (TOML)."),
+    site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
+) -> None:
+    print(node.check(spec, _site(site)))
+
+
+UP_HELP = """Bring this host's share of a job's virtual cluster up (idempotent).
+
+The spec comes from $HPVC_SPEC_B64 (set by the plugin at submit time) or
+--spec. Prints, for each local task, how it joins its node:
+
+  task <local id> <pid> <namespaces> <node>
+  cgroup <local id> <cgroup.procs file>
+  env <local id> KEY=VALUE
+
+Examples:
+
+  hpvc node up --job 42 --index 0 --hosts 2 --tasks 2 --spec examples/slurm.toml
+
+  HPVC_SPEC_B64=... hpvc node up --job 42 --index 1 --hosts 2 --tasks 1 --mpi pmix
+"""
+
+
+@node_app.command("up", help=UP_HELP)
+def up_cmd(
+    job: int = typer.Option(..., min=1, help="Slurm job id."),
+    index: int = typer.Option(..., min=0, help="This host's place in the job's node list."),
+    hosts: int = typer.Option(..., min=1, help="The job's node count."),
+    tasks: int = typer.Option(1, min=0, help="Tasks of the step on this host."),
+    cpus: str = typer.Option("", help="The job's CPUs on this host (e.g. 0-3); default all."),
+    mpi: str = typer.Option("", help="The step's MPI plugin (SLURM_MPI_TYPE)."),
+    spec: Path | None = typer.Option(None, help="Spec file (default: $HPVC_SPEC_B64)."),
+    site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
+) -> None:
+    if os.geteuid() != 0:
+        raise InputError("hpvc node up", "needs root", "it is run by the SPANK plugin as root")
+    if spec is not None:
+        text = spec.read_text()
+    else:
+        value = os.environ.get(node.SPEC_ENV)
+        if not value:
+            raise InputError(
+                "hpvc node up", f"no spec: ${node.SPEC_ENV} is not set", "give --spec FILE"
+            )
+        text = node.decode_spec(value)
+    req = node.Request(
+        job=job,
+        index=index,
+        hosts=hosts,
+        tasks=tasks,
+        cpus=cpus,
+        mpi=mpi,
+    )
+    joins = node.up(req, text, _site(site), progress=_progress if verbose else node._quiet)
+    for j in joins:
+        for line in j.lines():
+            print(line)
+
+
+DOWN_HELP = """Take every share of a job on this host down (idempotent).
+
+Examples:
+
+  hpvc node down --job 42
+"""
+
+
+@node_app.command("down", help=DOWN_HELP)
+def down_cmd(
+    job: int = typer.Option(..., min=1, help="Slurm job id."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was taken down as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Every undo step on stderr."),
+) -> None:
+    names = node.down(job, progress=_progress if verbose else node._quiet)
+    if as_json:
+        print_json({"job": job, "removed": names})
+    elif names:
+        console.print(f"job {job}: took down {', '.join(names)}")
+    else:
+        console.print(f"job {job}: nothing on this host")
+
+
+LS_HELP = """Shares of Slurm jobs on this host.
+
+Examples:
+
+  hpvc node ls
+
+  hpvc node ls --json
+"""
+
+
+@node_app.command("ls", help=LS_HELP)
+def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
+    rows = node.listing()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        console.print("no Slurm job shares on this host")
+    for r in rows:
+        console.print(
+            f"job {r['job']} share {r['share']} ({r['cluster']}): {r['status']},"
+            f" nodes {', '.join(r['nodes'])}, {r['subnet']}"
+        )
+
+
+ENTER_HELP = """Run a command inside a virtual node of a job on this host.
+
+Examples:
+
+  hpvc node enter --job 42 --node compute0 -- hostname
+"""
+
+
+@node_app.command("enter", help=ENTER_HELP)
+def enter_cmd(
+    job: int = typer.Option(..., min=1, help="Slurm job id."),
+    vnode: str = typer.Option(..., "--node", help="Virtual node name."),
+    argv: list[str] = typer.Argument(None, help="Command (after --)."),
+) -> None:
+    store = Store()
+    for name in node.job_shares(store, job):
+        rec = store.get(name)
+        if vnode in {n.name for n in rec.the_plan().nodes}:
+            cmd = ct.exec_argv(ct.container_id(name, vnode), list(argv or ["/bin/sh"]))
+            raise typer.Exit(subprocess.run(cmd, check=False).returncode)
+    raise InputError(f"node {vnode!r}", f"no share of job {job} on this host has it", "")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(node_app, name="node")

@@ -1,0 +1,1 @@
+"""Slurm integration: the node-level commands the SPANK plugin (native/spank) calls."""

@@ -1,0 +1,508 @@
+"""Node-level commands for Slurm: one host's share of a job's virtual cluster.
+
+The SPANK plugin (native/spank) calls these as root on every allocated host:
+``hpvc node up`` when a step of the job starts there (idempotent: the first
+step brings the share up, later ones find it running), ``hpvc node down`` from
+the job epilog (after the job ended, was cancelled or failed). Policy lives
+here, the plugin only carries it out: which virtual nodes go to which host,
+which node each task runs in, which namespaces a task joins, what a site
+allows.
+
+A job's virtual cluster is split over its hosts in spec order, in blocks as
+even as possible (the head, first in most specs, lands on the first host).
+Each host plans only its share (``plan_cluster(only=...)``) on its own
+topology restricted to the CPUs Slurm gave the job, so names and addresses
+are those of the whole cluster and shares planned on different hosts fit
+together. A share is an ordinary hpvc cluster record named ``j<job>-<index>``;
+shares of one job on one machine (the local test cluster runs three slurmd on
+one machine) use one bridge. Everything a job's shares change is undone by
+``node down``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import subprocess
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from hpvc.backends import container as ct
+from hpvc.cluster import lifecycle
+from hpvc.cluster.state import ClusterRecord, Store
+from hpvc.errors import DoesNotFit, HpvcError, InputError
+from hpvc.locks import file_lock
+from hpvc.plan import Plan, plan_cluster
+from hpvc.plan.addresses import bridge_name, node_ip
+from hpvc.plan.model import Reservations
+from hpvc.plan.planner import expand
+from hpvc.spec import Spec, parse_spec
+from hpvc.topology.model import Core, NumaNode, Package, Topology
+from hpvc.units import parse_cpulist
+
+Progress = Callable[[str], None]
+SPEC_ENV = "HPVC_SPEC_B64"  # the spec travels base64-encoded in the job's environment
+MAX_SPEC_BYTES = 64 * 1024
+DEFAULT_SUBNETS = ("10.88.0.0/16",)
+# Namespaces a task joins; "net" only when the step does not use Slurm's PMIx,
+# whose server listens on the host's loopback (docs/slurm.md).
+JOIN_BASE = ("cgroup", "ipc", "uts", "pid", "mnt")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the site allows (plugstack.conf arguments, passed on by the plugin)."""
+
+    images: tuple[str, ...] = ()  # empty: any built image
+    kinds: tuple[str, ...] = ("container",)
+    subnets: tuple[str, ...] = DEFAULT_SUBNETS
+    binds: tuple[str, ...] = ()  # host directories every node sees at the same path
+
+    @classmethod
+    def parse(cls, items: Sequence[str]) -> Site:
+        """``key=value`` items, as in plugstack.conf; an unknown key is an error."""
+        site = cls()
+        for item in items:
+            key, sep, value = item.partition("=")
+            values = tuple(v for v in value.split(",") if v)
+            if not sep or not values:
+                raise InputError(f"site setting {item!r}", "not key=value", "e.g. images=hpc")
+            if key == "images":
+                site = replace(site, images=values)
+            elif key == "kinds":
+                bad = [v for v in values if v != "container"]
+                if bad:
+                    raise InputError(
+                        f"site setting kinds={value}",
+                        f"{bad[0]!r} nodes cannot run Slurm tasks yet",
+                        "kinds=container",
+                    )
+                site = replace(site, kinds=values)
+            elif key == "subnets":
+                for v in values:
+                    try:
+                        ipaddress.ip_network(v)
+                    except ValueError:
+                        raise InputError(
+                            f"site setting subnets={value}", f"{v!r} is not a network", ""
+                        ) from None
+                site = replace(site, subnets=values)
+            elif key == "binds":
+                for v in values:
+                    if not v.startswith("/") or not Path(v).is_dir():
+                        raise InputError(
+                            f"site setting binds={value}", f"{v!r} is not an absolute directory", ""
+                        )
+                site = replace(site, binds=values)
+            else:
+                raise InputError(
+                    f"site setting {key!r}", "unknown", "known: images, kinds, subnets, binds"
+                )
+        return site
+
+
+# ---- the spec: read as the user at submit time, carried in the job's env ----
+
+
+def encode_spec(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def decode_spec(value: str) -> str:
+    try:
+        raw = base64.b64decode(value.encode(), validate=True)
+        return raw.decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise InputError(
+            SPEC_ENV, "is not a base64-encoded spec", "submit with --hpvc=SPEC.toml"
+        ) from None
+
+
+def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
+    """Parse and check a spec against the site's rules; exit-2 errors name the fix."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise InputError(origin, f"larger than {MAX_SPEC_BYTES} bytes", "a spec is a small file")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(origin, f"not valid TOML: {e}", "fix the syntax") from None
+    spec = parse_spec(doc, origin)
+    if spec.kind not in site.kinds:
+        raise InputError(
+            f"{origin}: kind = {spec.kind!r}",
+            "this site runs Slurm jobs only in " + ", ".join(site.kinds) + " nodes",
+            'kind = "container"',
+        )
+    if site.images and spec.image not in site.images:
+        raise InputError(
+            f"{origin}: image = {spec.image!r}",
+            "not allowed on this site",
+            "use one of: " + ", ".join(site.images),
+        )
+    net = spec.network.network
+    allowed = [ipaddress.ip_network(s) for s in site.subnets]
+    if not any(net.version == a.version and net.subnet_of(a) for a in allowed):
+        raise InputError(
+            f"{origin}: network.subnet = {net}",
+            "outside the networks this site gives virtual clusters",
+            "pick a subnet inside " + ", ".join(site.subnets),
+        )
+    return spec, doc
+
+
+def check(path: Path, site: Site) -> str:
+    """Read and check a spec (as the submitting user); return it encoded for the job."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise InputError(f"--hpvc={path}", why, "give a readable spec file") from None
+    load(text, str(path), site)
+    return encode_spec(text)
+
+
+# ---- splitting the cluster over the job's hosts ---------------------------
+
+
+def split(spec: Spec, hosts: int) -> list[list[str]]:
+    """Virtual node names per host: spec order, blocks as even as possible."""
+    names = [w.name for w, _ in expand(spec)]
+    if hosts > len(names):
+        raise DoesNotFit(
+            f"the job has {hosts} hosts but the spec {len(names)} virtual node(s)",
+            f"ask for at most {len(names)} node(s) (-N {len(names)}) or add nodes to the spec",
+        )
+    base, extra = divmod(len(names), hosts)
+    out: list[list[str]] = []
+    start = 0
+    for i in range(hosts):
+        size = base + (1 if i < extra else 0)
+        out.append(names[start : start + size])
+        start += size
+    return out
+
+
+def share_name(job: int, index: int) -> str:
+    return f"j{job}-{index}"
+
+
+def task_nodes(share: Sequence[str], roles: dict[str, str], tasks: int) -> list[str]:
+    """The virtual node each local task runs in: round-robin over the share's
+    compute nodes (over all its nodes if it has none)."""
+    pool = [n for n in share if roles[n] == "compute"] or list(share)
+    return [pool[i % len(pool)] for i in range(tasks)]
+
+
+def restrict(topo: Topology, cpus: set[int]) -> Topology:
+    """The topology as the job sees it: only the CPUs Slurm gave it."""
+    keep = set(topo.online_cpus) & cpus
+    if not keep:
+        raise InputError(
+            "job CPUs", f"none of {sorted(cpus)} is online here", "check the Slurm node's CPUs"
+        )
+    packages = tuple(
+        Package(
+            id=p.id,
+            numa_nodes=p.numa_nodes,
+            cores=tuple(
+                Core(id=c.id, cpus=tuple(x for x in c.cpus if x in keep))
+                for c in p.cores
+                if any(x in keep for x in c.cpus)
+            ),
+        )
+        for p in topo.packages
+    )
+    nodes = tuple(
+        NumaNode(
+            id=n.id,
+            cpus=tuple(x for x in n.cpus if x in keep),
+            memory_mib=n.memory_mib,
+            free_mib=n.free_mib,
+            hugepages=n.hugepages,
+        )
+        for n in topo.numa_nodes
+    )
+    return Topology(
+        packages=tuple(p for p in packages if p.cores),
+        numa_nodes=nodes,
+        online_cpus=tuple(sorted(keep)),
+        notes=topo.notes,
+    )
+
+
+# ---- what the plugin reads back --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Join:
+    """How local task ``task`` enters its node (printed for the plugin)."""
+
+    task: int
+    node: str
+    pid: int
+    namespaces: tuple[str, ...]
+    cgroup_procs: tuple[str, ...]
+    env: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        out = [f"task {self.task} {self.pid} {','.join(self.namespaces)} {self.node}"]
+        out += [f"cgroup {self.task} {p}" for p in self.cgroup_procs]
+        out += [f"env {self.task} {kv}" for kv in self.env]
+        return out
+
+
+def container_pid(cid: str) -> int:
+    r = subprocess.run([ct.runtime(), "state", cid], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise HpvcError(f"container {cid}", "is not running", "hpvc node down, then retry")
+    return int(json.loads(r.stdout)["pid"])
+
+
+def cgroup_procs(pid: int) -> tuple[str, ...]:
+    """The ``cgroup.procs`` files of every hierarchy ``pid`` is in (v1 and v2)."""
+    mounts: dict[str, str] = {}  # controller set (or "" for v2) -> mount point
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if not rest:
+            continue
+        if rest[0] == "cgroup2":
+            mounts.setdefault("", fields[4])
+        elif rest[0] == "cgroup" and len(rest) >= 3:
+            opts = {o for o in rest[2].split(",") if o not in ("rw", "ro")}
+            for o in opts:
+                if o.startswith("name=") or o in _V1_CONTROLLERS:
+                    mounts.setdefault(o, fields[4])
+    out: list[str] = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        keys = controllers.split(",") if controllers else [""]
+        base = next((mounts[k] for k in keys if k in mounts), None)
+        if base is None:
+            continue
+        procs = str(Path(base) / path.lstrip("/") / "cgroup.procs")
+        if procs not in out and Path(procs).exists():
+            out.append(procs)
+    return tuple(out)
+
+
+_V1_CONTROLLERS = {
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "blkio",
+    "devices",
+    "freezer",
+    "net_cls",
+    "net_prio",
+    "perf_event",
+    "hugetlb",
+    "pids",
+    "rdma",
+    "misc",
+}
+
+
+def joins(
+    store: Store,
+    job: int,
+    index: int,
+    share: Sequence[str],
+    roles: dict[str, str],
+    tasks: int,
+    mpi: str,
+) -> list[Join]:
+    """One Join per local task."""
+    name = share_name(job, index)
+    pmix = mpi.startswith("pmix")
+    namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
+    out = []
+    for t, node in enumerate(task_nodes(share, roles, tasks)):
+        pid = container_pid(ct.container_id(name, node))
+        env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
+        if pmix:
+            # The PMIx server's shared-memory store lives in the host's spool
+            # directory, which tasks in the node do not see: ask it over the socket.
+            env.append("PMIX_MCA_gds=hash")
+        out.append(Join(t, node, pid, namespaces, cgroup_procs(pid), tuple(env)))
+    return out
+
+
+# ---- up and down ------------------------------------------------------------
+
+
+def jobs_dir(store: Store) -> Path:
+    d = store.root / "jobs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@contextmanager
+def job_lock(store: Store, job: int) -> Iterator[None]:
+    """Every command on one job's shares on this machine runs under this lock."""
+    with file_lock(jobs_dir(store) / f"{job}.lock"):
+        yield
+
+
+def job_shares(store: Store, job: int) -> list[str]:
+    prefix = f"j{job}-"
+    base = store.root / "clusters"
+    names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+    return [n for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()]
+
+
+def _other_subnets(store: Store, job: int) -> dict[str, str]:
+    """Subnets of the clusters on this host that are not this job's shares."""
+    mine = set(job_shares(store, job))
+    out: dict[str, str] = {}
+    for n in store.names():
+        if n in mine:
+            continue
+        rec = store.load(n)
+        if rec is not None:
+            out[n] = str(rec.plan.get("network", {}).get("subnet", ""))
+    return out
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the plugin knows about the step on this host."""
+
+    job: int
+    index: int  # this host's place in the job's node list
+    hosts: int  # the job's node count
+    tasks: int
+    cpus: str = ""  # the job's CPUs on this host (Slurm's list), "" = all
+    mpi: str = ""
+
+
+def up(
+    req: Request, text: str, site: Site, store: Store | None = None, progress: Progress = _quiet
+) -> list[Join]:
+    """Bring this host's share up (or find it running); return how tasks join."""
+    store = store or Store()
+    spec, doc = load(text, f"job {req.job} spec", site)
+    if not 0 <= req.index < req.hosts:
+        raise InputError(f"--index {req.index}", f"not a host of a {req.hosts}-host job", "")
+    index = req.index
+    shares = split(spec, req.hosts)
+    share = shares[index]
+    roles = {w.name: w.role for w, _ in expand(spec)}
+    name = share_name(req.job, index)
+    with job_lock(store, req.job):
+        rec = store.load(name)
+        if rec is not None and rec.status != "running":
+            progress(f"share {name} is {rec.status}: taking it down first")
+            _teardown(store, name, progress)
+            rec = None
+        if rec is None:
+            clash = [
+                (n, s)
+                for n, s in _other_subnets(store, req.job).items()
+                if s and ipaddress.ip_network(s).overlaps(spec.network.network)
+            ]
+            if clash:
+                raise InputError(
+                    f"network.subnet = {spec.network.network}",
+                    f"cluster {clash[0][0]!r} on this host uses {clash[0][1]}",
+                    "give this job's spec another network.subnet",
+                )
+            cpus = set(parse_cpulist(req.cpus)) if req.cpus else None
+            _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress)
+        return joins(store, req.job, index, share, roles, req.tasks, req.mpi)
+
+
+def _up_share(
+    store: Store,
+    spec: Spec,
+    doc: dict[str, Any],
+    req: Request,
+    index: int,
+    share: list[str],
+    cpus: set[int] | None,
+    binds: tuple[str, ...],
+    progress: Progress,
+) -> ClusterRecord:
+    name = share_name(req.job, index)
+    whole = spec
+    part = spec.model_copy(update={"name": name})
+    bridge = bridge_name(f"j{req.job}")
+
+    def planner(_: Spec, host: str, topo: Topology, res: Reservations) -> Plan:
+        mine = restrict(topo, cpus) if cpus is not None else topo
+        plan = plan_cluster(part, [(host, mine)], res, only=set(share))
+        return replace(plan, network=replace(plan.network, bridge=bridge))
+
+    def hosts_file(env: lifecycle.Env, _: Plan) -> None:
+        ct.write_in_place(env.dir / "hosts", hosts_text(whole, req.job))
+        env.rec.extra["binds"] = list(binds)
+
+    progress(f"share {index} of job {req.job}: {', '.join(share)}")
+    return lifecycle.up_spec(
+        part, doc, f"slurm job {req.job}", store, progress, planner, after_prepare=hosts_file
+    )
+
+
+def hosts_text(spec: Spec, job: int) -> str:
+    """/etc/hosts for every node of the whole cluster, not only this share's."""
+    lines = ["127.0.0.1\tlocalhost", f"# hpvc cluster {spec.name} of Slurm job {job}"]
+    lines += [f"{node_ip(spec.network.network, w.index)}\t{w.name}" for w, _ in expand(spec)]
+    return "\n".join(lines) + "\n"
+
+
+def _teardown(store: Store, name: str, progress: Progress) -> None:
+    errors = lifecycle.teardown(store, name, progress)
+    if errors:
+        raise HpvcError(f"share {name}", f"teardown failed: {errors[0]}", "hpvc node down again")
+
+
+def down(job: int, store: Store | None = None, progress: Progress = _quiet) -> list[str]:
+    """Take every share of ``job`` on this machine down; return their names."""
+    store = store or Store()
+    with job_lock(store, job):
+        names = job_shares(store, job)
+        for name in reversed(names):
+            progress(f"down {name}")
+            _teardown(store, name, progress)
+    with job_lock(store, job):
+        if not job_shares(store, job):
+            (jobs_dir(store) / f"{job}.lock").unlink(missing_ok=True)
+    return names
+
+
+def listing(store: Store | None = None) -> list[dict[str, Any]]:
+    """Shares of Slurm jobs on this host."""
+    store = store or Store()
+    out = []
+    for n in store.names():
+        if not n.startswith("j") or "-" not in n:
+            continue
+        rec = store.load(n)
+        if rec is None:
+            continue
+        job, _, index = n[1:].partition("-")
+        if not (job.isdigit() and index.isdigit()):
+            continue
+        plan = rec.the_plan()
+        out.append(
+            {
+                "job": int(job),
+                "share": int(index),
+                "cluster": n,
+                "status": rec.status,
+                "nodes": [x.name for x in plan.nodes],
+                "subnet": plan.network.subnet,
+            }
+        )
+    return out

@@ -1,0 +1,293 @@
+"""The SPANK plugin (native/spank) on the local Slurm test cluster, for real.
+
+One private Slurm cluster (scripts/slurm/up.sh in a temporary directory, its
+own ports) with the plugin in plugstack.conf and hpvc state in a temporary
+directory. Jobs run with ``--hpvc=SPEC``: tasks must run inside the virtual
+nodes (their hostnames, addresses and cgroups), MPI across two Slurm "hosts",
+sbatch and salloc allocations, and every way a job can end (done, failed,
+cancelled) must leave no container, namespace, cgroup or bridge behind.
+Refusals (a spec the site does not allow, an unknown plugstack key) must stop
+srun before a job exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpvc.cluster.state import Store
+from hpvc.slurm import node
+from tests.helpers import ROOT, requires
+from tests.integration.test_cluster import image_ready, leftovers
+from tests.integration.test_slurm_cluster import (
+    DOWN,
+    UP,
+    free_base_port,
+    requires_slurm,
+    wait_state,
+)
+
+SPANK_DIR = Path(ROOT) / "native" / "spank"
+HPVC = str(Path(ROOT) / ".venv" / "bin" / "hpvc")
+
+
+class Env:
+    def __init__(self, tmp: Path, env: dict[str, str], store: Store, work: Path) -> None:
+        self.tmp, self.env, self.store, self.work = tmp, env, store, work
+
+    def run(self, *argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv,
+            env=self.env,
+            cwd=self.work,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def job_leftovers(self, job: int) -> list[str]:
+        """What the shares of ``job`` could have left: records, containers,
+        namespaces, cgroups, the job's bridge, mounts, lock file."""
+        found = [f"record {n}" for n in node.job_shares(self.store, job)]
+        for i in range(3):
+            found += leftovers(node.share_name(job, i))
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+        if f" hpvc-j{job}:" in links.stdout:
+            found.append(f"bridge hpvc-j{job}")
+        if (self.store.root / "jobs" / f"{job}.lock").exists():
+            found.append(f"lock of job {job}")
+        return found
+
+    def wait_clean(self, job: int, timeout: float = 30) -> None:
+        """The epilog runs after the job ends: wait for it to have cleaned up."""
+        deadline = time.monotonic() + timeout
+        left = self.job_leftovers(job)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.3)
+            left = self.job_leftovers(job)
+        assert left == [], f"job {job} left behind: {left}"
+
+
+def spec_text(subnet: str, computes: int = 2) -> str:
+    return (
+        f'name = "sl"\nkind = "container"\nimage = "hpc"\n'
+        f'[network]\nsubnet = "{subnet}"\n'
+        '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
+        '[[nodes]]\nrole = "head"\nmemory = "128MiB"\n'
+        f'[[nodes]]\nrole = "compute"\ncount = {computes}\nmemory = "256MiB"\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Env]:
+    requires("root", "crun", "ip", "mpi")
+    requires_slurm()
+    image_ready()
+    if not Path("/usr/include/slurm/spank.h").exists():
+        if os.environ.get("HPVC_REQUIRE_ALL") == "1":
+            pytest.fail("slurm/spank.h missing (apt-get install libslurm-dev)")
+        pytest.skip("slurm/spank.h missing (apt-get install libslurm-dev)")
+    build = subprocess.run(
+        ["make", "-s", "-C", str(SPANK_DIR)], capture_output=True, text=True, check=False
+    )
+    assert build.returncode == 0, build.stderr
+    from hpvc.image import default_store
+
+    tmp = Path(tempfile.mkdtemp(prefix="hpvc-spank-test-"))
+    os.chmod(tmp, 0o755)
+    work = tmp / "work"
+    work.mkdir()
+    slurm_dir = tmp / "slurm"
+    store = Store(tmp / "hpvc")
+    env = dict(
+        os.environ,
+        HPVC_SLURM_DIR=str(slurm_dir),
+        HPVC_SLURM_PORT=str(free_base_port()),
+        HPVC_STATE_DIR=str(store.root),
+        HPVC_SPANK_SO=str(SPANK_DIR / "hpvc_spank.so"),
+        HPVC_BIN=HPVC,
+        HPVC_SPANK_ARGS=f"image_dir={default_store()} binds={work} subnets=10.88.0.0/16",
+    )
+    try:
+        r = subprocess.run(
+            ["bash", UP], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert r.returncode == 0, f"up.sh failed:\n{r.stdout}\n{r.stderr}"
+        env["SLURM_CONF"] = f"{slurm_dir}/slurm.conf"
+        yield Env(tmp, env, store, work)
+    finally:
+        subprocess.run(["bash", DOWN], env=env, capture_output=True, timeout=60, check=False)
+        # Whatever a failed test left: the hpvc state of this module, then the host.
+        for name in store.names():
+            subprocess.run(
+                [HPVC, "node", "down", "--job", name[1:].split("-")[0]],
+                env=env,
+                capture_output=True,
+                check=False,
+            )
+        left = [n for n in store.names()]
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert left == [], f"shares left after the module: {left}"
+
+
+@pytest.fixture
+def spec(slurm: Env) -> Path:
+    p = slurm.work / "cluster.toml"
+    p.write_text(spec_text(f"10.88.{100 + os.getpid() % 100}.0/24"))
+    return p
+
+
+def job_id(stderr_or_out: str) -> int:
+    for word in stderr_or_out.replace(":", " ").split():
+        if word.isdigit():
+            return int(word)
+    raise AssertionError(f"no job id in {stderr_or_out!r}")
+
+
+def last_job(slurm: Env) -> int:
+    r = slurm.run("squeue", "-h", "-t", "all", "-o", "%i")
+    ids = [int(x) for x in r.stdout.split() if x.isdigit()]
+    assert ids, f"no job known to slurmctld: {r.stdout} {r.stderr}"
+    return max(ids)
+
+
+def test_srun_tasks_run_in_the_virtual_nodes(slurm: Env, spec: Path) -> None:
+    r = slurm.run(
+        "srun", "-N2", "-n2", f"--hpvc={spec}", "sh", "-c",
+        'echo "$(hostname) $HPVC_NODE $(ip -o -4 addr show eth0 | cut -d" " -f7)'
+        ' $(grep cpuset /proc/self/cgroup)"',
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = sorted(line.split() for line in r.stdout.splitlines())
+    assert [row[0] for row in rows] == ["compute0", "compute1"], r.stdout
+    assert [row[1] for row in rows] == ["compute0", "compute1"]
+    # compute0 is the 2nd node of the spec, compute1 the 3rd: .3 and .4 of the subnet
+    assert rows[0][2].endswith(".3/24") and rows[1][2].endswith(".4/24"), r.stdout
+    job = last_job(slurm)
+    assert rows[0][3].endswith(f"/hpvc/j{job}-0/compute0"), rows[0]
+    assert rows[1][3].endswith(f"/hpvc/j{job}-1/compute1"), rows[1]
+    slurm.wait_clean(job)
+
+
+def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
+    out = slurm.work / "bin"
+    out.mkdir(exist_ok=True)
+    b = subprocess.run(
+        ["make", "-s", "-C", str(Path(ROOT) / "native" / "bench"), f"OUT={out}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert b.returncode == 0, b.stderr
+    r = slurm.run(
+        "srun", "-N2", "-n2", "--mpi=pmix", f"--hpvc={spec}",
+        str(out / "pingpong"), "65536", "20",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert rows and rows[-1]["bytes"] == 65536, r.stdout
+    assert {x["rank0"] for x in rows} == {"compute0"}  # rank 0 ran inside node compute0
+    assert all(x["latency_us"] > 0 for x in rows)
+    slurm.wait_clean(last_job(slurm))
+
+
+def test_sbatch_steps_run_in_nodes_and_script_on_host(slurm: Env, spec: Path) -> None:
+    script = slurm.work / "job.sh"
+    script.write_text(
+        "#!/bin/sh\necho batch $HPVC_NODE.\nsrun hostname\nsrun -N1 -n1 grep compute1 /etc/hosts\n"
+    )
+    r = slurm.run("sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "out-%j.txt", str(script))
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    wait_state(slurm.env, str(job), {"COMPLETED", "FAILED"}, timeout=60)
+    text = (slurm.work / f"out-{job}.txt").read_text()
+    lines = text.splitlines()
+    assert lines[0] == "batch .", text  # the script itself runs on the host
+    assert sorted(lines[1:3]) == ["compute0", "compute1"], text
+    assert lines[3].split() == [lines[3].split()[0], "compute1"], text
+    slurm.wait_clean(job)
+
+
+def test_salloc_gives_a_virtual_cluster(slurm: Env, spec: Path) -> None:
+    r = slurm.run("salloc", "-N2", f"--hpvc={spec}", "srun", "-N2", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == ["compute0", "compute1"], r.stdout
+    slurm.wait_clean(job_id(r.stderr))
+
+
+def test_scancel_mid_job_leaves_nothing(slurm: Env, spec: Path) -> None:
+    r = slurm.run(
+        "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "/dev/null", "--wrap",
+        "srun sleep 300",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + 60
+    while len(node.job_shares(slurm.store, job)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    shares = node.job_shares(slurm.store, job)
+    assert len(shares) == 2, f"job {job} shares: {shares}"
+    cancel = slurm.run("scancel", str(job))
+    assert cancel.returncode == 0, cancel.stderr
+    slurm.wait_clean(job)
+
+
+def test_failing_task_leaves_nothing(slurm: Env, spec: Path) -> None:
+    r = slurm.run("srun", "-N2", f"--hpvc={spec}", "sh", "-c", "exit 3")
+    assert r.returncode != 0
+    assert "exit code 3" in r.stderr, r.stderr
+    slurm.wait_clean(last_job(slurm))
+
+
+def test_spec_the_site_refuses_starts_no_job(slurm: Env) -> None:
+    bad = slurm.work / "outside.toml"
+    bad.write_text(spec_text("192.168.77.0/24"))
+    before = last_job(slurm)
+    r = slurm.run("srun", "-N1", f"--hpvc={bad}", "hostname")
+    assert r.returncode != 0
+    assert "hpvc:" in r.stderr and "outside the networks this site gives" in r.stderr, r.stderr
+    assert "no job was started" in r.stderr
+    assert last_job(slurm) == before  # no job id was taken
+    missing = slurm.run("srun", "-N1", f"--hpvc={slurm.work}/nope.toml", "hostname")
+    assert missing.returncode != 0 and "no such file" in missing.stderr, missing.stderr
+
+
+def test_unknown_plugstack_key_refuses(slurm: Env, spec: Path) -> None:
+    conf = Path(slurm.env["SLURM_CONF"])
+    plug = slurm.tmp / "bad-plugstack.conf"
+    line = next(
+        x for x in (conf.parent / "plugstack.conf").read_text().splitlines() if "required" in x
+    )
+    plug.write_text(line + " colour=blue\n")
+    bad_conf = slurm.tmp / "bad-slurm.conf"
+    text = conf.read_text().replace(str(conf.parent / "plugstack.conf"), str(plug))
+    bad_conf.write_text(text)
+    env = dict(slurm.env, SLURM_CONF=str(bad_conf))
+    before = last_job(slurm)
+    r = subprocess.run(
+        ["srun", "-N1", f"--hpvc={spec}", "hostname"],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "hpvc: plugstack.conf: unknown argument 'colour'" in r.stderr, r.stderr
+    assert last_job(slurm) == before
+
+
+def test_remote_failure_reaches_the_user(slurm: Env, spec: Path) -> None:
+    """A spec that passes the submit-time check but cannot come up on the host
+    (more Slurm hosts than virtual nodes) fails the step with hpvc's reason."""
+    one = slurm.work / "one.toml"
+    one.write_text(spec_text(f"10.88.{100 + os.getpid() % 100}.0/24", computes=0))
+    r = slurm.run("srun", "-N2", f"--hpvc={one}", "hostname")
+    assert "the job has 2 hosts but the spec 1 virtual node(s)" in r.stderr, r.stderr
+    assert r.stdout.strip() == ""
+    slurm.wait_clean(last_job(slurm))

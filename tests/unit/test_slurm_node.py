@@ -1,0 +1,158 @@
+"""hpvc.slurm.node's policy, without Slurm: splitting a cluster over a job's
+hosts, which node each task runs in, site rules, shares planned apart that fit
+together."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpvc.errors import DoesNotFit, InputError
+from hpvc.plan import plan_cluster
+from hpvc.plan.planner import expand
+from hpvc.slurm import node
+from hpvc.topology import read_topology
+
+SPEC = """
+name = "sl"
+image = "hpc"
+[network]
+subnet = "10.88.5.0/24"
+[tuning]
+pinning = "shared"
+hugepages = "none"
+partition = "commodity"
+[[nodes]]
+role = "head"
+memory = "128MiB"
+[[nodes]]
+role = "compute"
+count = {computes}
+memory = "256MiB"
+"""
+
+
+def spec_of(computes: int = 2) -> str:
+    return SPEC.format(computes=computes)
+
+
+def test_split_is_blocks_in_spec_order() -> None:
+    spec, _ = node.load(spec_of(4), "t", node.Site())
+    assert node.split(spec, 1) == [["head0", "compute0", "compute1", "compute2", "compute3"]]
+    assert node.split(spec, 2) == [["head0", "compute0", "compute1"], ["compute2", "compute3"]]
+    assert node.split(spec, 5) == [
+        [n] for n in ["head0", "compute0", "compute1", "compute2", "compute3"]
+    ]
+
+
+@given(computes=st.integers(0, 40), hosts=st.integers(1, 41))
+def test_split_covers_every_node_once(computes: int, hosts: int) -> None:
+    spec, _ = node.load(spec_of(computes), "t", node.Site())
+    names = [w.name for w, _ in expand(spec)]
+    if hosts > len(names):
+        with pytest.raises(DoesNotFit, match="at most"):
+            node.split(spec, hosts)
+        return
+    shares = node.split(spec, hosts)
+    assert [n for s in shares for n in s] == names
+    sizes = [len(s) for s in shares]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+def test_tasks_go_round_robin_over_compute_nodes() -> None:
+    roles = {"head0": "head", "compute0": "compute", "compute1": "compute"}
+    assert node.task_nodes(["head0", "compute0", "compute1"], roles, 5) == [
+        "compute0", "compute1", "compute0", "compute1", "compute0",
+    ]  # fmt: skip
+    assert node.task_nodes(["head0"], roles, 2) == ["head0", "head0"]
+
+
+def test_site_rules_parse_and_refuse_unknown_keys(tmp_path: Path) -> None:
+    site = node.Site.parse(["images=hpc,big", "subnets=10.1.0.0/16", f"binds={tmp_path}"])
+    assert site.images == ("hpc", "big") and site.subnets == ("10.1.0.0/16",)
+    assert site.binds == (str(tmp_path),)
+    for bad, why in [
+        (["colour=blue"], "unknown"),
+        (["images"], "not key=value"),
+        (["kinds=vm"], "cannot run Slurm tasks"),
+        (["subnets=10.1.0.0/33"], "not a network"),
+        (["binds=relative/dir"], "not an absolute directory"),
+    ]:
+        with pytest.raises(InputError, match=why) as e:
+            node.Site.parse(bad)
+        assert e.value.exit_code == 2
+
+
+def test_load_enforces_the_site() -> None:
+    site = node.Site(images=("hpc",), subnets=("10.88.0.0/16",))
+    node.load(spec_of(), "t", site)
+    with pytest.raises(InputError, match="not allowed on this site"):
+        node.load(spec_of().replace('image = "hpc"', 'image = "other"'), "t", site)
+    with pytest.raises(InputError, match="outside the networks"):
+        node.load(spec_of().replace("10.88.5.0/24", "192.168.5.0/24"), "t", site)
+    with pytest.raises(InputError, match="only in container nodes"):
+        node.load('kind = "vm"\n' + spec_of(), "t", site)
+    with pytest.raises(InputError, match="not valid TOML"):
+        node.load("name = ", "t", site)
+    with pytest.raises(InputError, match="larger than"):
+        node.load("#" * (node.MAX_SPEC_BYTES + 1), "t", site)
+
+
+def test_spec_round_trips_through_the_job_environment(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(spec_of())
+    assert node.decode_spec(node.check(p, node.Site())) == spec_of()
+    with pytest.raises(InputError, match="base64"):
+        node.decode_spec("not base64 !")
+    with pytest.raises(InputError, match="readable spec"):
+        node.check(tmp_path / "missing.toml", node.Site())
+
+
+def test_restrict_keeps_only_the_job_cpus(snapshots: dict[str, Path]) -> None:
+    topo = read_topology(snapshots["64amd64-4s2n4ca2co"])
+    job = set(topo.online_cpus[:6])
+    mine = node.restrict(topo, job)
+    assert set(mine.online_cpus) == job
+    assert {c for n in mine.numa_nodes for c in n.cpus} == job
+    assert {c for p in mine.packages for core in p.cores for c in core.cpus} == job
+    with pytest.raises(InputError, match="none of"):
+        node.restrict(topo, {100000})
+
+
+def test_shares_planned_apart_fit_together(snapshots: dict[str, Path]) -> None:
+    """Each host plans only its share, yet names and addresses are those of the
+    whole cluster: no address twice, every node once."""
+    topo = read_topology(snapshots["64amd64-4s2n4ca2co"])
+    spec, _ = node.load(spec_of(5), "t", node.Site())
+    whole = plan_cluster(spec, [("h", topo)])
+    seen: dict[str, str] = {}
+    for i, share in enumerate(node.split(spec, 3)):
+        plan = plan_cluster(spec, [(f"h{i}", topo)], only=set(share))
+        assert [n.name for n in plan.nodes] == share
+        for n in plan.nodes:
+            seen[n.name] = n.ip
+    assert seen == {n.name: n.ip for n in whole.nodes}
+    with pytest.raises(InputError):
+        plan_cluster(spec, [("h", topo)], only={"compute99"})
+
+
+def test_hosts_file_lists_the_whole_cluster() -> None:
+    spec, _ = node.load(spec_of(2), "t", node.Site())
+    text = node.hosts_text(spec, 7)
+    net = ipaddress.ip_network("10.88.5.0/24")
+    assert f"{net.network_address + 2}\thead0" in text
+    assert f"{net.network_address + 4}\tcompute1" in text
+    assert "job 7" in text
+
+
+def test_join_lines_are_what_the_plugin_parses() -> None:
+    j = node.Join(1, "compute0", 4242, ("ipc", "mnt"), ("/sys/fs/cgroup/x/cgroup.procs",), ("A=b",))
+    assert j.lines() == [
+        "task 1 4242 ipc,mnt compute0",
+        "cgroup 1 /sys/fs/cgroup/x/cgroup.procs",
+        "env 1 A=b",
+    ]
