@@ -53,7 +53,7 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg); /* remote.
 int hpvc_task_join(spank_t sp);                                        /* task.c */
 int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.c */
 
-/* Per-task join records parsed from `hpvc node up` (remote.c, read by task.c) */
+/* Join records per node slot, from `hpvc node up` or its cache (remote.c, read by task.c) */
 struct hpvc_join {
 	int used;
 	pid_t pid;
@@ -65,6 +65,7 @@ struct hpvc_join {
 	int nenv;
 };
 extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
+extern int hpvc_slots; /* local task t joins hpvc_joins[t % hpvc_slots] */
 int hpvc_parse_joins(const char *text);
 void hpvc_free_joins(void);
 

@@ -3,6 +3,9 @@
  * `hpvc node up`, run as root, brings this host's share of the job's virtual
  * cluster up (or finds it running) and prints how each local task joins its node. */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +37,8 @@ static int parse_task(const char *s, char **rest)
 	return (int)t;
 }
 
-/* Lines: "task T PID NS NODE", "cgroup T FILE", "env T K=V"; anything else is an error. */
+/* Lines: "node S PID NS NAME", "cgroup S FILE", "env S K=V" for node slot S
+ * (local task t runs in slot t mod the number of slots); anything else is an error. */
 int hpvc_parse_joins(const char *text)
 {
 	char *copy = strdup(text), *save = NULL, *rest;
@@ -42,7 +46,7 @@ int hpvc_parse_joins(const char *text)
 		return -1;
 	int rc = 0;
 	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		if (strncmp(line, "task ", 5) == 0) {
+		if (strncmp(line, "node ", 5) == 0) {
 			int t = parse_task(line + 5, &rest);
 			long pid;
 			char ns[128], node[64];
@@ -112,26 +116,76 @@ static int job_index(spank_t sp, uint32_t nodeid, int *index, int *hosts)
 	return 0;
 }
 
+int hpvc_slots;
+
+/* Parse join records; slots must be 0..n-1 without holes. Frees text. */
+static int use_joins(char *text, const char *from)
+{
+	hpvc_free_joins();
+	int rc = hpvc_parse_joins(text);
+	free(text);
+	hpvc_slots = 0;
+	while (hpvc_slots < HPVC_MAX_TASKS && hpvc_joins[hpvc_slots].used)
+		hpvc_slots++;
+	for (int t = hpvc_slots; rc == 0 && t < HPVC_MAX_TASKS; t++)
+		if (hpvc_joins[t].used)
+			rc = -1;
+	if (rc < 0 || hpvc_slots == 0) {
+		slurm_error("hpvc: cannot understand the node records of %s", from);
+		return -1;
+	}
+	return 0;
+}
+
+/* A running share's join records, written by `hpvc node up` as root: read
+ * them instead of starting hpvc again. Only a regular root-owned file that no
+ * one else may write is trusted; anything else means "ask hpvc". */
+static char *read_cache(const struct hpvc_config *cfg, uint32_t job, int index, const char *mpi)
+{
+	for (const char *p = mpi; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+		      *p == '_'))
+			return NULL;
+	char path[4300];
+	snprintf(path, sizeof(path), "%s/jobs/j%u-%d.%s.join", cfg->state_dir, job, index,
+		 mpi[0] ? mpi : "none");
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	struct stat st;
+	char *buf = NULL;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022) &&
+	    st.st_size > 0 && st.st_size < (1 << 20)) {
+		buf = malloc((size_t)st.st_size + 1);
+		if (buf != NULL) {
+			ssize_t n = read(fd, buf, (size_t)st.st_size);
+			if (n != st.st_size) {
+				free(buf);
+				buf = NULL;
+			} else {
+				buf[n] = '\0';
+			}
+		}
+	}
+	close(fd);
+	return buf;
+}
+
 int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 {
-	uint32_t job = 0, step = 0, nodeid = 0, ntasks = 0;
+	uint32_t job = 0, step = 0, nodeid = 0;
 	if (hpvc_spec_arg == NULL)
 		return 0;
 	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_NODEID, &nodeid) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS) {
-		slurm_error("hpvc: cannot read the step's job id, step id, node id or task count");
+	    spank_get_item(sp, S_JOB_NODEID, &nodeid) != ESPANK_SUCCESS) {
+		slurm_error("hpvc: cannot read the step's job id, step id or node id");
 		return -1;
 	}
 	/* The batch script, the extern and the interactive step stay on the host:
 	 * they must reach slurmctld and run srun. Steps run in the virtual nodes. */
 	if (step >= SLURM_INTERACTIVE_STEP)
 		return 0;
-	if (ntasks > HPVC_MAX_TASKS) {
-		slurm_error("hpvc: %u tasks on one host; at most %d", ntasks, HPVC_MAX_TASKS);
-		return -1;
-	}
 	static char spec[65536 + 64];
 	memcpy(spec, HPVC_SPEC_ENV "=", sizeof(HPVC_SPEC_ENV));
 	char *value = spec + sizeof(HPVC_SPEC_ENV);
@@ -149,11 +203,14 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	if (spank_getenv(sp, "SLURM_MPI_TYPE", mpi, sizeof(mpi)) != ESPANK_SUCCESS)
 		mpi[0] = '\0';
 
-	char sjob[16], sindex[16], shosts[16], stasks[16], state[4200], images[4200];
+	char *cached = read_cache(cfg, job, index, mpi);
+	if (cached != NULL)
+		return use_joins(cached, "the running share");
+
+	char sjob[16], sindex[16], shosts[16], state[4200], images[4200];
 	snprintf(sjob, sizeof(sjob), "%u", job);
 	snprintf(sindex, sizeof(sindex), "%d", index);
 	snprintf(shosts, sizeof(shosts), "%d", hosts);
-	snprintf(stasks, sizeof(stasks), "%u", ntasks);
 	char *argv[24 + 2 * HPVC_MAX_SITE];
 	int k = 0;
 	argv[k++] = (char *)cfg->hpvc;
@@ -165,8 +222,6 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	argv[k++] = sindex;
 	argv[k++] = "--hosts";
 	argv[k++] = shosts;
-	argv[k++] = "--tasks";
-	argv[k++] = stasks;
 	if (cores && cores[0]) {
 		argv[k++] = "--cpus";
 		argv[k++] = cores;
@@ -197,18 +252,5 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 		slurm_error("hpvc: job %u: the virtual nodes of host %d did not come up", job, index);
 		return -1;
 	}
-	hpvc_free_joins();
-	rc = hpvc_parse_joins(out);
-	free(out);
-	if (rc < 0) {
-		slurm_error("hpvc: cannot understand what `hpvc node up` printed");
-		return -1;
-	}
-	for (uint32_t t = 0; t < ntasks; t++) {
-		if (!hpvc_joins[t].used) {
-			slurm_error("hpvc: `hpvc node up` named no node for local task %u", t);
-			return -1;
-		}
-	}
-	return 0;
+	return use_joins(out, "`hpvc node up`");
 }

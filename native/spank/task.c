@@ -98,12 +98,11 @@ static void relay(pid_t child)
 int hpvc_task_join(spank_t sp)
 {
 	int task = -1;
-	if (spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task < 0 || task >= HPVC_MAX_TASKS ||
-	    !hpvc_joins[task].used) {
+	if (spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task < 0 || hpvc_slots <= 0) {
 		slurm_error("hpvc: no virtual node for local task %d", task);
 		return -1;
 	}
-	const struct hpvc_join *j = &hpvc_joins[task];
+	const struct hpvc_join *j = &hpvc_joins[task % hpvc_slots];
 	int fds[NNS];
 	for (size_t i = 0; i < NNS; i++) {
 		fds[i] = -1;

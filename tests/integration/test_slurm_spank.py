@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster.state import Store
-from hpvc.slurm import node
+from hpvc.slurm import node, policy
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import image_ready, leftovers
 from tests.integration.test_slurm_cluster import (
@@ -59,12 +59,13 @@ class Env:
         namespaces, cgroups, the job's bridge, mounts, lock file."""
         found = [f"record {n}" for n in node.job_shares(self.store, job)]
         for i in range(3):
-            found += leftovers(node.share_name(job, i))
+            found += leftovers(policy.share_name(job, i))
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
         if f" hpvc-j{job}:" in links.stdout:
             found.append(f"bridge hpvc-j{job}")
         if (self.store.root / "jobs" / f"{job}.lock").exists():
             found.append(f"lock of job {job}")
+        found += [str(p) for p in (self.store.root / "jobs").glob(f"j{job}-*.join")]
         return found
 
     def wait_clean(self, job: int, timeout: float = 30) -> None:
@@ -218,10 +219,22 @@ def test_sbatch_steps_run_in_nodes_and_script_on_host(slurm: Env, spec: Path) ->
 
 
 def test_salloc_gives_a_virtual_cluster(slurm: Env, spec: Path) -> None:
-    r = slurm.run("salloc", "-N2", f"--hpvc={spec}", "srun", "-N2", "hostname")
+    """The first step brings the nodes up; the second joins them from the
+    plugin's cache of the running shares (no hpvc process), same nodes."""
+    script = (
+        "srun -N2 -n2 hostname; ls $HPVC_STATE_DIR/jobs/; "
+        "srun -N2 -n4 sh -c 'test -e /proc/self/status && echo $(hostname) in-pid-ns'"
+    )
+    r = slurm.run("salloc", "-N2", "-n4", f"--hpvc={spec}", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
-    assert sorted(r.stdout.split()) == ["compute0", "compute1"], r.stdout
-    slurm.wait_clean(job_id(r.stderr))
+    job = job_id(r.stderr)
+    lines = r.stdout.split("\n")
+    assert sorted(lines[:2]) == ["compute0", "compute1"], r.stdout
+    assert f"j{job}-0.none.join" in r.stdout and f"j{job}-1.none.join" in r.stdout, r.stdout
+    second = sorted(x for x in lines if x.startswith("compute") and " " in x)
+    # 4 tasks on 2 hosts, each in its host's compute node, inside its PID namespace
+    assert second == ["compute0 in-pid-ns"] * 2 + ["compute1 in-pid-ns"] * 2, r.stdout
+    slurm.wait_clean(job)
 
 
 def test_scancel_mid_job_leaves_nothing(slurm: Env, spec: Path) -> None:
@@ -291,3 +304,22 @@ def test_remote_failure_reaches_the_user(slurm: Env, spec: Path) -> None:
     assert "the job has 2 hosts but the spec 1 virtual node(s)" in r.stderr, r.stderr
     assert r.stdout.strip() == ""
     slurm.wait_clean(last_job(slurm))
+
+
+def test_bench_slurm_measures_both_paths() -> None:
+    """`hpvc bench slurm` on its own private Slurm cluster, one repetition."""
+    requires("root", "crun", "ip")
+    requires_slurm()
+    image_ready()
+    from hpvc.bench import slurm as bench
+
+    doc = bench.run(1)
+    rows = {t["what"]: t for t in doc["table"]}
+    assert set(rows) == set(bench.WHAT)
+    for t in rows.values():
+        assert t["plain"]["min"] > 0 and t["hpvc"]["min"] > 0
+    # bringing nodes up costs more than joining running ones
+    assert (
+        rows["alloc_first_step_N3"]["hpvc"]["median"]
+        > rows["alloc_later_step_N3"]["hpvc"]["median"]
+    )

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hpvc.errors import DoesNotFit, InputError
 from hpvc.plan import plan_cluster
 from hpvc.plan.planner import expand
-from hpvc.slurm import node
+from hpvc.slurm import node, policy
 from hpvc.topology import read_topology
 
 SPEC = """
@@ -41,38 +41,36 @@ def spec_of(computes: int = 2) -> str:
 
 
 def test_split_is_blocks_in_spec_order() -> None:
-    spec, _ = node.load(spec_of(4), "t", node.Site())
-    assert node.split(spec, 1) == [["head0", "compute0", "compute1", "compute2", "compute3"]]
-    assert node.split(spec, 2) == [["head0", "compute0", "compute1"], ["compute2", "compute3"]]
-    assert node.split(spec, 5) == [
+    spec, _ = policy.load(spec_of(4), "t", policy.Site())
+    assert policy.split(spec, 1) == [["head0", "compute0", "compute1", "compute2", "compute3"]]
+    assert policy.split(spec, 2) == [["head0", "compute0", "compute1"], ["compute2", "compute3"]]
+    assert policy.split(spec, 5) == [
         [n] for n in ["head0", "compute0", "compute1", "compute2", "compute3"]
     ]
 
 
 @given(computes=st.integers(0, 40), hosts=st.integers(1, 41))
 def test_split_covers_every_node_once(computes: int, hosts: int) -> None:
-    spec, _ = node.load(spec_of(computes), "t", node.Site())
+    spec, _ = policy.load(spec_of(computes), "t", policy.Site())
     names = [w.name for w, _ in expand(spec)]
     if hosts > len(names):
         with pytest.raises(DoesNotFit, match="at most"):
-            node.split(spec, hosts)
+            policy.split(spec, hosts)
         return
-    shares = node.split(spec, hosts)
+    shares = policy.split(spec, hosts)
     assert [n for s in shares for n in s] == names
     sizes = [len(s) for s in shares]
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 
 
-def test_tasks_go_round_robin_over_compute_nodes() -> None:
+def test_tasks_run_in_the_compute_nodes() -> None:
     roles = {"head0": "head", "compute0": "compute", "compute1": "compute"}
-    assert node.task_nodes(["head0", "compute0", "compute1"], roles, 5) == [
-        "compute0", "compute1", "compute0", "compute1", "compute0",
-    ]  # fmt: skip
-    assert node.task_nodes(["head0"], roles, 2) == ["head0", "head0"]
+    assert policy.task_pool(["head0", "compute0", "compute1"], roles) == ["compute0", "compute1"]
+    assert policy.task_pool(["head0"], roles) == ["head0"]
 
 
 def test_site_rules_parse_and_refuse_unknown_keys(tmp_path: Path) -> None:
-    site = node.Site.parse(["images=hpc,big", "subnets=10.1.0.0/16", f"binds={tmp_path}"])
+    site = policy.Site.parse(["images=hpc,big", "subnets=10.1.0.0/16", f"binds={tmp_path}"])
     assert site.images == ("hpc", "big") and site.subnets == ("10.1.0.0/16",)
     assert site.binds == (str(tmp_path),)
     for bad, why in [
@@ -83,54 +81,54 @@ def test_site_rules_parse_and_refuse_unknown_keys(tmp_path: Path) -> None:
         (["binds=relative/dir"], "not an absolute directory"),
     ]:
         with pytest.raises(InputError, match=why) as e:
-            node.Site.parse(bad)
+            policy.Site.parse(bad)
         assert e.value.exit_code == 2
 
 
 def test_load_enforces_the_site() -> None:
-    site = node.Site(images=("hpc",), subnets=("10.88.0.0/16",))
-    node.load(spec_of(), "t", site)
+    site = policy.Site(images=("hpc",), subnets=("10.88.0.0/16",))
+    policy.load(spec_of(), "t", site)
     with pytest.raises(InputError, match="not allowed on this site"):
-        node.load(spec_of().replace('image = "hpc"', 'image = "other"'), "t", site)
+        policy.load(spec_of().replace('image = "hpc"', 'image = "other"'), "t", site)
     with pytest.raises(InputError, match="outside the networks"):
-        node.load(spec_of().replace("10.88.5.0/24", "192.168.5.0/24"), "t", site)
+        policy.load(spec_of().replace("10.88.5.0/24", "192.168.5.0/24"), "t", site)
     with pytest.raises(InputError, match="only in container nodes"):
-        node.load('kind = "vm"\n' + spec_of(), "t", site)
+        policy.load('kind = "vm"\n' + spec_of(), "t", site)
     with pytest.raises(InputError, match="not valid TOML"):
-        node.load("name = ", "t", site)
+        policy.load("name = ", "t", site)
     with pytest.raises(InputError, match="larger than"):
-        node.load("#" * (node.MAX_SPEC_BYTES + 1), "t", site)
+        policy.load("#" * (policy.MAX_SPEC_BYTES + 1), "t", site)
 
 
 def test_spec_round_trips_through_the_job_environment(tmp_path: Path) -> None:
     p = tmp_path / "c.toml"
     p.write_text(spec_of())
-    assert node.decode_spec(node.check(p, node.Site())) == spec_of()
+    assert policy.decode_spec(policy.check(p, policy.Site())) == spec_of()
     with pytest.raises(InputError, match="base64"):
-        node.decode_spec("not base64 !")
+        policy.decode_spec("not base64 !")
     with pytest.raises(InputError, match="readable spec"):
-        node.check(tmp_path / "missing.toml", node.Site())
+        policy.check(tmp_path / "missing.toml", policy.Site())
 
 
 def test_restrict_keeps_only_the_job_cpus(snapshots: dict[str, Path]) -> None:
     topo = read_topology(snapshots["64amd64-4s2n4ca2co"])
     job = set(topo.online_cpus[:6])
-    mine = node.restrict(topo, job)
+    mine = policy.restrict(topo, job)
     assert set(mine.online_cpus) == job
     assert {c for n in mine.numa_nodes for c in n.cpus} == job
     assert {c for p in mine.packages for core in p.cores for c in core.cpus} == job
     with pytest.raises(InputError, match="none of"):
-        node.restrict(topo, {100000})
+        policy.restrict(topo, {100000})
 
 
 def test_shares_planned_apart_fit_together(snapshots: dict[str, Path]) -> None:
     """Each host plans only its share, yet names and addresses are those of the
     whole cluster: no address twice, every node once."""
     topo = read_topology(snapshots["64amd64-4s2n4ca2co"])
-    spec, _ = node.load(spec_of(5), "t", node.Site())
+    spec, _ = policy.load(spec_of(5), "t", policy.Site())
     whole = plan_cluster(spec, [("h", topo)])
     seen: dict[str, str] = {}
-    for i, share in enumerate(node.split(spec, 3)):
+    for i, share in enumerate(policy.split(spec, 3)):
         plan = plan_cluster(spec, [(f"h{i}", topo)], only=set(share))
         assert [n.name for n in plan.nodes] == share
         for n in plan.nodes:
@@ -141,8 +139,8 @@ def test_shares_planned_apart_fit_together(snapshots: dict[str, Path]) -> None:
 
 
 def test_hosts_file_lists_the_whole_cluster() -> None:
-    spec, _ = node.load(spec_of(2), "t", node.Site())
-    text = node.hosts_text(spec, 7)
+    spec, _ = policy.load(spec_of(2), "t", policy.Site())
+    text = policy.hosts_text(spec, 7)
     net = ipaddress.ip_network("10.88.5.0/24")
     assert f"{net.network_address + 2}\thead0" in text
     assert f"{net.network_address + 4}\tcompute1" in text
@@ -152,7 +150,16 @@ def test_hosts_file_lists_the_whole_cluster() -> None:
 def test_join_lines_are_what_the_plugin_parses() -> None:
     j = node.Join(1, "compute0", 4242, ("ipc", "mnt"), ("/sys/fs/cgroup/x/cgroup.procs",), ("A=b",))
     assert j.lines() == [
-        "task 1 4242 ipc,mnt compute0",
+        "node 1 4242 ipc,mnt compute0",
         "cgroup 1 /sys/fs/cgroup/x/cgroup.procs",
         "env 1 A=b",
     ]
+
+
+def test_cache_path_only_for_plain_mpi_names(tmp_path: Path) -> None:
+    from hpvc.cluster.state import Store
+
+    store = Store(tmp_path)
+    assert node.cache_path(store, "j5-0", "") == tmp_path / "jobs" / "j5-0.none.join"
+    assert node.cache_path(store, "j5-0", "pmix_v4") == tmp_path / "jobs" / "j5-0.pmix_v4.join"
+    assert node.cache_path(store, "j5-0", "../../etc") is None

@@ -1,42 +1,25 @@
-"""The ``hpvc`` command line. One module per command; parse, call, print."""
+"""The ``hpvc`` command line. One module per command; parse, call, print.
+
+The command tree lives in hpvc.cli.tree and is imported on first use: `hpvc
+node ...`, which the Slurm plugin runs for every job, loads only its own
+commands, not the benchmarks and their plotting.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-import typer
-
-from hpvc.cli import bench, cluster, doctor, image, node, plan, render, topology
 from hpvc.cli.common import err_console, state
 from hpvc.errors import HpvcError
 
-app = typer.Typer(
-    name="hpvc",
-    help=(
-        "High Performance Virtual Clusters: describe a cluster in one spec file and run it"
-        " as tuned VMs or containers.\n\n"
-        "Examples:\n\n"
-        "  hpvc doctor\n\n"
-        "  hpvc topology --json\n\n"
-        "  hpvc plan examples/small.toml\n\n"
-        "  hpvc render examples/cluster.toml --out build/demo"
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
 
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from hpvc.cli.tree import app
 
-@app.callback()
-def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-) -> None:
-    state.debug = debug
-
-
-for module in (doctor, topology, plan, render, image, cluster, bench, node):
-    module.register(app)
+        return app
+    raise AttributeError(name)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,8 +28,16 @@ def main(argv: list[str] | None = None) -> None:
     Typer (standalone mode) reports usage errors itself with exit code 2 and
     lets every other exception through; ours become one line, no traceback.
     """
+    args = sys.argv[1:] if argv is None else argv
     try:
-        app(args=sys.argv[1:] if argv is None else argv, prog_name="hpvc")
+        if args[:1] == ["node"]:
+            from hpvc.cli.node import node_app
+
+            node_app(args=args[1:], prog_name="hpvc node")
+            return
+        from hpvc.cli.tree import app
+
+        app(args=args, prog_name="hpvc")
     except HpvcError as e:
         if state.debug:
             raise

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import typer
 
-from hpvc.backends import container as ct
 from hpvc.cli.common import console, err_console, print_json
-from hpvc.cluster.state import Store
 from hpvc.errors import InputError
-from hpvc.slurm import node
+from hpvc.slurm import policy
+
+# hpvc.slurm.node (host changes: cgroups, netlink, crun) is imported by the
+# commands that need it: `hpvc node check` runs in every srun and sbatch and
+# must start fast.
 
 node_app = typer.Typer(
     help="Node-level commands for Slurm jobs (called by the hpvc SPANK plugin).",
@@ -30,8 +32,8 @@ def _progress(msg: str) -> None:
     err_console.print(f"[dim]{msg}[/dim]")
 
 
-def _site(items: list[str] | None) -> node.Site:
-    return node.Site.parse(items or [])
+def _site(items: list[str] | None) -> policy.Site:
+    return policy.Site.parse(items or [])
 
 
 CHECK_HELP = """Check a spec against the site's rules; print it encoded for the job.
@@ -52,7 +54,7 @@ def check_cmd(
     spec: Path = typer.Argument(..., help="The cluster spec (TOML)."),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
 ) -> None:
-    print(node.check(spec, _site(site)))
+    print(policy.check(spec, _site(site)))
 
 
 UP_HELP = """Bring this host's share of a job's virtual cluster up (idempotent).
@@ -66,9 +68,9 @@ The spec comes from $HPVC_SPEC_B64 (set by the plugin at submit time) or
 
 Examples:
 
-  hpvc node up --job 42 --index 0 --hosts 2 --tasks 2 --spec examples/slurm.toml
+  hpvc node up --job 42 --index 0 --hosts 2 --spec examples/slurm.toml
 
-  HPVC_SPEC_B64=... hpvc node up --job 42 --index 1 --hosts 2 --tasks 1 --mpi pmix
+  HPVC_SPEC_B64=... hpvc node up --job 42 --index 1 --hosts 2 --mpi pmix
 """
 
 
@@ -77,29 +79,29 @@ def up_cmd(
     job: int = typer.Option(..., min=1, help="Slurm job id."),
     index: int = typer.Option(..., min=0, help="This host's place in the job's node list."),
     hosts: int = typer.Option(..., min=1, help="The job's node count."),
-    tasks: int = typer.Option(1, min=0, help="Tasks of the step on this host."),
     cpus: str = typer.Option("", help="The job's CPUs on this host (e.g. 0-3); default all."),
     mpi: str = typer.Option("", help="The step's MPI plugin (SLURM_MPI_TYPE)."),
     spec: Path | None = typer.Option(None, help="Spec file (default: $HPVC_SPEC_B64)."),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
 ) -> None:
+    from hpvc.slurm import node
+
     if os.geteuid() != 0:
         raise InputError("hpvc node up", "needs root", "it is run by the SPANK plugin as root")
     if spec is not None:
         text = spec.read_text()
     else:
-        value = os.environ.get(node.SPEC_ENV)
+        value = os.environ.get(policy.SPEC_ENV)
         if not value:
             raise InputError(
-                "hpvc node up", f"no spec: ${node.SPEC_ENV} is not set", "give --spec FILE"
+                "hpvc node up", f"no spec: ${policy.SPEC_ENV} is not set", "give --spec FILE"
             )
-        text = node.decode_spec(value)
+        text = policy.decode_spec(value)
     req = node.Request(
         job=job,
         index=index,
         hosts=hosts,
-        tasks=tasks,
         cpus=cpus,
         mpi=mpi,
     )
@@ -123,6 +125,8 @@ def down_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print what was taken down as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Every undo step on stderr."),
 ) -> None:
+    from hpvc.slurm import node
+
     names = node.down(job, progress=_progress if verbose else node._quiet)
     if as_json:
         print_json({"job": job, "removed": names})
@@ -144,6 +148,8 @@ Examples:
 
 @node_app.command("ls", help=LS_HELP)
 def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
+    from hpvc.slurm import node
+
     rows = node.listing()
     if as_json:
         print_json(rows)
@@ -171,6 +177,10 @@ def enter_cmd(
     vnode: str = typer.Option(..., "--node", help="Virtual node name."),
     argv: list[str] = typer.Argument(None, help="Command (after --)."),
 ) -> None:
+    from hpvc.backends import container as ct
+    from hpvc.cluster.state import Store
+    from hpvc.slurm import node
+
     store = Store()
     for name in node.job_shares(store, job):
         rec = store.get(name)

@@ -21,12 +21,11 @@ one machine) use one bridge. Everything a job's shares change is undone by
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import json
+import os
+import re
 import subprocess
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -36,20 +35,26 @@ from typing import Any
 from hpvc.backends import container as ct
 from hpvc.cluster import lifecycle
 from hpvc.cluster.state import ClusterRecord, Store
-from hpvc.errors import DoesNotFit, HpvcError, InputError
+from hpvc.errors import HpvcError, InputError
 from hpvc.locks import file_lock
 from hpvc.plan import Plan, plan_cluster
-from hpvc.plan.addresses import bridge_name, node_ip
+from hpvc.plan.addresses import bridge_name
 from hpvc.plan.model import Reservations
 from hpvc.plan.planner import expand
-from hpvc.spec import Spec, parse_spec
-from hpvc.topology.model import Core, NumaNode, Package, Topology
+from hpvc.slurm.policy import (
+    Site,
+    hosts_text,
+    load,
+    restrict,
+    share_name,
+    split,
+    task_pool,
+)
+from hpvc.spec import Spec
+from hpvc.topology.model import Topology
 from hpvc.units import parse_cpulist
 
 Progress = Callable[[str], None]
-SPEC_ENV = "HPVC_SPEC_B64"  # the spec travels base64-encoded in the job's environment
-MAX_SPEC_BYTES = 64 * 1024
-DEFAULT_SUBNETS = ("10.88.0.0/16",)
 # Namespaces a task joins; "net" only when the step does not use Slurm's PMIx,
 # whose server listens on the host's loopback (docs/slurm.md).
 JOIN_BASE = ("cgroup", "ipc", "uts", "pid", "mnt")
@@ -59,195 +64,14 @@ def _quiet(_: str) -> None:
     pass
 
 
-@dataclass(frozen=True)
-class Site:
-    """What the site allows (plugstack.conf arguments, passed on by the plugin)."""
-
-    images: tuple[str, ...] = ()  # empty: any built image
-    kinds: tuple[str, ...] = ("container",)
-    subnets: tuple[str, ...] = DEFAULT_SUBNETS
-    binds: tuple[str, ...] = ()  # host directories every node sees at the same path
-
-    @classmethod
-    def parse(cls, items: Sequence[str]) -> Site:
-        """``key=value`` items, as in plugstack.conf; an unknown key is an error."""
-        site = cls()
-        for item in items:
-            key, sep, value = item.partition("=")
-            values = tuple(v for v in value.split(",") if v)
-            if not sep or not values:
-                raise InputError(f"site setting {item!r}", "not key=value", "e.g. images=hpc")
-            if key == "images":
-                site = replace(site, images=values)
-            elif key == "kinds":
-                bad = [v for v in values if v != "container"]
-                if bad:
-                    raise InputError(
-                        f"site setting kinds={value}",
-                        f"{bad[0]!r} nodes cannot run Slurm tasks yet",
-                        "kinds=container",
-                    )
-                site = replace(site, kinds=values)
-            elif key == "subnets":
-                for v in values:
-                    try:
-                        ipaddress.ip_network(v)
-                    except ValueError:
-                        raise InputError(
-                            f"site setting subnets={value}", f"{v!r} is not a network", ""
-                        ) from None
-                site = replace(site, subnets=values)
-            elif key == "binds":
-                for v in values:
-                    if not v.startswith("/") or not Path(v).is_dir():
-                        raise InputError(
-                            f"site setting binds={value}", f"{v!r} is not an absolute directory", ""
-                        )
-                site = replace(site, binds=values)
-            else:
-                raise InputError(
-                    f"site setting {key!r}", "unknown", "known: images, kinds, subnets, binds"
-                )
-        return site
-
-
-# ---- the spec: read as the user at submit time, carried in the job's env ----
-
-
-def encode_spec(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def decode_spec(value: str) -> str:
-    try:
-        raw = base64.b64decode(value.encode(), validate=True)
-        return raw.decode()
-    except (binascii.Error, UnicodeDecodeError):
-        raise InputError(
-            SPEC_ENV, "is not a base64-encoded spec", "submit with --hpvc=SPEC.toml"
-        ) from None
-
-
-def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
-    """Parse and check a spec against the site's rules; exit-2 errors name the fix."""
-    if len(text.encode()) > MAX_SPEC_BYTES:
-        raise InputError(origin, f"larger than {MAX_SPEC_BYTES} bytes", "a spec is a small file")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(origin, f"not valid TOML: {e}", "fix the syntax") from None
-    spec = parse_spec(doc, origin)
-    if spec.kind not in site.kinds:
-        raise InputError(
-            f"{origin}: kind = {spec.kind!r}",
-            "this site runs Slurm jobs only in " + ", ".join(site.kinds) + " nodes",
-            'kind = "container"',
-        )
-    if site.images and spec.image not in site.images:
-        raise InputError(
-            f"{origin}: image = {spec.image!r}",
-            "not allowed on this site",
-            "use one of: " + ", ".join(site.images),
-        )
-    net = spec.network.network
-    allowed = [ipaddress.ip_network(s) for s in site.subnets]
-    if not any(net.version == a.version and net.subnet_of(a) for a in allowed):
-        raise InputError(
-            f"{origin}: network.subnet = {net}",
-            "outside the networks this site gives virtual clusters",
-            "pick a subnet inside " + ", ".join(site.subnets),
-        )
-    return spec, doc
-
-
-def check(path: Path, site: Site) -> str:
-    """Read and check a spec (as the submitting user); return it encoded for the job."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        why = e.strerror or str(e)
-        raise InputError(f"--hpvc={path}", why, "give a readable spec file") from None
-    load(text, str(path), site)
-    return encode_spec(text)
-
-
-# ---- splitting the cluster over the job's hosts ---------------------------
-
-
-def split(spec: Spec, hosts: int) -> list[list[str]]:
-    """Virtual node names per host: spec order, blocks as even as possible."""
-    names = [w.name for w, _ in expand(spec)]
-    if hosts > len(names):
-        raise DoesNotFit(
-            f"the job has {hosts} hosts but the spec {len(names)} virtual node(s)",
-            f"ask for at most {len(names)} node(s) (-N {len(names)}) or add nodes to the spec",
-        )
-    base, extra = divmod(len(names), hosts)
-    out: list[list[str]] = []
-    start = 0
-    for i in range(hosts):
-        size = base + (1 if i < extra else 0)
-        out.append(names[start : start + size])
-        start += size
-    return out
-
-
-def share_name(job: int, index: int) -> str:
-    return f"j{job}-{index}"
-
-
-def task_nodes(share: Sequence[str], roles: dict[str, str], tasks: int) -> list[str]:
-    """The virtual node each local task runs in: round-robin over the share's
-    compute nodes (over all its nodes if it has none)."""
-    pool = [n for n in share if roles[n] == "compute"] or list(share)
-    return [pool[i % len(pool)] for i in range(tasks)]
-
-
-def restrict(topo: Topology, cpus: set[int]) -> Topology:
-    """The topology as the job sees it: only the CPUs Slurm gave it."""
-    keep = set(topo.online_cpus) & cpus
-    if not keep:
-        raise InputError(
-            "job CPUs", f"none of {sorted(cpus)} is online here", "check the Slurm node's CPUs"
-        )
-    packages = tuple(
-        Package(
-            id=p.id,
-            numa_nodes=p.numa_nodes,
-            cores=tuple(
-                Core(id=c.id, cpus=tuple(x for x in c.cpus if x in keep))
-                for c in p.cores
-                if any(x in keep for x in c.cpus)
-            ),
-        )
-        for p in topo.packages
-    )
-    nodes = tuple(
-        NumaNode(
-            id=n.id,
-            cpus=tuple(x for x in n.cpus if x in keep),
-            memory_mib=n.memory_mib,
-            free_mib=n.free_mib,
-            hugepages=n.hugepages,
-        )
-        for n in topo.numa_nodes
-    )
-    return Topology(
-        packages=tuple(p for p in packages if p.cores),
-        numa_nodes=nodes,
-        online_cpus=tuple(sorted(keep)),
-        notes=topo.notes,
-    )
-
-
 # ---- what the plugin reads back --------------------------------------------
 
 
 @dataclass(frozen=True)
 class Join:
-    """How local task ``task`` enters its node (printed for the plugin)."""
+    """How a task enters node ``slot`` of the pool (printed for the plugin)."""
 
-    task: int
+    slot: int
     node: str
     pid: int
     namespaces: tuple[str, ...]
@@ -255,9 +79,9 @@ class Join:
     env: tuple[str, ...]
 
     def lines(self) -> list[str]:
-        out = [f"task {self.task} {self.pid} {','.join(self.namespaces)} {self.node}"]
-        out += [f"cgroup {self.task} {p}" for p in self.cgroup_procs]
-        out += [f"env {self.task} {kv}" for kv in self.env]
+        out = [f"node {self.slot} {self.pid} {','.join(self.namespaces)} {self.node}"]
+        out += [f"cgroup {self.slot} {p}" for p in self.cgroup_procs]
+        out += [f"env {self.slot} {kv}" for kv in self.env]
         return out
 
 
@@ -320,15 +144,14 @@ def joins(
     index: int,
     share: Sequence[str],
     roles: dict[str, str],
-    tasks: int,
     mpi: str,
 ) -> list[Join]:
-    """One Join per local task."""
+    """One Join per node of the task pool."""
     name = share_name(job, index)
     pmix = mpi.startswith("pmix")
     namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
     out = []
-    for t, node in enumerate(task_nodes(share, roles, tasks)):
+    for t, node in enumerate(task_pool(share, roles)):
         pid = container_pid(ct.container_id(name, node))
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         if pmix:
@@ -382,7 +205,6 @@ class Request:
     job: int
     index: int  # this host's place in the job's node list
     hosts: int  # the job's node count
-    tasks: int
     cpus: str = ""  # the job's CPUs on this host (Slurm's list), "" = all
     mpi: str = ""
 
@@ -420,7 +242,31 @@ def up(
                 )
             cpus = set(parse_cpulist(req.cpus)) if req.cpus else None
             _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress)
-        return joins(store, req.job, index, share, roles, req.tasks, req.mpi)
+        out = joins(store, req.job, index, share, roles, req.mpi)
+        _write_cache(store, name, req.mpi, out)
+        return out
+
+
+_MPI_RE = re.compile(r"^[A-Za-z0-9_]{0,32}$")
+
+
+def cache_path(store: Store, share: str, mpi: str) -> Path | None:
+    """Where the plugin finds a running share's join records without starting
+    Python (later steps of a job): ``jobs/<share>.<mpi or none>.join``."""
+    if not _MPI_RE.fullmatch(mpi):
+        return None
+    return jobs_dir(store) / f"{share}.{mpi or 'none'}.join"
+
+
+def _write_cache(store: Store, share: str, mpi: str, out: Sequence[Join]) -> None:
+    path = cache_path(store, share, mpi)
+    if path is None:
+        return
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(line + "\n" for j in out for line in j.lines()))
+    os.replace(tmp, path)
 
 
 def _up_share(
@@ -454,13 +300,6 @@ def _up_share(
     )
 
 
-def hosts_text(spec: Spec, job: int) -> str:
-    """/etc/hosts for every node of the whole cluster, not only this share's."""
-    lines = ["127.0.0.1\tlocalhost", f"# hpvc cluster {spec.name} of Slurm job {job}"]
-    lines += [f"{node_ip(spec.network.network, w.index)}\t{w.name}" for w, _ in expand(spec)]
-    return "\n".join(lines) + "\n"
-
-
 def _teardown(store: Store, name: str, progress: Progress) -> None:
     errors = lifecycle.teardown(store, name, progress)
     if errors:
@@ -473,6 +312,9 @@ def down(job: int, store: Store | None = None, progress: Progress = _quiet) -> l
     with job_lock(store, job):
         names = job_shares(store, job)
         for name in reversed(names):
+            # The plugin's shortcut goes first: no step may join a node going away.
+            for cached in jobs_dir(store).glob(f"{name}.*.join"):
+                cached.unlink()
             progress(f"down {name}")
             _teardown(store, name, progress)
     with job_lock(store, job):

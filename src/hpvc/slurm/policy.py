@@ -1,0 +1,212 @@
+"""Slurm policy that needs no host access: site rules, the spec carried in
+the job's environment, how a cluster is split over a job's hosts, which nodes
+tasks run in. Light to import: ``hpvc node check`` runs in every srun/sbatch."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from hpvc.errors import DoesNotFit, InputError
+from hpvc.plan.addresses import node_ip
+from hpvc.plan.planner import expand
+from hpvc.spec import Spec, parse_spec
+from hpvc.topology.model import Core, NumaNode, Package, Topology
+
+SPEC_ENV = "HPVC_SPEC_B64"  # the spec travels base64-encoded in the job's environment
+MAX_SPEC_BYTES = 64 * 1024
+DEFAULT_SUBNETS = ("10.88.0.0/16",)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the site allows (plugstack.conf arguments, passed on by the plugin)."""
+
+    images: tuple[str, ...] = ()  # empty: any built image
+    kinds: tuple[str, ...] = ("container",)
+    subnets: tuple[str, ...] = DEFAULT_SUBNETS
+    binds: tuple[str, ...] = ()  # host directories every node sees at the same path
+
+    @classmethod
+    def parse(cls, items: Sequence[str]) -> Site:
+        """``key=value`` items, as in plugstack.conf; an unknown key is an error."""
+        site = cls()
+        for item in items:
+            key, sep, value = item.partition("=")
+            values = tuple(v for v in value.split(",") if v)
+            if not sep or not values:
+                raise InputError(f"site setting {item!r}", "not key=value", "e.g. images=hpc")
+            if key == "images":
+                site = replace(site, images=values)
+            elif key == "kinds":
+                bad = [v for v in values if v != "container"]
+                if bad:
+                    raise InputError(
+                        f"site setting kinds={value}",
+                        f"{bad[0]!r} nodes cannot run Slurm tasks yet",
+                        "kinds=container",
+                    )
+                site = replace(site, kinds=values)
+            elif key == "subnets":
+                for v in values:
+                    try:
+                        ipaddress.ip_network(v)
+                    except ValueError:
+                        raise InputError(
+                            f"site setting subnets={value}", f"{v!r} is not a network", ""
+                        ) from None
+                site = replace(site, subnets=values)
+            elif key == "binds":
+                for v in values:
+                    if not v.startswith("/") or not Path(v).is_dir():
+                        raise InputError(
+                            f"site setting binds={value}", f"{v!r} is not an absolute directory", ""
+                        )
+                site = replace(site, binds=values)
+            else:
+                raise InputError(
+                    f"site setting {key!r}", "unknown", "known: images, kinds, subnets, binds"
+                )
+        return site
+
+
+# ---- the spec: read as the user at submit time, carried in the job's env ----
+
+
+def encode_spec(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def decode_spec(value: str) -> str:
+    try:
+        raw = base64.b64decode(value.encode(), validate=True)
+        return raw.decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise InputError(
+            SPEC_ENV, "is not a base64-encoded spec", "submit with --hpvc=SPEC.toml"
+        ) from None
+
+
+def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
+    """Parse and check a spec against the site's rules; exit-2 errors name the fix."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise InputError(origin, f"larger than {MAX_SPEC_BYTES} bytes", "a spec is a small file")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(origin, f"not valid TOML: {e}", "fix the syntax") from None
+    spec = parse_spec(doc, origin)
+    if spec.kind not in site.kinds:
+        raise InputError(
+            f"{origin}: kind = {spec.kind!r}",
+            "this site runs Slurm jobs only in " + ", ".join(site.kinds) + " nodes",
+            'kind = "container"',
+        )
+    if site.images and spec.image not in site.images:
+        raise InputError(
+            f"{origin}: image = {spec.image!r}",
+            "not allowed on this site",
+            "use one of: " + ", ".join(site.images),
+        )
+    net = spec.network.network
+    allowed = [ipaddress.ip_network(s) for s in site.subnets]
+    if not any(net.version == a.version and net.subnet_of(a) for a in allowed):
+        raise InputError(
+            f"{origin}: network.subnet = {net}",
+            "outside the networks this site gives virtual clusters",
+            "pick a subnet inside " + ", ".join(site.subnets),
+        )
+    return spec, doc
+
+
+def check(path: Path, site: Site) -> str:
+    """Read and check a spec (as the submitting user); return it encoded for the job."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        why = e.strerror or str(e)
+        raise InputError(f"--hpvc={path}", why, "give a readable spec file") from None
+    load(text, str(path), site)
+    return encode_spec(text)
+
+
+# ---- splitting the cluster over the job's hosts ---------------------------
+
+
+def split(spec: Spec, hosts: int) -> list[list[str]]:
+    """Virtual node names per host: spec order, blocks as even as possible."""
+    names = [w.name for w, _ in expand(spec)]
+    if hosts > len(names):
+        raise DoesNotFit(
+            f"the job has {hosts} hosts but the spec {len(names)} virtual node(s)",
+            f"ask for at most {len(names)} node(s) (-N {len(names)}) or add nodes to the spec",
+        )
+    base, extra = divmod(len(names), hosts)
+    out: list[list[str]] = []
+    start = 0
+    for i in range(hosts):
+        size = base + (1 if i < extra else 0)
+        out.append(names[start : start + size])
+        start += size
+    return out
+
+
+def share_name(job: int, index: int) -> str:
+    return f"j{job}-{index}"
+
+
+def task_pool(share: Sequence[str], roles: dict[str, str]) -> list[str]:
+    """The nodes local tasks run in, in order: local task ``t`` runs in
+    ``pool[t % len(pool)]`` (the plugin does the modulo). The share's compute
+    nodes, or all its nodes if it has none."""
+    return [n for n in share if roles[n] == "compute"] or list(share)
+
+
+def restrict(topo: Topology, cpus: set[int]) -> Topology:
+    """The topology as the job sees it: only the CPUs Slurm gave it."""
+    keep = set(topo.online_cpus) & cpus
+    if not keep:
+        raise InputError(
+            "job CPUs", f"none of {sorted(cpus)} is online here", "check the Slurm node's CPUs"
+        )
+    packages = tuple(
+        Package(
+            id=p.id,
+            numa_nodes=p.numa_nodes,
+            cores=tuple(
+                Core(id=c.id, cpus=tuple(x for x in c.cpus if x in keep))
+                for c in p.cores
+                if any(x in keep for x in c.cpus)
+            ),
+        )
+        for p in topo.packages
+    )
+    nodes = tuple(
+        NumaNode(
+            id=n.id,
+            cpus=tuple(x for x in n.cpus if x in keep),
+            memory_mib=n.memory_mib,
+            free_mib=n.free_mib,
+            hugepages=n.hugepages,
+        )
+        for n in topo.numa_nodes
+    )
+    return Topology(
+        packages=tuple(p for p in packages if p.cores),
+        numa_nodes=nodes,
+        online_cpus=tuple(sorted(keep)),
+        notes=topo.notes,
+    )
+
+
+def hosts_text(spec: Spec, job: int) -> str:
+    """/etc/hosts for every node of the whole cluster, not only this share's."""
+    lines = ["127.0.0.1\tlocalhost", f"# hpvc cluster {spec.name} of Slurm job {job}"]
+    lines += [f"{node_ip(spec.network.network, w.index)}\t{w.name}" for w, _ in expand(spec)]
+    return "\n".join(lines) + "\n"
