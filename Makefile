@@ -26,10 +26,10 @@ unit: setup
 bench: setup
 	$(HPVC) bench plan --out bench/results/plan
 	$(HPVC) image build hpc
-	$(HPVC) bench startup --out bench/results/startup
+	$(HPVC) bench run --out bench/results/run
+	$(HPVC) bench run --suite hpcc,startup --targets native,vm --out bench/results/run-vm
 	$(HPVC) bench locality --out bench/results/locality
-	$(HPVC) bench startup --kind vm --out bench/results/startup-vm
-	$(HPVC) bench io --out bench/results/io
+	$(HPVC) bench slurm --out bench/results/slurm
 
 # Local Slurm test cluster (docs/slurm.md); the last line printed is the
 # `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.
