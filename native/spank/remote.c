@@ -186,10 +186,16 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	 * they must reach slurmctld and run srun. Steps run in the virtual nodes. */
 	if (step >= SLURM_INTERACTIVE_STEP)
 		return 0;
-	static char spec[65536 + 64];
+	/* A spec is at most 64 KiB (hpvc node check), 88 KiB in base64. */
+	static char spec[96 * 1024];
 	memcpy(spec, HPVC_SPEC_ENV "=", sizeof(HPVC_SPEC_ENV));
 	char *value = spec + sizeof(HPVC_SPEC_ENV);
-	if (spank_getenv(sp, HPVC_SPEC_ENV, value, sizeof(spec) - sizeof(HPVC_SPEC_ENV)) != ESPANK_SUCCESS) {
+	spank_err_t got = spank_getenv(sp, HPVC_SPEC_ENV, value, sizeof(spec) - sizeof(HPVC_SPEC_ENV));
+	if (got == ESPANK_NOSPACE) {
+		slurm_error("hpvc: the job's %s is too long (a spec is at most 64 KiB)", HPVC_SPEC_ENV);
+		return -1;
+	}
+	if (got != ESPANK_SUCCESS) {
 		slurm_error("hpvc: the job's environment has no %s (was it submitted with --export=NONE?)",
 			    HPVC_SPEC_ENV);
 		return -1;

@@ -454,3 +454,17 @@ def test_compare_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_num_formats_non_finite() -> None:
     assert harness.num(math.inf) == "inf" and harness.num(1234.5678) == "1235"
+
+
+def test_goals_of_configs_not_measured_are_left_out() -> None:
+    """--targets native,vm measures no container: its goals are not failures."""
+    sample = {
+        "suite": "hpcc", "config": "native", "metric": "HPL", "unit": "GFLOP/s",
+        "higher_is_better": True, "rep": 0, "order": 0, "value": 1.0,
+    }  # fmt: skip
+    goal = {"metric": "HPL", "config": "container", "vs": "native", "median_ratio_at_least": 0.97}
+    doc = {"suites": {"hpcc": {"samples": [sample], "goals": [goal]}}}
+    assert harness.goal_results(doc) == []
+    doc["suites"]["hpcc"]["samples"].append({**sample, "config": "container", "value": 0.5})
+    (only,) = harness.goal_results(doc)
+    assert only.met is False and only.value == pytest.approx(0.5)

@@ -226,7 +226,9 @@ WHAT = {
 }
 
 
-def document(facts: dict[str, Any], rows: list[dict[str, Any]], repeat: int) -> dict[str, Any]:
+def document(
+    facts: dict[str, Any], rows: list[dict[str, Any]], repeat: int, version: str = "unknown"
+) -> dict[str, Any]:
     table = []
     for what, describe in WHAT.items():
         per: dict[str, dict[str, Any]] = {}
@@ -260,7 +262,7 @@ def document(facts: dict[str, Any], rows: list[dict[str, Any]], repeat: int) -> 
     return {
         "benchmark": "slurm-launch",
         **facts,
-        "slurm": common._version(["srun", "--version"]),
+        "slurm": version,
         "repeat": repeat,
         "virtual_cluster": "1 head + 2 compute containers, floating CPUs, no hugepages",
         "runs": rows,
@@ -286,6 +288,9 @@ def run(repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         with private_slurm(tmp, store, subnet, progress) as env:
+            # srun needs a configuration even for --version
+            r = subprocess.run(["srun", "--version"], env=env, capture_output=True, text=True)
+            version = r.stdout.strip() or "unknown"
             for rep in range(repeat):
                 rows += one_rep(env, work, store, spec, rep, progress)
     finally:
@@ -298,7 +303,7 @@ def run(repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
     if left:
         fix = f"HPVC_STATE_DIR={store.root} hpvc node ls"
         raise HpvcError("bench slurm", f"shares left: {left}", fix)
-    return document(facts, rows, repeat)
+    return document(facts, rows, repeat, version)
 
 
 def report_md(doc: dict[str, Any]) -> str:
