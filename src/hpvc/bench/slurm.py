@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -104,7 +105,9 @@ def private_slurm(
         raise HpvcError("build native/spank", (b.stderr or b.stdout).strip()[-300:])
     from hpvc.image import default_store
 
-    hpvc_bin = shutil.which("hpvc") or str(repo / ".venv" / "bin" / "hpvc")
+    # The hpvc of this Python (the venv running the benchmark), else PATH's.
+    mine = Path(sys.executable).parent / "hpvc"
+    hpvc_bin = str(mine) if mine.exists() else shutil.which("hpvc") or "hpvc"
     env = dict(
         os.environ,
         HPVC_SLURM_DIR=str(tmp / "slurm"),
