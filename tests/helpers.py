@@ -64,3 +64,22 @@ def requires(*what: str) -> None:
         if strict and not hardware:
             pytest.fail(f"required by HPVC_REQUIRE_ALL=1: {reason}")
         pytest.skip(reason)
+
+
+def prefix_leftovers(prefix: str) -> list[str]:
+    """Containers, netns, links and cgroups of clusters whose names start with
+    ``prefix`` (hpvc names them ``hpvc-<cluster>-...`` and ``*/hpvc/<cluster>``)."""
+    import subprocess
+    from pathlib import Path
+
+    ours = f"hpvc-{prefix}"
+    found: list[str] = []
+    r = subprocess.run(["crun", "list", "-q"], capture_output=True, text=True, check=False)
+    found += [c for c in r.stdout.split() if c.startswith(ours)]
+    netns = Path("/run/netns")
+    if netns.is_dir():
+        found += [p.name for p in netns.iterdir() if p.name.startswith(ours)]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    found += [w.rstrip(":") for w in links.stdout.split() if w.startswith(ours)]
+    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/hpvc/{prefix}*")]
+    return found

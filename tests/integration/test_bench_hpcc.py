@@ -19,7 +19,7 @@ import pytest
 
 from hpvc.bench import hpcc
 from hpvc.errors import InputError
-from tests.helpers import requires
+from tests.helpers import prefix_leftovers, requires
 
 TINY_N = 512  # a few seconds a side; the real size is hpcc.problem_size()
 
@@ -36,15 +36,7 @@ def scratch_dirs() -> set[str]:
 
 def leftovers() -> list[str]:
     prefix = f"hpvc-{ours()}"
-    found: list[str] = []
-    r = subprocess.run(["crun", "list", "-q"], capture_output=True, text=True, check=False)
-    found += [c for c in r.stdout.split() if c.startswith(prefix)]
-    netns = Path("/run/netns")
-    if netns.is_dir():
-        found += [p.name for p in netns.iterdir() if p.name.startswith(prefix)]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    found += [w.rstrip(":") for w in links.stdout.split() if w.startswith(prefix)]
-    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/hpvc/{ours()}*")]
+    found = prefix_leftovers(ours())
     ps = subprocess.run(["ps", "-eo", "stat,args"], capture_output=True, text=True, check=True)
     found += [
         line

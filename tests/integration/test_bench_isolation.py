@@ -8,7 +8,6 @@ CPUs, and that nothing is left behind. It asserts no timings (DESIGN rule 9).
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 from hpvc.bench import isolation as iso
 from hpvc.units import parse_cpulist
-from tests.helpers import requires
+from tests.helpers import prefix_leftovers, requires
 
 
 def prefix() -> str:
@@ -46,16 +45,7 @@ def children() -> list[int]:
 
 
 def leftovers() -> list[str]:
-    ours = f"hpvc-{prefix()}"
-    found: list[str] = []
-    r = subprocess.run(["crun", "list", "-q"], capture_output=True, text=True, check=False)
-    found += [c for c in r.stdout.split() if c.startswith(ours)]
-    netns = Path("/run/netns")
-    if netns.is_dir():
-        found += [p.name for p in netns.iterdir() if p.name.startswith(ours)]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    found += [w.rstrip(":") for w in links.stdout.split() if w.startswith(ours)]
-    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/hpvc/{prefix()}*")]
+    found = prefix_leftovers(prefix())
     found += [f"process {pid}" for pid in children()]
     return found
 

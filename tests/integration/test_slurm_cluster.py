@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.bench import slurm as bench_slurm
 from tests.helpers import ROOT, requires
 
 UP = os.path.join(ROOT, "scripts", "slurm", "up.sh")
@@ -38,17 +39,7 @@ def requires_slurm() -> None:
 
 
 def free_base_port() -> int:
-    """A base port with it and the next three free on 127.0.0.1 (a `make slurm-up`
-    cluster may hold the default 6917-6920)."""
-    for base in range(6917, 7917, 10):
-        try:
-            for port in range(base, base + 4):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free block of 4 TCP ports in 6917-7916")
+    return bench_slurm.free_base_port(6917)
 
 
 def leftovers(state: str) -> list[str]:

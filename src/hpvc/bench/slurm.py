@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,10 +75,10 @@ def spec_text(subnet: str) -> str:
     )
 
 
-def _free_port() -> int:
-    import socket
-
-    for base in range(7917, 8917, 10):
+def free_base_port(start: int = 7917) -> int:
+    """A base port with it and the next three free on 127.0.0.1 (slurmctld and
+    three slurmd; a `make slurm-up` cluster may hold the default 6917-6920)."""
+    for base in range(start, start + 1000, 10):
         try:
             for port in range(base, base + 4):
                 with socket.socket() as s:
@@ -85,7 +86,7 @@ def _free_port() -> int:
         except OSError:
             continue
         return base
-    raise HpvcError("bench slurm", "no 4 free TCP ports in 7917-8916")
+    raise HpvcError("bench slurm", f"no 4 free TCP ports in {start}-{start + 999}")
 
 
 @contextmanager
@@ -111,7 +112,7 @@ def private_slurm(
     env = dict(
         os.environ,
         HPVC_SLURM_DIR=str(tmp / "slurm"),
-        HPVC_SLURM_PORT=str(_free_port()),
+        HPVC_SLURM_PORT=str(free_base_port()),
         HPVC_STATE_DIR=str(store.root),
         HPVC_SPANK_SO=str(repo / "native" / "spank" / "hpvc_spank.so"),
         HPVC_BIN=hpvc_bin,
