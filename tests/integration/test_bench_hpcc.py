@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import hpcc
+from hpvc.bench import hpcc, ratios
 from hpvc.errors import InputError
 from tests.helpers import prefix_leftovers, requires
 
@@ -80,7 +80,7 @@ def test_hpcc_native_and_container_one_repetition(clean: None) -> None:
     # Rank 0 ran where it should (hpcc's own header says), with our input (HPL_N checked).
     hosts = {r["config"]: r["rank0"] for r in doc["runs"]}
     assert hosts == {"native": platform.node(), "container": "compute0"}
-    rows = hpcc.ratio_rows(doc["samples"])
+    rows = ratios.ratio_rows(doc["samples"])
     assert all(r["ratio"]["median"] > 0 for r in rows if r["config"] == "container")
     assert "### container" in hpcc.report_md(doc)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from hpvc.bench import common, harness, plots
+from hpvc.bench import common, harness, plots, report
 from hpvc.cli import app, main
 from hpvc.errors import HpvcError, InputError
 
@@ -129,15 +129,15 @@ def exit_code(argv: list[str]) -> int:
 
 def test_paired_ratios_pair_by_repetition_and_invert_lower_is_better() -> None:
     s = hpcc_doc([9.9, 12.6, 10.0], [4.0, 1.0, 2.0])["samples"]
-    hpl = harness.paired_ratios(s, "HPL", "container", "native")
+    hpl = report.paired_ratios(s, "HPL", "container", "native")
     assert hpl == pytest.approx([0.99, 1.05, 10.0 / 11.0])
     # latency is a time: native / container, so > 1 means the container is faster
-    assert harness.paired_ratios(s, "latency", "container", "native") == pytest.approx(
+    assert report.paired_ratios(s, "latency", "container", "native") == pytest.approx(
         [0.5, 2.0, 1.0]
     )
     # a repetition only one side ran is left out, not paired with another one
     partial = [x for x in s if not (x["config"] == "native" and x["rep"] == 1)]
-    assert harness.paired_ratios(partial, "HPL", "container", "native") == pytest.approx(
+    assert report.paired_ratios(partial, "HPL", "container", "native") == pytest.approx(
         [0.99, 10.0 / 11.0]
     )
 
@@ -145,12 +145,12 @@ def test_paired_ratios_pair_by_repetition_and_invert_lower_is_better() -> None:
 def test_several_samples_per_repetition_are_averaged_before_pairing() -> None:
     s = [*series("isolation", "idle", "X", [10.0, 20.0]), sample("isolation", "idle", "X", 30, 1)]
     s += series("isolation", "shared", "X", [5.0, 12.5])
-    assert harness.paired_ratios(s, "X", "shared", "idle") == pytest.approx([0.5, 0.5])
+    assert report.paired_ratios(s, "X", "shared", "idle") == pytest.approx([0.5, 0.5])
 
 
 def test_goals_are_decided_from_the_samples() -> None:
     doc = run_doc()
-    got = {(g.suite, g.text.split(":")[0]): g for g in harness.goal_results(doc)}
+    got = {(g.suite, g.text.split(":")[0]): g for g in report.goal_results(doc)}
     hpl = got[("hpcc", "container HPL")]
     assert hpl.met is True and hpl.value == pytest.approx(0.99)
     lat = got[("hpcc", "container latency")]
@@ -158,15 +158,15 @@ def test_goals_are_decided_from_the_samples() -> None:
     iso = got[("isolation", "partitioned DGEMM")]
     assert iso.met is False and iso.value is not None and iso.value > 2.0  # suite said met
     assert got[("startup", "container up_s_8")].met is True
-    throttles = [g for g in harness.goal_results(doc) if g.suite == "io"]
+    throttles = [g for g in report.goal_results(doc) if g.suite == "io"]
     assert len(throttles) == 4 and all(g.met for g in throttles)
     bad = run_doc(hpcc_doc([9.0, 10.0, 10.0], [4.0, 4.0, 2.0]))
-    miss = {g.text.split(":")[0]: g for g in harness.goal_results(bad) if g.suite == "hpcc"}
+    miss = {g.text.split(":")[0]: g for g in report.goal_results(bad) if g.suite == "hpcc"}
     assert miss["container HPL"].met is False and miss["container latency"].met is False
 
 
 def test_goal_without_samples_is_not_decided() -> None:
-    g = harness.evaluate(
+    g = report.evaluate(
         "hpcc",
         {"metric": "HPL", "config": "vm", "median_ratio_at_least": 0.9},
         hpcc_doc([1, 1, 1], [1, 1, 1])["samples"],
@@ -185,7 +185,7 @@ def test_io_adapter_on_the_committed_run() -> None:
     by = {c: [x for x in samples if x["config"] == c] for c in {x["config"] for x in samples}}
     assert set(by) == {"throttled", "weighted", "native", "open", "high"}
     assert len(by["throttled"]) == 4 * 3 * 2 and len(by["weighted"]) == 2 * 3 * 3
-    t10 = harness.select(samples, "throttled", "t10_read_vs_target")
+    t10 = report.select(samples, "throttled", "t10_read_vs_target")
     assert sorted(t10) == pytest.approx(
         sorted(x["bw_bytes"] / 10e6 for x in doc["throttle"][0]["samples"])
     )
@@ -202,9 +202,9 @@ def test_io_adapter_on_the_committed_run() -> None:
     assert all(g["within_pct"] == 5.0 and g["config"] == "throttled" for g in goals)
     # the overhead ratios the harness pairs are the ones io computed itself
     job = doc["overhead"]["jobs"][0]
-    ratios = harness.paired_ratios(samples, f"{job['job']}_MBps", "open", "native")
+    ratios = report.paired_ratios(samples, f"{job['job']}_MBps", "open", "native")
     assert ratios == pytest.approx(job["ratios"]["open/native"]["samples"])
-    split = harness.select(samples, "weighted", "seq_read_256k_w900_per_w100")
+    split = report.select(samples, "weighted", "seq_read_256k_w900_per_w100")
     assert sorted(split) == pytest.approx(sorted(x["ratio"] for x in doc["weight"][0]["samples"]))
 
 
@@ -214,7 +214,7 @@ def test_startup_adapter_on_the_committed_runs() -> None:
     assert len(samples) == 3 * 5 * 2
     assert {x["config"] for x in samples} == {"container"}
     assert not any(x["higher_is_better"] for x in samples)
-    up8 = harness.select(samples, "container", "up_s_8")
+    up8 = report.select(samples, "container", "up_s_8")
     assert sorted(up8)[2] == pytest.approx(doc["sizes"][2]["up"]["median"])
     assert goals == [{"metric": "up_s_8", "config": "container", "median_below": 2.0}]
     vm_samples, vm_goals = harness.startup_samples(committed("startup-vm"))
@@ -310,8 +310,8 @@ def test_run_records_a_failed_suite_and_goes_on(
     ]
     assert set(doc["harness"]["suite_wall_s"]) == set(harness.SUITES)
     assert len(doc["samples"]) == sum(len(d["samples"]) for d in doc["suites"].values())
-    report = (out / "report.md").read_text()
-    assert "| io | suite failed: bench io: fio not found (apt-get install fio) |  | no |" in report
+    text = (out / "report.md").read_text()
+    assert "| io | suite failed: bench io: fio not found (apt-get install fio) |  | no |" in text
     for name in ("hpcc", "isolation", "startup"):
         assert (out / f"{name}.png").read_bytes().startswith(PNG)
 
@@ -339,8 +339,8 @@ def test_run_skips_container_only_suites_with_a_note(
     assert list(doc["suites"]) == ["io", "startup"]
     assert "container" in doc["suites"]["io"]["skipped"]
     assert {x["config"] for x in doc["samples"]} == {"vm"}
-    report = (out / "report.md").read_text()
-    assert "Skipped: container-only" in report
+    text = (out / "report.md").read_text()
+    assert "Skipped: container-only" in text
     assert (out / "startup.png").read_bytes().startswith(PNG)
 
 
@@ -349,7 +349,7 @@ def test_run_skips_container_only_suites_with_a_note(
 
 def test_report_has_goal_table_and_per_suite_sections(tmp_path: Path) -> None:
     doc = run_doc()
-    text = harness.report_md(doc, {"hpcc": "hpcc.png"})
+    text = report.report_md(doc, {"hpcc": "hpcc.png"})
     assert "| hpcc | container HPL: median ratio vs native ≥ 0.97 | 0.99 | yes |" in text
     assert "| isolation | partitioned DGEMM: stdev / stdev of idle ≤ 2 |" in text
     assert "| no |" in text.split("## hpcc")[0]  # the isolation goal, from the samples
@@ -373,7 +373,7 @@ def test_configs_marked_not_comparable_get_no_ratio_and_no_goal(tmp_path: Path) 
     hp["samples"] += series("hpcc", "vm", "HPL", [1.0, 1.2, 1.1])
     hp["goals"].append({"metric": "HPL", "config": "vm", "median_ratio_at_least": 0.97})
     hp["not_comparable"] = {"vm": "VM under tcg (software emulation)"}
-    text = harness.report_md(doc)
+    text = report.report_md(doc)
     assert "| HPL (GFLOP/s) | vm | 3 | 1 | 1.1 | 1.2 | 0.1 | not comparable: VM under tcg" in text
     assert "| hpcc | vm HPL: median ratio vs native ≥ 0.97 | not comparable: VM under tcg" in text
     assert plots.plot_hpcc(hp, tmp_path / "hpcc.png")
@@ -423,7 +423,7 @@ def test_compare_is_direction_aware(tmp_path: Path) -> None:
     assert rows[("hpcc", "native", "HPL")]["b_vs_a"] == pytest.approx(1.0)
     assert ("io", "throttled", "t10_read_vs_target") in rows
     # B vs A is A vs B upside down
-    back = harness.compare(faster, run_doc())
+    back = report.compare(faster, run_doc())
     inv = {(x["suite"], x["config"], x["metric"]): x["b_vs_a"] for x in back}
     assert inv[("hpcc", "container", "latency")] == pytest.approx(0.5)
     table = CliRunner().invoke(app, ["bench", "compare", str(a), str(b)])
@@ -453,7 +453,7 @@ def test_compare_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_num_formats_non_finite() -> None:
-    assert harness.num(math.inf) == "inf" and harness.num(1234.5678) == "1235"
+    assert report.num(math.inf) == "inf" and report.num(1234.5678) == "1235"
 
 
 def test_goals_of_configs_not_measured_are_left_out() -> None:
@@ -464,7 +464,7 @@ def test_goals_of_configs_not_measured_are_left_out() -> None:
     }  # fmt: skip
     goal = {"metric": "HPL", "config": "container", "vs": "native", "median_ratio_at_least": 0.97}
     doc = {"suites": {"hpcc": {"samples": [sample], "goals": [goal]}}}
-    assert harness.goal_results(doc) == []
+    assert report.goal_results(doc) == []
     doc["suites"]["hpcc"]["samples"].append({**sample, "config": "container", "value": 0.5})
-    (only,) = harness.goal_results(doc)
+    (only,) = report.goal_results(doc)
     assert only.met is False and only.value == pytest.approx(0.5)

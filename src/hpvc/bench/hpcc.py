@@ -44,9 +44,9 @@ is 10-50x slower, so it gets ``VM_TCG_N`` instead, and its figures are not
 comparable with native (no ratios) unless the accelerator is KVM.
 
 Results: ``samples`` is a flat list of one value per (config, metric, rep),
-the shape every suite shares; ``ratio_rows`` and ``table_md`` turn any such
-list into min/median/max and paired per-repetition ratios to a baseline
-(higher is better: target/native, latency native/target).
+the shape every suite shares; ``ratios.ratio_rows`` and ``ratios.table_md``
+turn any such list into min/median/max and paired per-repetition ratios to a
+baseline (higher is better: target/native, latency native/target).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends import vm_qemu
-from hpvc.bench import common
+from hpvc.bench import common, ratios
 from hpvc.bench.stats import summary
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
@@ -594,98 +594,6 @@ def document(
     }
 
 
-# --- generic: any suite's samples ----------------------------------------------------
-
-
-def ratio(baseline: float, target: float, higher_is_better: bool) -> float:
-    """> 1 is better than the baseline: target/baseline, or baseline/target."""
-    return target / baseline if higher_is_better else baseline / target
-
-
-def ratio_rows(samples: list[dict[str, Any]], baseline: str = "native") -> list[dict[str, Any]]:
-    """Per (suite, config, metric), in order of first appearance: min/median/max of the
-    values and of the ratios to ``baseline``'s value of the same repetition."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for s in samples:
-        groups.setdefault((s["suite"], s["config"], s["metric"]), []).append(s)
-    rows: list[dict[str, Any]] = []
-    for (suite, config, metric), got in groups.items():
-        first = got[0]
-        row: dict[str, Any] = {
-            "suite": suite,
-            "config": config,
-            "metric": metric,
-            "unit": first["unit"],
-            "higher_is_better": first["higher_is_better"],
-            "n": len(got),
-            **summary([float(s["value"]) for s in got]),
-            "ratio": None,
-        }
-        base = {s["rep"]: float(s["value"]) for s in groups.get((suite, baseline, metric), [])}
-        pairs = [(base[s["rep"]], float(s["value"])) for s in got if s["rep"] in base]
-        if config != baseline and pairs:
-            rs = [ratio(b, v, bool(first["higher_is_better"])) for b, v in pairs]
-            row["ratio"] = {"n": len(rs), **summary(rs)}
-        rows.append(row)
-    return rows
-
-
-def goal_of(row: dict[str, Any], goals: list[dict[str, Any]], baseline: str) -> bool | None:
-    """Whether the row meets its goal (median ratio); None where it has none."""
-    for g in goals:
-        if (g["metric"], g["config"], g.get("vs", baseline)) == (
-            row["metric"],
-            row["config"],
-            baseline,
-        ):
-            r = row["ratio"]
-            return r is not None and r["median"] >= g["median_ratio_at_least"]
-    return None
-
-
-def _num(v: float) -> str:
-    return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
-
-
-def table_md(
-    rows: list[dict[str, Any]],
-    goals: list[dict[str, Any]],
-    baseline: str = "native",
-    no_ratio: Iterable[str] = (),
-) -> str:
-    """One markdown table per config: values and paired ratios to ``baseline``."""
-    skip = set(no_ratio)
-    out: list[str] = []
-    for config in dict.fromkeys(r["config"] for r in rows):
-        out += [
-            f"### {config}",
-            "",
-            "| metric | unit | min | median | max | ratio min | ratio median | ratio max | goal"
-            " | met |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in (x for x in rows if x["config"] == config):
-            cells = [r["metric"], r["unit"], *(_num(r[k]) for k in ("min", "median", "max"))]
-            rt = r["ratio"]
-            if config == baseline:
-                cells += ["1 (ref)", "", ""]
-            elif rt is None or config in skip:
-                cells += ["n/a", "", ""]
-            else:
-                cells += [f"{rt[k]:.3f}" for k in ("min", "median", "max")]
-            goal = next(
-                (g for g in goals if (g["metric"], g["config"]) == (r["metric"], config)), None
-            )
-            met = goal_of(r, goals, baseline) if config not in skip else None
-            cells += [
-                f">= {goal['median_ratio_at_least']:g}" if goal else "",
-                "" if met is None else ("yes" if met else "no"),
-            ]
-            out.append("| " + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out)
-
-
 def report_md(doc: dict[str, Any]) -> str:
     """The run in markdown: where, what, then one table per config."""
     i = doc["input"]
@@ -702,8 +610,8 @@ def report_md(doc: dict[str, Any]) -> str:
         *(f"- {c}: no ratios, not comparable: {why}" for c, why in doc["not_comparable"].items()),
         "",
     ]
-    rows = ratio_rows(doc["samples"])
-    lines.append(table_md(rows, doc["goals"], no_ratio=doc["not_comparable"]))
+    rows = ratios.ratio_rows(doc["samples"])
+    lines.append(ratios.table_md(rows, doc["goals"], no_ratio=doc["not_comparable"]))
     walls: dict[str, list[float]] = {}
     for r in doc["runs"]:
         walls.setdefault(r["config"], []).append(r["wall_s"])

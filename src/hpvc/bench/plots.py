@@ -27,7 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from hpvc.bench.harness import (
+from hpvc.bench.report import (
     BASELINE,
     Sample,
     keys,

@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from hpvc.bench import common, harness, io, locality, planning, startup
+from hpvc.bench import report as bench_report
 from hpvc.bench import slurm as slurm_bench
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import HpvcError, InputError
@@ -335,7 +336,7 @@ def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _goal_table(results: list[harness.GoalResult]) -> None:
+def _goal_table(results: list[bench_report.GoalResult]) -> None:
     t = Table(title="goals (computed from the samples)")
     for col in ("suite", "goal", "figure", "met"):
         t.add_column(col)
@@ -345,7 +346,7 @@ def _goal_table(results: list[harness.GoalResult]) -> None:
     console.print(t)
 
 
-def _goals_json(results: list[harness.GoalResult]) -> list[dict[str, Any]]:
+def _goals_json(results: list[bench_report.GoalResult]) -> list[dict[str, Any]]:
     return [
         {
             "suite": g.suite,
@@ -405,11 +406,11 @@ def run_cmd(
     names = [p.name for p in ctx.command.params if p.name and p.name != "as_json"]
     argv += [f"--{k.replace('_', '-')}={given[k]}" for k in names if k in given]
     doc = harness.run(plans, settings, tgts, out, argv, _bench_progress)
-    report, plots = harness.render(out, doc)
+    report, plots = bench_report.render(out, doc)
     if as_json:
         print_json(doc)
     else:
-        _goal_table(harness.goal_results(doc))
+        _goal_table(bench_report.goal_results(doc))
         console.print(
             f"results: {out / 'results.json'}, report: {report}"
             + (f", plots: {', '.join(plots.values())}" if plots else "")
@@ -447,8 +448,8 @@ def report_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the goals and files as JSON."),
 ) -> None:
     doc = harness.load(directory)
-    report, plots = harness.render(directory, doc)
-    results = harness.goal_results(doc)
+    report, plots = bench_report.render(directory, doc)
+    results = bench_report.goal_results(doc)
     if as_json:
         print_json(
             {
@@ -482,7 +483,7 @@ def compare_cmd(
     dir_b: Path = typer.Argument(..., metavar="DIR_B", help="The run compared with it (B)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
-    rows = harness.compare(harness.load(dir_a), harness.load(dir_b))
+    rows = bench_report.compare(harness.load(dir_a), harness.load(dir_b))
     if as_json:
         print_json([r | {"b_vs_a": _finite(r["b_vs_a"])} for r in rows])
         return
@@ -500,8 +501,8 @@ def compare_cmd(
             r["metric"],
             r["unit"],
             f"{r['n_a']} / {r['n_b']}",
-            harness.num(r["median_a"]),
-            harness.num(r["median_b"]),
+            bench_report.num(r["median_a"]),
+            bench_report.num(r["median_b"]),
             cell,
         )
     console.print(t)
