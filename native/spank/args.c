@@ -85,7 +85,7 @@ void hpvc_config_free(struct hpvc_config *cfg)
 }
 
 void hpvc_root_env(const struct hpvc_config *cfg, char *state, size_t ssize, char *images,
-		   size_t isize, char **env, int nenv)
+		   size_t isize, char *extra, char *env[HPVC_ROOT_ENV])
 {
 	int k = 0;
 	snprintf(state, ssize, "HPVC_STATE_DIR=%s", cfg->state_dir);
@@ -96,6 +96,7 @@ void hpvc_root_env(const struct hpvc_config *cfg, char *state, size_t ssize, cha
 	}
 	env[k++] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 	env[k++] = "LC_ALL=C.UTF-8";
-	while (k < nenv)
-		env[k++] = NULL;
+	if (extra != NULL)
+		env[k++] = extra;
+	env[k] = NULL;
 }

@@ -21,8 +21,8 @@ int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg)
 	char sjob[16], state[4200], images[4200];
 	snprintf(sjob, sizeof(sjob), "%u", job);
 	char *argv[] = { (char *)cfg->hpvc, "node", "down", "--job", sjob, NULL };
-	char *env[6];
-	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), env, 6);
+	char *env[HPVC_ROOT_ENV];
+	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), NULL, env);
 	char *out = NULL;
 	int rc = hpvc_run(argv, env, cfg->timeout, 1, &out);
 	free(out);

@@ -31,9 +31,11 @@ struct hpvc_config {
 };
 
 int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av);
-/* The environment of the node commands run as root: PATH, state and image dir. */
+/* The environment of the node commands run as root: state and image dir,
+ * PATH, LC_ALL and one optional extra "K=V" (NULL for none), NULL-ended. */
+#define HPVC_ROOT_ENV 6
 void hpvc_root_env(const struct hpvc_config *cfg, char *state, size_t ssize, char *images,
-		   size_t isize, char **env, int nenv);
+		   size_t isize, char *extra, char *env[HPVC_ROOT_ENV]);
 void hpvc_config_free(struct hpvc_config *cfg);
 
 /* The user's --hpvc=SPEC (plugin.c) */

@@ -27,7 +27,7 @@ void hpvc_free_joins(void)
 	}
 }
 
-static int parse_task(const char *s, char **rest)
+static int parse_slot(const char *s, char **rest)
 {
 	errno = 0;
 	long t = strtol(s, rest, 10);
@@ -47,7 +47,7 @@ int hpvc_parse_joins(const char *text)
 	int rc = 0;
 	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		if (strncmp(line, "node ", 5) == 0) {
-			int t = parse_task(line + 5, &rest);
+			int t = parse_slot(line + 5, &rest);
 			long pid;
 			char ns[128], node[64];
 			if (t < 0 || sscanf(rest, "%ld %127s %63s", &pid, ns, node) != 3 || pid <= 1) {
@@ -59,14 +59,14 @@ int hpvc_parse_joins(const char *text)
 			strcpy(hpvc_joins[t].ns, ns);
 			strcpy(hpvc_joins[t].node, node);
 		} else if (strncmp(line, "cgroup ", 7) == 0) {
-			int t = parse_task(line + 7, &rest);
+			int t = parse_slot(line + 7, &rest);
 			if (t < 0 || rest[0] != '/' || hpvc_joins[t].ncgroups >= HPVC_MAX_CGROUPS) {
 				rc = -1;
 				break;
 			}
 			hpvc_joins[t].cgroups[hpvc_joins[t].ncgroups++] = strdup(rest);
 		} else if (strncmp(line, "env ", 4) == 0) {
-			int t = parse_task(line + 4, &rest);
+			int t = parse_slot(line + 4, &rest);
 			if (t < 0 || strchr(rest, '=') == NULL || hpvc_joins[t].nenv >= HPVC_MAX_ENV) {
 				rc = -1;
 				break;
@@ -241,16 +241,8 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 		argv[k++] = cfg->site[i];
 	}
 	argv[k] = NULL;
-	char *env[7];
-	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), env, 6);
-	env[5] = NULL;
-	for (int i = 0; i < 6; i++) {
-		if (env[i] == NULL) {
-			env[i] = spec;
-			break;
-		}
-	}
-	env[6] = NULL;
+	char *env[HPVC_ROOT_ENV];
+	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), spec, env);
 	char *out = NULL;
 	int rc = hpvc_run(argv, env, cfg->timeout, 1, &out);
 	if (rc != 0) {

@@ -23,20 +23,15 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.bench import slurm as bench_slurm
 from hpvc.cluster.state import Store
 from hpvc.slurm import node, policy
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import image_ready, leftovers
 from tests.integration.test_slurm_cluster import (
-    DOWN,
-    UP,
-    free_base_port,
     requires_slurm,
     wait_state,
 )
-
-SPANK_DIR = Path(ROOT) / "native" / "spank"
-HPVC = str(Path(ROOT) / ".venv" / "bin" / "hpvc")
 
 
 class Env:
@@ -97,45 +92,22 @@ def slurm() -> Iterator[Env]:
         if os.environ.get("HPVC_REQUIRE_ALL") == "1":
             pytest.fail("slurm/spank.h missing (apt-get install libslurm-dev)")
         pytest.skip("slurm/spank.h missing (apt-get install libslurm-dev)")
-    build = subprocess.run(
-        ["make", "-s", "-C", str(SPANK_DIR)], capture_output=True, text=True, check=False
-    )
-    assert build.returncode == 0, build.stderr
-    from hpvc.image import default_store
-
     tmp = Path(tempfile.mkdtemp(prefix="hpvc-spank-test-"))
     os.chmod(tmp, 0o755)
     work = tmp / "work"
     work.mkdir()
-    slurm_dir = tmp / "slurm"
     store = Store(tmp / "hpvc")
-    env = dict(
-        os.environ,
-        HPVC_SLURM_DIR=str(slurm_dir),
-        HPVC_SLURM_PORT=str(free_base_port()),
-        HPVC_STATE_DIR=str(store.root),
-        HPVC_SPANK_SO=str(SPANK_DIR / "hpvc_spank.so"),
-        HPVC_BIN=HPVC,
-        HPVC_SPANK_ARGS=f"image_dir={default_store()} binds={work} subnets=10.88.0.0/16",
-    )
     try:
-        r = subprocess.run(
-            ["bash", UP], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
-        assert r.returncode == 0, f"up.sh failed:\n{r.stdout}\n{r.stderr}"
-        env["SLURM_CONF"] = f"{slurm_dir}/slurm.conf"
-        yield Env(tmp, env, store, work)
+        # The same private cluster `hpvc bench slurm` uses, sharing `work` with the nodes.
+        with bench_slurm.private_slurm(
+            tmp, store, "10.88.0.0/16", extra_args=f"binds={work}"
+        ) as env:
+            yield Env(tmp, env, store, work)
     finally:
-        subprocess.run(["bash", DOWN], env=env, capture_output=True, timeout=60, check=False)
         # Whatever a failed test left: the hpvc state of this module, then the host.
-        for name in store.names():
-            subprocess.run(
-                [HPVC, "node", "down", "--job", name[1:].split("-")[0]],
-                env=env,
-                capture_output=True,
-                check=False,
-            )
-        left = [n for n in store.names()]
+        for job in {p[0] for n in store.names() if (p := policy.parse_share_name(n))}:
+            node.down(job, store)
+        left = store.names()
         shutil.rmtree(tmp, ignore_errors=True)
         assert left == [], f"shares left after the module: {left}"
 

@@ -37,6 +37,7 @@ from hpvc.bench.stats import summary
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.slurm import node
+from hpvc.slurm.policy import parse_share_name
 
 Progress = Callable[[str], None]
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "make", "cc")
@@ -91,9 +92,10 @@ def free_base_port(start: int = 7917) -> int:
 
 @contextmanager
 def private_slurm(
-    tmp: Path, store: Store, subnet: str, progress: Progress
+    tmp: Path, store: Store, subnets: str, progress: Progress = _quiet, extra_args: str = ""
 ) -> Iterator[dict[str, str]]:
-    """A local Slurm cluster with the hpvc plugin; the environment to submit to it."""
+    """A local Slurm cluster with the hpvc plugin under ``tmp`` (hpvc state in
+    ``store``, jobs allowed ``subnets``); the environment to submit to it."""
     repo = repo_dir()
     progress("building the SPANK plugin")
     b = subprocess.run(
@@ -116,7 +118,7 @@ def private_slurm(
         HPVC_STATE_DIR=str(store.root),
         HPVC_SPANK_SO=str(repo / "native" / "spank" / "hpvc_spank.so"),
         HPVC_BIN=hpvc_bin,
-        HPVC_SPANK_ARGS=f"image_dir={default_store()} subnets={subnet}",
+        HPVC_SPANK_ARGS=f"image_dir={default_store()} subnets={subnets} {extra_args}".strip(),
     )
     scripts = repo / "scripts" / "slurm"
     progress("starting a private Slurm cluster (3 slurmd)")
@@ -298,8 +300,7 @@ def run(repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
             for rep in range(repeat):
                 rows += one_rep(env, work, store, spec, rep, progress)
     finally:
-        for name in store.names():
-            job = int(name[1:].split("-")[0])
+        for job in {p[0] for n in store.names() if (p := parse_share_name(n))}:
             node.down(job, store)
         left = store.names()
         if not left:

@@ -7,7 +7,6 @@ can call them by hand to look at or clean up a job's nodes.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import typer
@@ -177,16 +176,14 @@ def enter_cmd(
     vnode: str = typer.Option(..., "--node", help="Virtual node name."),
     argv: list[str] = typer.Argument(None, help="Command (after --)."),
 ) -> None:
-    from hpvc.backends import container as ct
+    from hpvc.cluster import ops
     from hpvc.cluster.state import Store
     from hpvc.slurm import node
 
     store = Store()
     for name in node.job_shares(store, job):
-        rec = store.get(name)
-        if vnode in {n.name for n in rec.the_plan().nodes}:
-            cmd = ct.exec_argv(ct.container_id(name, vnode), list(argv or ["/bin/sh"]))
-            raise typer.Exit(subprocess.run(cmd, check=False).returncode)
+        if vnode in {n.name for n in store.get(name).the_plan().nodes}:
+            raise typer.Exit(ops.exec_node(name, vnode, list(argv or ["/bin/sh"]), store))
     raise InputError(f"node {vnode!r}", f"no share of job {job} on this host has it", "")
 
 

@@ -45,6 +45,7 @@ from hpvc.slurm.policy import (
     Site,
     hosts_text,
     load,
+    parse_share_name,
     restrict,
     share_name,
     split,
@@ -179,10 +180,10 @@ def job_lock(store: Store, job: int) -> Iterator[None]:
 
 
 def job_shares(store: Store, job: int) -> list[str]:
-    prefix = f"j{job}-"
+    """The job's shares on this host, also half-made ones (no record yet)."""
     base = store.root / "clusters"
     names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
-    return [n for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()]
+    return [n for n in names if (p := parse_share_name(n)) and p[0] == job]
 
 
 def _other_subnets(store: Store, job: int) -> dict[str, str]:
@@ -328,19 +329,15 @@ def listing(store: Store | None = None) -> list[dict[str, Any]]:
     store = store or Store()
     out = []
     for n in store.names():
-        if not n.startswith("j") or "-" not in n:
-            continue
-        rec = store.load(n)
-        if rec is None:
-            continue
-        job, _, index = n[1:].partition("-")
-        if not (job.isdigit() and index.isdigit()):
+        parsed = parse_share_name(n)
+        rec = store.load(n) if parsed else None
+        if parsed is None or rec is None:
             continue
         plan = rec.the_plan()
         out.append(
             {
-                "job": int(job),
-                "share": int(index),
+                "job": parsed[0],
+                "share": parsed[1],
                 "cluster": n,
                 "status": rec.status,
                 "nodes": [x.name for x in plan.nodes],

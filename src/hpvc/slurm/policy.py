@@ -161,6 +161,14 @@ def share_name(job: int, index: int) -> str:
     return f"j{job}-{index}"
 
 
+def parse_share_name(name: str) -> tuple[int, int] | None:
+    """(job, index) of a share's cluster name, None for any other cluster."""
+    job, sep, index = name[1:].partition("-")
+    if name[:1] != "j" or not sep or not (job.isdigit() and index.isdigit()):
+        return None
+    return int(job), int(index)
+
+
 def task_pool(share: Sequence[str], roles: dict[str, str]) -> list[str]:
     """The nodes local tasks run in, in order: local task ``t`` runs in
     ``pool[t % len(pool)]`` (the plugin does the modulo). The share's compute
