@@ -94,7 +94,7 @@ class Vm:
         net.ensure_bridge(self.journal, self.bridge, gw, network.prefixlen, network.mtu)
         launch = render_qemu(plan, plan.nodes[0], ctx)
         self.taps.append(launch.tap)
-        vm_qemu.create_tap(self.journal, launch.tap, self.bridge, network.mtu)
+        net.create_tap(self.journal, launch.tap, self.bridge, network.mtu)
         self.names.append(vm_qemu.name_of(launch.argv))
         pid = vm_qemu.start_qemu(self.journal, launch, log=self.tmp / "qemu.log")
         return launch, pid

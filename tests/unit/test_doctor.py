@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from hpvc.cli import main
-from hpvc.host import probe
+from hpvc.host import doctor, probe
+from hpvc.host.accel import accelerator
+from hpvc.sysroot import SysRoot
 
 VMX_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse msr vmx sse2\n\n"
 PLAIN_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse msr hypervisor sse2\n\n"
@@ -39,14 +41,20 @@ def no_tools(name: str) -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def _no_accel_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe decides unless a test sets HPVC_ACCEL itself."""
+    monkeypatch.delenv("HPVC_ACCEL", raising=False)
+
+
 # --- accelerator ---------------------------------------------------------------------
 
 
 def test_kvm_usable_with_vmx(tmp_path: Path) -> None:
     put(tmp_path, "dev/kvm")
     put(tmp_path, "proc/cpuinfo", VMX_CPUINFO)
-    check = probe.check_accelerator(tmp_path)
-    assert probe.accelerator(tmp_path) == "kvm"
+    check = doctor.check_accelerator(tmp_path)
+    assert accelerator(tmp_path, env={}).name == "kvm"
     assert check.status == "ok"
     assert "vmx" in check.detail
     assert check.fix == ""
@@ -55,15 +63,15 @@ def test_kvm_usable_with_vmx(tmp_path: Path) -> None:
 def test_svm_also_gives_kvm(tmp_path: Path) -> None:
     put(tmp_path, "dev/kvm")
     put(tmp_path, "proc/cpuinfo", VMX_CPUINFO.replace("vmx", "svm"))
-    assert probe.accelerator(tmp_path) == "kvm"
+    assert accelerator(tmp_path, env={}).name == "kvm"
 
 
 def test_kvm_device_without_vmx_and_pvm_module_is_tcg(tmp_path: Path) -> None:
     put(tmp_path, "dev/kvm")
     put(tmp_path, "proc/cpuinfo", PLAIN_CPUINFO)
     put(tmp_path, "proc/modules", "kvm_pvm 139264 0 - Live 0x0\nkvm 1142784 1 kvm_pvm, Live 0x0\n")
-    check = probe.check_accelerator(tmp_path)
-    assert probe.accelerator(tmp_path) == "tcg"
+    check = doctor.check_accelerator(tmp_path)
+    assert accelerator(tmp_path, env={}).name == "tcg"
     assert check.status == "warn"
     assert "kvm_pvm" in check.detail
     assert "vmx/svm" in check.detail
@@ -73,17 +81,28 @@ def test_pvm_seen_under_sys_module(tmp_path: Path) -> None:
     put(tmp_path, "dev/kvm")
     put(tmp_path, "proc/cpuinfo", PLAIN_CPUINFO)
     (tmp_path / "sys/module/kvm_pvm").mkdir(parents=True)
-    assert "kvm_pvm" in probe.check_accelerator(tmp_path).detail
+    assert "kvm_pvm" in doctor.check_accelerator(tmp_path).detail
 
 
 def test_no_dev_kvm_is_tcg(tmp_path: Path) -> None:
     put(tmp_path, "proc/cpuinfo", VMX_CPUINFO)
-    check = probe.check_accelerator(tmp_path)
-    assert probe.accelerator(tmp_path) == "tcg"
+    check = doctor.check_accelerator(tmp_path)
+    assert accelerator(tmp_path, env={}).name == "tcg"
     assert check.status == "warn"
     assert "no /dev/kvm" in check.detail
     assert "kvm_pvm" not in check.detail
     assert "modprobe" in check.fix
+
+
+def test_hpvc_accel_overrides_the_probe_in_the_report(tmp_path: Path) -> None:
+    put(tmp_path, "dev/kvm")
+    put(tmp_path, "proc/cpuinfo", VMX_CPUINFO)
+    forced = doctor.check_accelerator(tmp_path, env={"HPVC_ACCEL": "tcg"})
+    assert forced.status == "warn" and "forced by HPVC_ACCEL" in forced.detail
+    assert forced.fix == "unset HPVC_ACCEL to probe"
+    assert doctor.check_accelerator(tmp_path, env={"HPVC_ACCEL": "kvm"}).status == "ok"
+    report = doctor.run_checks(tmp_path, which=no_tools, env={"HPVC_ACCEL": "tcg"})
+    assert report.accelerator == "tcg"
 
 
 # --- hugepages -----------------------------------------------------------------------
@@ -115,7 +134,7 @@ def test_hugepage_pools_two_sizes_two_nodes(tmp_path: Path) -> None:
         (1, 2048): (256, 7),
         (1, 1048576): (4, 3),
     }
-    check = probe.check_hugepages(tmp_path)
+    check = doctor.check_hugepages(tmp_path)
     assert check.status == "ok"
     assert "sizes 2MiB, 1GiB" in check.detail
     assert "node0: 2MiB 512 total 500 free, 1GiB 2 total 1 free" in check.detail
@@ -123,21 +142,21 @@ def test_hugepage_pools_two_sizes_two_nodes(tmp_path: Path) -> None:
 
 
 def test_no_hugepages_is_missing(tmp_path: Path) -> None:
-    assert probe.check_hugepages(tmp_path).status == "missing"
+    assert doctor.check_hugepages(tmp_path).status == "missing"
 
 
 def test_hugetlbfs_mount_detected(tmp_path: Path) -> None:
-    assert probe.check_hugetlbfs(tmp_path).status == "warn"
-    assert "hpvc mounts one" in probe.check_hugetlbfs(tmp_path).fix
+    assert doctor.check_hugetlbfs(tmp_path).status == "warn"
+    assert "hpvc mounts one" in doctor.check_hugetlbfs(tmp_path).fix
     put(tmp_path, "proc/mounts", "hugetlbfs /dev/hugepages hugetlbfs rw,pagesize=2M 0 0\n")
-    check = probe.check_hugetlbfs(tmp_path)
+    check = doctor.check_hugetlbfs(tmp_path)
     assert check.status == "ok"
     assert "/dev/hugepages (2M)" in check.detail
 
 
 def test_thp_mode(tmp_path: Path) -> None:
     put(tmp_path, "sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never\n")
-    assert probe.check_thp(tmp_path).detail.startswith("madvise")
+    assert doctor.check_thp(tmp_path).detail.startswith("madvise")
 
 
 # --- cgroups and bfq -----------------------------------------------------------------
@@ -151,7 +170,7 @@ def test_hybrid_cgroups_with_hugetlb_on_cgroup2_warns(tmp_path: Path) -> None:
     assert layout.v1["memory"] == "/sys/fs/cgroup/memory"
     assert "hugetlb" not in layout.v1
     assert layout.v2 == ("hugetlb",)
-    check = probe.check_cgroups(tmp_path)
+    check = doctor.check_cgroups(tmp_path)
     assert check.status == "warn"
     assert "crun" in check.detail
     assert check.fix == (
@@ -164,7 +183,7 @@ def test_hybrid_with_hugetlb_bound_to_v1_is_ok(tmp_path: Path) -> None:
     mounts = HYBRID_MOUNTS + "cgroup /sys/fs/cgroup/hugetlb cgroup rw,hugetlb 0 0\n"
     put(tmp_path, "proc/mounts", mounts)
     put(tmp_path, "sys/fs/cgroup/unified/cgroup.controllers", "")
-    check = probe.check_cgroups(tmp_path)
+    check = doctor.check_cgroups(tmp_path)
     assert probe.cgroup_layout(tmp_path).mode == "hybrid"
     assert check.status == "ok", check
 
@@ -173,9 +192,9 @@ def test_pure_v2_and_v1_modes(tmp_path: Path) -> None:
     put(tmp_path, "proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
     put(tmp_path, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory hugetlb pids\n")
     assert probe.cgroup_layout(tmp_path).mode == "v2"
-    assert probe.check_cgroups(tmp_path).status == "ok"
+    assert doctor.check_cgroups(tmp_path).status == "ok"
     put(tmp_path, "proc/mounts", "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n")
-    check = probe.check_cgroups(tmp_path)
+    check = doctor.check_cgroups(tmp_path)
     assert probe.cgroup_layout(tmp_path).mode == "v1"
     assert check.status == "warn"
     assert "cpuset" in check.detail
@@ -186,16 +205,34 @@ def test_cgroups_from_proc_self_cgroup(tmp_path: Path) -> None:
     layout = probe.cgroup_layout(tmp_path)
     assert layout.mode == "hybrid"
     assert {"memory", "cpu", "cpuacct"} <= set(layout.v1)
-    assert probe.check_cgroups(Path(tmp_path / "empty")).status == "missing"
+    assert doctor.check_cgroups(Path(tmp_path / "empty")).status == "missing"
+
+
+def test_cgroup_procs_of_a_process(tmp_path: Path) -> None:
+    put(tmp_path, "proc/mounts", HYBRID_MOUNTS)
+    put(tmp_path, "proc/42/cgroup", "3:memory:/hpvc/c/n\n2:cpu,cpuacct:/hpvc/c/n\n0::/x\n")
+    put(tmp_path, "sys/fs/cgroup/memory/hpvc/c/n/cgroup.procs")
+    put(tmp_path, "sys/fs/cgroup/unified/x/cgroup.procs")
+    assert probe.proc_cgroups(42, tmp_path)[0] == ("memory", "/hpvc/c/n")
+    assert probe.cgroup_procs(42, tmp_path) == (
+        "/sys/fs/cgroup/memory/hpvc/c/n/cgroup.procs",
+        "/sys/fs/cgroup/unified/x/cgroup.procs",
+    )
+    assert probe.cgroup_procs(43, tmp_path) == ()
+
+
+def test_mounts_under(tmp_path: Path) -> None:
+    put(tmp_path, "proc/mounts", "proc /srv/a\\040b/proc proc rw 0 0\nx /srv/ab x rw 0 0\n")
+    assert probe.mounts_under(Path("/srv/a b"), SysRoot(tmp_path)) == ["/srv/a b/proc"]
 
 
 def test_bfq(tmp_path: Path) -> None:
     put(tmp_path, "sys/block/vda/queue/scheduler", "[mq-deadline] none\n")
-    check = probe.check_bfq(tmp_path)
+    check = doctor.check_bfq(tmp_path)
     assert check.status == "warn"
     assert check.fix == "modprobe bfq"
     put(tmp_path, "sys/block/sda/queue/scheduler", "mq-deadline [bfq] none\n")
-    check = probe.check_bfq(tmp_path)
+    check = doctor.check_bfq(tmp_path)
     assert check.status == "ok"
     assert "1 of 2" in check.detail
     assert "active on sda" in check.detail
@@ -208,7 +245,7 @@ def test_missing_tool_names_debian_package() -> None:
     def which(name: str) -> str | None:
         return None if name == "crun" else f"/usr/bin/{name}"
 
-    checks = {c.name: c for c in (probe.check_tool(t, which) for t in probe.TOOLS)}
+    checks = {c.name: c for c in (doctor.check_tool(t, which) for t in doctor.TOOLS)}
     assert checks["crun"].status == "missing"
     assert checks["crun"].fix == "apt-get install crun"
     assert checks["qemu"].status == "ok"
@@ -216,7 +253,7 @@ def test_missing_tool_names_debian_package() -> None:
 
 
 def test_every_tool_has_its_package() -> None:
-    checks = {c.name: c for c in (probe.check_tool(t, no_tools) for t in probe.TOOLS)}
+    checks = {c.name: c for c in (doctor.check_tool(t, no_tools) for t in doctor.TOOLS)}
     assert all(c.status == "missing" for c in checks.values())
     assert checks["qemu"].fix == "apt-get install qemu-system-x86"
     assert checks["slurm"].fix == "apt-get install slurm-wlm"
@@ -233,11 +270,11 @@ def test_partial_libvirt_and_any_mpi() -> None:
     def which(name: str) -> str | None:
         return f"/usr/bin/{name}" if name in have else None
 
-    libvirt = next(t for t in probe.TOOLS if t.name == "libvirt")
-    mpi = next(t for t in probe.TOOLS if t.name == "mpi")
-    check = probe.check_tool(libvirt, which)
+    libvirt = next(t for t in doctor.TOOLS if t.name == "libvirt")
+    mpi = next(t for t in doctor.TOOLS if t.name == "mpi")
+    check = doctor.check_tool(libvirt, which)
     assert (check.status, check.fix) == ("missing", "apt-get install libvirt-daemon-system")
-    assert probe.check_tool(mpi, which).status == "ok"
+    assert doctor.check_tool(mpi, which).status == "ok"
 
 
 def test_which_under_root(tmp_path: Path) -> None:
@@ -250,22 +287,22 @@ def test_which_under_root(tmp_path: Path) -> None:
 
 
 def test_network_checks(tmp_path: Path) -> None:
-    assert probe.check_bridge(tmp_path).fix == "modprobe bridge"
-    assert probe.check_tun(tmp_path).status == "missing"
-    vhost = probe.check_vhost_net(tmp_path)
+    assert doctor.check_bridge(tmp_path).fix == "modprobe bridge"
+    assert doctor.check_tun(tmp_path).status == "missing"
+    vhost = doctor.check_vhost_net(tmp_path)
     assert vhost.status == "warn" and "vhost=off" in vhost.detail
     put(tmp_path, "proc/modules", "bridge 311296 0 - Live 0x0\nveth 36864 0 - Live 0x0\n")
     put(tmp_path, "dev/net/tun")
     put(tmp_path, "dev/vhost-net")
-    for check in (probe.check_bridge, probe.check_tun, probe.check_vhost_net, probe.check_veth):
+    for check in (doctor.check_bridge, doctor.check_tun, doctor.check_vhost_net, doctor.check_veth):
         assert check(tmp_path).status == "ok"
-    assert probe.check_veth(tmp_path).detail == "veth module loaded"
+    assert doctor.check_veth(tmp_path).detail == "veth module loaded"
 
 
 def test_numa_nodes_and_cpus(tmp_path: Path) -> None:
     put(tmp_path, "sys/devices/system/node/node0/cpulist", "0-3,8\n")
     put(tmp_path, "sys/devices/system/node/node1/cpulist", "4-7\n")
-    check = probe.check_numa(tmp_path)
+    check = doctor.check_numa(tmp_path)
     assert check.detail == "2 nodes, 9 CPUs (node0: 0-3,8; node1: 4-7)"
 
 
@@ -276,11 +313,11 @@ def test_report_summary_counts(tmp_path: Path) -> None:
     put(tmp_path, "dev/kvm")
     put(tmp_path, "proc/cpuinfo", VMX_CPUINFO)
     make_pools(tmp_path)
-    report = probe.run_checks(tmp_path, which=no_tools)
+    report = doctor.run_checks(tmp_path, which=no_tools)
     assert report.accelerator == "kvm"
     summary = report.summary()
     assert sum(summary.values()) == len(report.checks)
-    assert summary["missing"] >= len(probe.TOOLS)
+    assert summary["missing"] >= len(doctor.TOOLS)
     assert all((c.fix == "") == (c.status == "ok") for c in report.checks)
 
 

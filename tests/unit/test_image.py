@@ -16,6 +16,7 @@ import pytest
 from hpvc.cli import image as cli_image
 from hpvc.cli import main
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host.probe import mounts_under
 from hpvc.image import (
     DEFAULT_PACKAGES,
     Image,
@@ -28,7 +29,7 @@ from hpvc.image import (
     remove_image,
     resolve_image,
 )
-from hpvc.image.store import default_store, mounts_under, remove_tree
+from hpvc.image.store import default_store, remove_tree
 
 # The default recipe's digest. It changes only when the recipe or FORMAT_VERSION
 # does; if this test fails, every cached image on every machine is rebuilt.
@@ -367,14 +368,15 @@ def test_remove_refuses_an_image_in_use(tmp_path: Path, store: Store) -> None:
 def test_remove_tree_never_descends_into_a_mount(tmp_path: Path) -> None:
     victim = tmp_path / "tmp-1"
     (victim / "rootfs/proc").mkdir(parents=True)
-    info = tmp_path / "mountinfo"
+    host = tmp_path / "host"
+    (host / "proc").mkdir(parents=True)
     point = str(victim / "rootfs/proc").replace(" ", "\\040")
-    info.write_text(f"22 1 0:5 / {point} rw - proc proc rw\n30 1 0:6 / /elsewhere rw - x x rw\n")
-    assert mounts_under(victim, info) == [str(victim / "rootfs/proc")]
+    (host / "proc/mounts").write_text(f"proc {point} proc rw 0 0\nx /elsewhere x rw 0 0\n")
+    assert mounts_under(victim, host) == [str(victim / "rootfs/proc")]
     with pytest.raises(HpvcError, match="still mounted"):
-        remove_tree(victim, mountinfo=info)
+        remove_tree(victim, root=host)
     assert victim.exists()
-    remove_tree(victim, mountinfo=tmp_path / "none")
+    remove_tree(victim, root=tmp_path / "none")
     assert not victim.exists()
 
 

@@ -1,5 +1,5 @@
 """The direct-QEMU backend without root or QEMU: command-line bookkeeping, thread
-classification on fake /proc trees, the accelerator override, readiness, and the
+classification on fake /proc trees, readiness, and the
 start/pin/stop cycle against a fake QEMU (a small Python program that speaks
 QMP on the -qmp socket and reports its own threads as vCPUs).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.backends import vm_qemu
-from hpvc.errors import HpvcError, InputError
+from hpvc.errors import HpvcError
 from hpvc.host.journal import Journal
 from hpvc.plan.model import NetworkPlan, NumaCell, Plan, PlannedNode, VcpuPin
 from hpvc.render.context import RenderContext
@@ -218,40 +218,6 @@ def test_qemu_is_recognised_by_its_name(tmp_path: Path) -> None:
     assert vm_qemu.running(100, tmp_path)
     assert not vm_qemu.running(400, tmp_path)
     assert not vm_qemu.running(555, tmp_path)
-
-
-# --- accelerator ---------------------------------------------------------------------
-
-
-def _host(root: Path, *, kvm: bool, flag: str | None) -> Path:
-    (root / "proc").mkdir(parents=True)
-    (root / "proc" / "cpuinfo").write_text(f"processor : 0\nflags : fpu sse2 {flag or ''}\n")
-    if kvm:
-        (root / "dev").mkdir()
-        (root / "dev" / "kvm").write_text("")
-    return root
-
-
-def test_accelerator_probes_kvm_only_with_vmx(tmp_path: Path) -> None:
-    hw = vm_qemu.accelerator(_host(tmp_path / "hw", kvm=True, flag="vmx"), env={})
-    assert (hw.name, hw.forced, hw.warning) == ("kvm", False, None)
-    pvm = vm_qemu.accelerator(_host(tmp_path / "pvm", kvm=True, flag=None), env={})
-    assert (pvm.name, pvm.forced) == ("tcg", False)
-    assert pvm.warning is not None and "TCG" in pvm.warning and "vmx/svm" in pvm.warning
-
-
-def test_accelerator_override(tmp_path: Path) -> None:
-    hw = _host(tmp_path / "hw", kvm=True, flag="svm")
-    pvm = _host(tmp_path / "pvm", kvm=True, flag=None)
-    tcg = vm_qemu.accelerator(hw, env={"HPVC_ACCEL": "tcg"})
-    assert (tcg.name, tcg.forced) == ("tcg", True)
-    assert tcg.warning is not None and "forced by HPVC_ACCEL" in tcg.warning
-    kvm = vm_qemu.accelerator(pvm, env={"HPVC_ACCEL": " KVM "})
-    assert (kvm.name, kvm.forced) == ("kvm", True)
-    assert kvm.warning is not None and "stall" in kvm.warning
-    assert vm_qemu.accelerator(hw, env={"HPVC_ACCEL": "kvm"}).warning is None
-    with pytest.raises(InputError, match="HPVC_ACCEL=xen: not an accelerator"):
-        vm_qemu.accelerator(hw, env={"HPVC_ACCEL": "xen"})
 
 
 # --- readiness -----------------------------------------------------------------------

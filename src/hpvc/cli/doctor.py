@@ -9,7 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from hpvc.cli.common import console, err_console, print_json
-from hpvc.host.probe import Report, run_checks
+from hpvc.host.doctor import Report, run_checks
+from hpvc.sysroot import SysRoot
 
 _STYLE = {"ok": "green", "warn": "yellow", "missing": "red"}
 
@@ -66,7 +67,7 @@ def doctor(
     ),
 ) -> None:
     """Report what this host offers and lacks for hpvc."""
-    report = run_checks(root)
+    report = run_checks(SysRoot(root))
     if json_out:
         print_json(report.as_dict())
     else:

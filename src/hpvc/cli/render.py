@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 import typer
 
+from hpvc import paths
 from hpvc.cli.common import console, print_json
 from hpvc.errors import InputError
 from hpvc.plan import Plan, plan_cluster
@@ -48,9 +48,9 @@ def _accel(choice: str) -> Literal["kvm", "tcg"]:
         return "kvm" if choice == "kvm" else "tcg"
     if choice != "auto":
         raise InputError("--accel", f"got {choice!r}", "use kvm, tcg or auto")
-    from hpvc.host.probe import accelerator
+    from hpvc.host.accel import accelerator
 
-    return accelerator()
+    return accelerator().name
 
 
 def write_artifacts(out: Path, artifacts: dict[str, str]) -> list[Path]:
@@ -88,7 +88,7 @@ def render_cmd(
     state_dir: str | None = typer.Option(
         None,
         "--state-dir",
-        help="Base of paths in the artifacts [HPVC_STATE_DIR or /var/lib/hpvc].",
+        help=f"Base of paths in the artifacts [HPVC_STATE_DIR or {paths.DEFAULT_STATE_DIR}].",
     ),
     kernel: str | None = typer.Option(None, "--kernel", help="Guest kernel for direct boot."),
     initrd: str | None = typer.Option(None, "--initrd", help="Guest initrd (with --kernel)."),
@@ -103,7 +103,7 @@ def render_cmd(
     if initrd and not kernel:
         raise InputError("--initrd", "given without --kernel", "add --kernel or drop --initrd")
     ctx = RenderContext(
-        base_dir=state_dir or os.environ.get("HPVC_STATE_DIR") or "/var/lib/hpvc",
+        base_dir=state_dir or str(paths.state_dir()),
         accel=_accel(accel),
         kernel=kernel,
         initrd=initrd,

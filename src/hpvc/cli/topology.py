@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hpvc.cli.common import console, print_json
+from hpvc.sysroot import SysRoot
 from hpvc.topology import Topology, offline_cpus, read_topology
 from hpvc.topology.model import NumaNode
 from hpvc.units import format_cpulist, format_mib
@@ -77,12 +78,13 @@ def topology(
     ),
 ) -> None:
     """Show packages, NUMA nodes, cores, memory and hugepages of a host."""
-    topo = read_topology(root)
+    host = SysRoot(root)
+    topo = read_topology(host)
     if json_out:
         print_json(topo.to_json())
         return
     console.print(render_table(topo))
-    console.print(summary_line(topo, offline_cpus(root)), markup=False)
+    console.print(summary_line(topo, offline_cpus(host)), markup=False)
     if topo.notes:
         console.print("notes:", markup=False)
         for note in topo.notes:

@@ -19,6 +19,7 @@ Every function takes ``root`` (``/`` or a fake tree); modprobe goes through
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.plan.model import IOPlan
+from hpvc.sysroot import HOST, RootLike, as_root
 
 THROTTLES = (
     ("read_bps", "rbps"),
@@ -44,8 +46,8 @@ Version = Literal["v1", "v2"]
 _runner: Runner = _host_run
 
 
-def _run(root: Path, argv: Sequence[str]) -> None:
-    if root != Path("/") and _runner is _host_run:
+def _run(root: RootLike, argv: Sequence[str]) -> None:
+    if not as_root(root).is_host and _runner is _host_run:
         raise RuntimeError(f"refusing to run {list(argv)} for the fake root {root}")
     _runner(argv)
 
@@ -92,7 +94,7 @@ def _scheduler(path: Path) -> tuple[str, list[str]] | None:
     return (offered[0] if len(offered) == 1 else "none"), offered
 
 
-def ensure_bfq(journal: Journal, device_name: str, root: Path = Path("/")) -> list[str]:
+def ensure_bfq(journal: Journal, device_name: str, root: RootLike = HOST) -> list[str]:
     """Make bfq the scheduler of ``device_name`` (undo kind "blk-scheduler"); return notes.
 
     Host-wide: pass the host journal. Loads the bfq module with ``modprobe bfq`` only
@@ -129,7 +131,7 @@ def _undo_scheduler(args: Args) -> None:
         write_text(path, args["previous"])
 
 
-def device_name(device: tuple[int, int], root: Path = Path("/")) -> str:
+def device_name(device: tuple[int, int], root: RootLike = HOST) -> str:
     """Disk name of a block device number (a partition's disk, which holds the scheduler)."""
     link = _at(root, f"/sys/dev/block/{device[0]}:{device[1]}")
     if not link.exists():
@@ -142,7 +144,7 @@ def device_name(device: tuple[int, int], root: Path = Path("/")) -> str:
 
 
 def apply_io(
-    root: Path, version: Version, d: Path, io: IOPlan, device: tuple[int, int] | None
+    root: RootLike, version: Version, d: Path, io: IOPlan, device: tuple[int, int] | None
 ) -> list[str]:
     """Set the bfq weight and check the throttles of the node cgroup ``d``; what was set."""
     done: list[str] = []
@@ -165,7 +167,7 @@ def weight_value(text: str | None) -> int | None:
 
 
 def _apply_weight(
-    root: Path, version: Version, d: Path, weight: int, device: tuple[int, int] | None
+    root: RootLike, version: Version, d: Path, weight: int, device: tuple[int, int] | None
 ) -> list[str]:
     if device is not None:
         name = device_name(device, root)
@@ -224,3 +226,17 @@ def _throttle_v2(d: Path, key: str, name: str, value: int) -> str:
     if parse_io_max(read_text(path)).get(key, {}).get(field) != value:
         raise HpvcError(f"block I/O limit of {d}", f"io.max does not hold {key} {field}={value}")
     return f"io.max = {key} {field}={value} (crun had not set it)"
+
+
+def block_device(path: Path, root: RootLike = HOST) -> tuple[int, int] | None:
+    """(major, minor) of the whole disk under ``path`` (throttles apply to disks,
+    not partitions); None on overlay, tmpfs and the like: nothing to throttle."""
+    dev = os.stat(path).st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    sys_dev = _at(root, f"/sys/dev/block/{major}:{minor}")
+    if not sys_dev.exists():
+        return None
+    if (sys_dev / "partition").exists():
+        parent = (sys_dev.resolve().parent / "dev").read_text().strip()
+        major, minor = (int(x) for x in parent.split(":"))
+    return (major, minor)

@@ -8,6 +8,10 @@ nodes nest under the cluster's cpuset. On v1 hpvc creates both levels in every
 hierarchy crun uses (``CRUN_V1``); on v2 in the unified tree, with the
 controllers the root delegates enabled in ``cgroup.subtree_control``.
 
+Long because creating, making exclusive and undoing a cluster's cgroups must
+agree on the v1 and v2 layouts in one place; the read-back is in
+``hpvc.host.cgroup_limits`` and block I/O in ``hpvc.host.blkio``.
+
 Exclusive CPUs: the kernel (v1 ``cpuset.cpu_exclusive``, v2
 ``cpuset.cpus.partition``) makes a cpuset exclusive only when its parent is.
 ``/hpvc`` stays non-exclusive (HOST-NOTES: an exclusive top-level cpuset breaks
@@ -50,23 +54,22 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpvc.errors import HpvcError, InputError
 from hpvc.host.blkio import THROTTLES as THROTTLES
-from hpvc.host.blkio import Runner, Version, apply_io, weight_value
+from hpvc.host.blkio import Runner, Version, apply_io
 from hpvc.host.blkio import device_name as device_name
 from hpvc.host.blkio import ensure_bfq as ensure_bfq
 from hpvc.host.blkio import parse_device_map as parse_device_map
 from hpvc.host.blkio import parse_io_max as parse_io_max
 from hpvc.host.blkio import read_text as _read
-from hpvc.host.blkio import to_int as _int
 from hpvc.host.blkio import write_text as _write
 from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.probe import CgroupLayout, cgroup_layout, read_mounts
 from hpvc.plan.model import IOPlan
+from hpvc.sysroot import HOST, RootLike, as_root
 from hpvc.units import format_cpulist, parse_cpulist
 
 PARENT = "hpvc"
@@ -80,8 +83,8 @@ _runner: Runner = _host_run
 _rmdir: Callable[[Path], None] = os.rmdir
 
 
-def _run(root: Path, argv: Sequence[str]) -> None:
-    if root != Path("/") and _runner is _host_run:
+def _run(root: RootLike, argv: Sequence[str]) -> None:
+    if not as_root(root).is_host and _runner is _host_run:
         raise RuntimeError(f"refusing to run {list(argv)} for the fake root {root}")
     _runner(argv)
 
@@ -113,7 +116,7 @@ def _version(layout: CgroupLayout) -> Version:
     )
 
 
-def _all_hierarchies(root: Path) -> list[str]:
+def _all_hierarchies(root: RootLike) -> list[str]:
     """Mount points of every cgroup hierarchy (v1, named v1 like systemd, cgroup2)."""
     targets = [m.target for m in read_mounts(root) if m.fstype in ("cgroup", "cgroup2")]
     return list(dict.fromkeys(targets))
@@ -138,7 +141,7 @@ def _subdirs(d: Path) -> list[Path]:
 # --- hugetlb on v1 -------------------------------------------------------------------
 
 
-def ensure_hugetlb_v1(journal: Journal, root: Path = Path("/")) -> bool:
+def ensure_hugetlb_v1(journal: Journal, root: RootLike = HOST) -> bool:
     """Bind hugetlb to cgroup v1 where the host uses v1 without it; True when hpvc mounted it.
 
     Host-wide: pass the host journal. crun 1.8 refuses a hybrid host until this is done.
@@ -168,7 +171,7 @@ def ensure_hugetlb_v1(journal: Journal, root: Path = Path("/")) -> bool:
     return True
 
 
-def _hpvc_cgroups_left(root: Path) -> list[str]:
+def _hpvc_cgroups_left(root: RootLike) -> list[str]:
     return [t for t in _all_hierarchies(root) if (_at(root, t) / PARENT).is_dir()]
 
 
@@ -221,7 +224,7 @@ def ensure_cluster_cgroup(
     cpus: str | Iterable[int],
     mems: str | Iterable[int],
     exclusive: bool,
-    root: Path = Path("/"),
+    root: RootLike = HOST,
 ) -> ClusterCgroup:
     """Create ``/hpvc/<cluster>`` with the cluster's CPUs and memory nodes (undo kind "cgroup")."""
     _check_name("cluster", cluster)
@@ -249,7 +252,7 @@ def _mkdir(d: Path) -> None:
 
 
 def _ensure_v1(
-    root: Path, layout: CgroupLayout, cluster: str, cpus: str, mems: str, exclusive: bool
+    root: RootLike, layout: CgroupLayout, cluster: str, cpus: str, mems: str, exclusive: bool
 ) -> tuple[bool, list[str]]:
     notes: list[str] = []
     lacking = [c for c in CRUN_V1 if not layout.v1.get(c)]
@@ -310,7 +313,7 @@ def _not_exclusive_note(cl: Path) -> str:
 
 
 def _ensure_v2(
-    root: Path, base: Path, cluster: str, cpus: str, mems: str, exclusive: bool
+    root: RootLike, base: Path, cluster: str, cpus: str, mems: str, exclusive: bool
 ) -> tuple[bool, list[str]]:
     delegated = (_read(base / "cgroup.subtree_control") or "").split()
     wanted = [c for c in V2_CONTROLLERS if c in delegated]
@@ -396,7 +399,7 @@ def _prune(base: Path, rel: str) -> None:
         parent = parent.parent
 
 
-def cluster_cgroup_exists(cluster: str, root: Path = Path("/")) -> bool:
+def cluster_cgroup_exists(cluster: str, root: RootLike = HOST) -> bool:
     """Does ``/hpvc/<cluster>`` exist in any cgroup hierarchy."""
     _check_name("cluster", cluster)
     rel = cluster_path(cluster)
@@ -406,7 +409,7 @@ def cluster_cgroup_exists(cluster: str, root: Path = Path("/")) -> bool:
 # --- per-node block I/O (the rest is in hpvc.host.blkio) ----------------------------
 
 
-def _node_dir(root: Path, cluster: str, node: str, controller: str) -> tuple[Version, Path]:
+def _node_dir(root: RootLike, cluster: str, node: str, controller: str) -> tuple[Version, Path]:
     _check_name("cluster", cluster)
     _check_name("node", node)
     layout = cgroup_layout(root)
@@ -428,7 +431,7 @@ def apply_node_extras(
     *,
     io: IOPlan | None,
     device: tuple[int, int] | None,
-    root: Path = Path("/"),
+    root: RootLike = HOST,
 ) -> list[str]:
     """Set what crun cannot (bfq weight) and check crun's throttles; return what was set."""
     if io is None:
@@ -437,133 +440,19 @@ def apply_node_extras(
     return apply_io(root, version, d, io, device)
 
 
-# --- read-back -----------------------------------------------------------------------
+def remove_empty(rel: str, root: RootLike = HOST) -> None:
+    """rmdir ``rel`` in every cgroup hierarchy where it is left empty (a failed
+    ``crun run`` leaves its cgroups behind, HOST-NOTES); busy ones stay."""
+    rel = rel.strip("/")
+    if not rel:
+        return
+    for base in _all_hierarchies(root):
+        d = Path(base) / rel
+        if d.is_dir() and not _procs(d):
+            with suppress(OSError):
+                d.rmdir()
 
 
-def node_tasks(cluster: str, node: str, root: Path = Path("/")) -> list[int]:
-    """PIDs in the node's cgroup and below it (empty when it has none)."""
-    for controller in ("pids", "memory", "cpuset", "freezer"):
-        try:
-            _, d = _node_dir(root, cluster, node, controller)
-        except HpvcError:
-            continue
-        pids: set[int] = set()
-        for dirpath, _, _ in os.walk(d):
-            pids.update(_procs(Path(dirpath)))
-        return sorted(pids)
-    return []
-
-
-def _hugetlb_kib(name: str) -> int | None:
-    """``2MB`` -> 2048 (the size in hugetlb.<size>.* file names)."""
-    m = re.fullmatch(r"(\d+)([KMG])B", name)
-    if not m:
-        return None
-    return int(m.group(1)) << {"K": 0, "M": 10, "G": 20}[m.group(2)]
-
-
-def _hugetlb(d: Path | None, limit: str, usage: str) -> dict[str, dict[str, int | None]]:
-    out: dict[str, dict[str, int | None]] = {}
-    if d is None or not d.is_dir():
-        return out
-    for f in sorted(d.glob(f"hugetlb.*.{limit}")):
-        size = _hugetlb_kib(f.name.split(".")[1])
-        if size is not None and not f.name.split(".")[2].startswith("rsvd"):
-            usage_text = _read(d / f"hugetlb.{f.name.split('.')[1]}.{usage}")
-            out[f"{size}kB"] = {"limit": _int(_read(f)), "usage": _int(usage_text)}
-    return out
-
-
-def read_node_limits(cluster: str, node: str, root: Path = Path("/")) -> dict[str, Any]:
-    """The limits the kernel holds for a node (for ``hpvc status``); None: no limit / unknown.
-
-    Keys: cgroup ("v1"|"v2"), path, cpus, mems (the node's), cluster_cpus, cluster_mems,
-    cpu_exclusive (of the cluster's cpuset), memory_limit, memory_usage, cpu_shares (v1),
-    cpu_weight (v2), cpu_quota_us, cpu_period_us, io {read_bps, write_bps, read_iops,
-    write_iops: {"MAJ:MIN": value}}, io_weight (bfq), pids_max, pids_current,
-    hugetlb {"2048kB": {limit, usage}} (bytes).
-    """
-    _check_name("cluster", cluster)
-    _check_name("node", node)
-    layout = cgroup_layout(root)
-    if _version(layout) == "v1":
-        return _limits_v1(root, layout, cluster, node)
-    _, d = _node_dir(root, cluster, node, "cgroup2")
-    return _limits_v2(d, d.parent)
-
-
-def _v1_reader(root: Path, layout: CgroupLayout, rel: str) -> Callable[[str, str], str | None]:
-    def read(controller: str, name: str) -> str | None:
-        target = layout.v1.get(controller)
-        return _read(_at(root, target) / rel / name) if target else None
-
-    return read
-
-
-def _limits_v1(root: Path, layout: CgroupLayout, cluster: str, node: str) -> dict[str, Any]:
-    rel = node_path(cluster, node).lstrip("/")
-    if not any((_at(root, t) / rel).is_dir() for t in _crun_targets(layout)):
-        _node_dir(root, cluster, node, "pids")  # raises the "is it running?" error
-    n = _v1_reader(root, layout, rel)
-    c = _v1_reader(root, layout, cluster_path(cluster).lstrip("/"))
-    hugetlb = layout.v1.get("hugetlb")
-    return {
-        "cgroup": "v1",
-        "path": "/" + rel,
-        "cpus": n("cpuset", "cpuset.cpus"),
-        "mems": n("cpuset", "cpuset.mems"),
-        "cluster_cpus": c("cpuset", "cpuset.cpus"),
-        "cluster_mems": c("cpuset", "cpuset.mems"),
-        "cpu_exclusive": c("cpuset", "cpuset.cpu_exclusive") == "1",
-        "memory_limit": _int(n("memory", "memory.limit_in_bytes")),
-        "memory_usage": _int(n("memory", "memory.usage_in_bytes")),
-        "cpu_shares": _int(n("cpu", "cpu.shares")),
-        "cpu_weight": None,
-        "cpu_quota_us": _int(n("cpu", "cpu.cfs_quota_us")),
-        "cpu_period_us": _int(n("cpu", "cpu.cfs_period_us")),
-        "io": {
-            name: parse_device_map(n("blkio", f"blkio.throttle.{name}_device"))
-            for name, _ in THROTTLES
-        },
-        "io_weight": weight_value(n("blkio", "blkio.bfq.weight")),
-        "pids_max": _int(n("pids", "pids.max")),
-        "pids_current": _int(n("pids", "pids.current")),
-        "hugetlb": _hugetlb(
-            _at(root, hugetlb) / rel if hugetlb else None, "limit_in_bytes", "usage_in_bytes"
-        ),
-    }
-
-
-def _io_field(io_max: dict[str, dict[str, int | None]], field: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for dev, values in io_max.items():
-        value = values.get(field)
-        if value is not None:
-            out[dev] = value
-    return out
-
-
-def _limits_v2(d: Path, cl: Path) -> dict[str, Any]:
-    cpu_max = (_read(d / "cpu.max") or "").split()
-    io_max = parse_io_max(_read(d / "io.max"))
-    partition = _read(cl / "cpuset.cpus.partition") or ""
-    return {
-        "cgroup": "v2",
-        "path": "/" + "/".join(d.parts[-3:]),
-        "cpus": _read(d / "cpuset.cpus.effective"),
-        "mems": _read(d / "cpuset.mems.effective"),
-        "cluster_cpus": _read(cl / "cpuset.cpus.effective"),
-        "cluster_mems": _read(cl / "cpuset.mems.effective"),
-        "cpu_exclusive": partition in ("root", "isolated"),
-        "memory_limit": _int(_read(d / "memory.max")),
-        "memory_usage": _int(_read(d / "memory.current")),
-        "cpu_shares": None,
-        "cpu_weight": _int(_read(d / "cpu.weight")),
-        "cpu_quota_us": _int(cpu_max[0]) if cpu_max else None,
-        "cpu_period_us": _int(cpu_max[1]) if len(cpu_max) > 1 else None,
-        "io": {name: _io_field(io_max, f) for name, f in THROTTLES},
-        "io_weight": weight_value(_read(d / "io.bfq.weight")),
-        "pids_max": _int(_read(d / "pids.max")),
-        "pids_current": _int(_read(d / "pids.current")),
-        "hugetlb": _hugetlb(d, "max", "current"),
-    }
+# The read-back lives in its own module; its names are kept here for callers.
+from hpvc.host.cgroup_limits import node_tasks as node_tasks  # noqa: E402
+from hpvc.host.cgroup_limits import read_node_limits as read_node_limits  # noqa: E402

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpvc.errors import HpvcError
+from hpvc.sysroot import RootLike, as_root
 
 PACKAGE_OF = {"modprobe": "kmod", "mount": "mount", "umount": "mount"}
 
@@ -22,6 +23,6 @@ def host_run(argv: Sequence[str]) -> None:
         raise HpvcError(" ".join(argv), done.stderr.strip() or f"exit status {done.returncode}")
 
 
-def at(root: Path, abs_path: str) -> Path:
+def at(root: RootLike, abs_path: str) -> Path:
     """``abs_path`` inside ``root`` (a host path under an injectable root)."""
-    return root / abs_path.lstrip("/")
+    return as_root(root).at(abs_path)

@@ -52,6 +52,7 @@ from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.probe import hugepage_sizes, read_mounts
+from hpvc.sysroot import HOST, RootLike, as_root
 
 _log = logging.getLogger(__name__)
 _settled: set[str] = set()
@@ -86,9 +87,9 @@ _IO: PoolIO = SysfsIO()
 _runner: Runner = _host_run
 
 
-def _run(root: Path, argv: Sequence[str]) -> None:
+def _run(root: RootLike, argv: Sequence[str]) -> None:
     """Run a host command; refuse to mount anything for a fake root unless a test set a runner."""
-    if root != Path("/") and _runner is _host_run:
+    if not as_root(root).is_host and _runner is _host_run:
         raise RuntimeError(f"refusing to run {list(argv)} for the fake root {root}")
     _runner(argv)
 
@@ -96,7 +97,7 @@ def _run(root: Path, argv: Sequence[str]) -> None:
 # --- pools ---------------------------------------------------------------------------
 
 
-def pool_dir(node: int, size_kib: int, root: Path = Path("/")) -> Path:
+def pool_dir(node: int, size_kib: int, root: RootLike = HOST) -> Path:
     """sysfs directory of the pool of ``size_kib`` pages on NUMA ``node``.
 
     Hosts without NUMA in sysfs have one system-wide pool, used for node 0.
@@ -120,14 +121,14 @@ def _persistent(io: PoolIO, pool: Path) -> int:
     return io.read(pool / "nr_hugepages") - io.read(pool / "surplus_hugepages")
 
 
-def pool_state(node: int, size_kib: int, root: Path = Path("/")) -> tuple[int, int]:
+def pool_state(node: int, size_kib: int, root: RootLike = HOST) -> tuple[int, int]:
     """(total, free) pages of the pool, as the kernel reports them."""
     pool = pool_dir(node, size_kib, root)
     return _IO.read(pool / "nr_hugepages"), _IO.read(pool / "free_hugepages")
 
 
 def grow_pool(
-    journal: Journal, node: int, size_kib: int, count: int, root: Path = Path("/")
+    journal: Journal, node: int, size_kib: int, count: int, root: RootLike = HOST
 ) -> None:
     """Add ``count`` pages to the pool; all of them, or none and an ``HpvcError``."""
     if count < 0:
@@ -158,7 +159,7 @@ def grow_pool(
     )
 
 
-def _give_back(root: Path, node: int, size_kib: int, added: int) -> None:
+def _give_back(root: RootLike, node: int, size_kib: int, added: int) -> None:
     """Lower the pool by ``added`` pages from where it stands; the kernel frees only free ones."""
     pool = pool_dir(node, size_kib, root)
     nr, surplus = pool / "nr_hugepages", pool / "surplus_hugepages"
@@ -232,7 +233,7 @@ def _kib(text: str) -> int:
     return int(text[:-1]) << shift
 
 
-def _mounted_at(root: Path, path: Path) -> tuple[str, int | None] | None:
+def _mounted_at(root: RootLike, path: Path) -> tuple[str, int | None] | None:
     """(fstype, hugetlbfs page size in KiB) of the topmost mount at ``path``, or None."""
     found = [m for m in read_mounts(root) if m.target == str(path)]
     if not found:
@@ -242,7 +243,7 @@ def _mounted_at(root: Path, path: Path) -> tuple[str, int | None] | None:
     return top.fstype, size
 
 
-def ensure_hugetlbfs(journal: Journal, path: Path, size_kib: int, root: Path = Path("/")) -> None:
+def ensure_hugetlbfs(journal: Journal, path: Path, size_kib: int, root: RootLike = HOST) -> None:
     """Mount hugetlbfs with ``pagesize=size_kib`` at ``path`` (host path, made with mkdir -p)."""
     have = _mounted_at(root, path)
     if have == ("hugetlbfs", size_kib):

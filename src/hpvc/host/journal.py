@@ -13,12 +13,16 @@ Each line is fsync'ed: a record that was written survives a crash of the CLI.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hpvc.progress import Progress, quiet
 
 Args = dict[str, Any]
 _UNDO: dict[str, Callable[[Args], None]] = {}
@@ -40,6 +44,16 @@ def undoer(kind: str) -> Callable[[Callable[[Args], None]], Callable[[Args], Non
 class Change:
     kind: str
     args: Args
+    module: str | None = None  # where the undo function of ``kind`` is registered
+
+
+def _undo_for(change: Change) -> Callable[[Args], None] | None:
+    fn = _UNDO.get(change.kind)
+    if fn is None and change.module and change.module.startswith("hpvc."):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(change.module)  # registers its undoers
+        fn = _UNDO.get(change.kind)
+    return fn
 
 
 class Journal:
@@ -49,9 +63,18 @@ class Journal:
         self.path = Path(path)
 
     def record(self, kind: str, **args: Any) -> None:
-        """Write down a change that is about to be made (call before making it)."""
+        """Write down a change that is about to be made (call before making it).
+
+        The line names the module whose ``@undoer`` undoes ``kind``, so a later
+        ``undo_all`` in a process that never imported it (``hpvc down`` loads
+        no backend) still finds it.
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"kind": kind, "args": args}, sort_keys=True) + "\n"
+        entry: dict[str, Any] = {"kind": kind, "args": args}
+        fn = _UNDO.get(kind)
+        if fn is not None:
+            entry["module"] = fn.__module__
+        line = json.dumps(entry, sort_keys=True) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line.encode())
@@ -71,10 +94,10 @@ class Journal:
                 d = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            out.append(Change(d["kind"], d["args"]))
+            out.append(Change(d["kind"], d["args"], d.get("module")))
         return out
 
-    def undo_all(self, log: Callable[[str], None] = lambda _: None) -> list[str]:
+    def undo_all(self, log: Progress = quiet) -> list[str]:
         """Undo every change, newest first; return the errors (empty when clean).
 
         A change whose undo succeeded is dropped from the journal, so a second
@@ -84,7 +107,7 @@ class Journal:
         errors: list[str] = []
         left: list[Change] = []
         for change in reversed(entries):
-            fn = _UNDO.get(change.kind)
+            fn = _undo_for(change)
             if fn is None:
                 errors.append(f"no undo for {change.kind!r} (hpvc too old for this state?)")
                 left.append(change)
@@ -105,7 +128,12 @@ class Journal:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(
             "".join(
-                json.dumps({"kind": c.kind, "args": c.args}, sort_keys=True) + "\n" for c in changes
+                json.dumps(
+                    {"kind": c.kind, "args": c.args, **({"module": c.module} if c.module else {})},
+                    sort_keys=True,
+                )
+                + "\n"
+                for c in changes
             )
         )
         os.replace(tmp, self.path)

@@ -338,3 +338,48 @@ def _undo_netns(args: Args) -> None:
         pass
     except OSError as e:
         raise _fail(f"network namespace {args['name']}", e) from e
+
+
+# --- VM taps -------------------------------------------------------------------------
+
+_TUN_TYPE_TAP = 2
+
+
+def _is_tap(ipr: Any, index: int) -> bool:
+    info = ipr.link("get", index=index)[0].get("IFLA_LINKINFO")
+    if info is None or info.get("IFLA_INFO_KIND") != "tun":
+        return False
+    data = info.get("IFLA_INFO_DATA")
+    kind = None if data is None else data.get("IFLA_TUN_TYPE")
+    return kind is None or kind == _TUN_TYPE_TAP
+
+
+def create_tap(journal: Journal, name: str, bridge: str, mtu: int) -> None:
+    """A persistent single-queue tap ``name`` with ``mtu``, enslaved to ``bridge``, up."""
+    what = f"tap {name}"
+    with _rtnl(what) as ipr:
+        master = _index(ipr, bridge)
+        if master is None:
+            raise HpvcError(what, f"no bridge {bridge} on the host", "create the cluster network")
+        if _index(ipr, name) is not None:
+            raise HpvcError(what, "already exists", "run 'hpvc down' for its cluster first")
+        journal.record("tap", ifname=name)
+        flags = {"no_pi": 1, "multi_queue": 0, "vnet_hdr": 0}
+        ipr.link("add", ifname=name, kind="tuntap", mode="tap", ifr=flags)
+        index = _require_index(ipr, name, what)
+        _disable_ipv6(name)
+        ipr.link("set", index=index, mtu=mtu, master=master, state="up")
+
+
+@undoer("tap")
+def _undo_tap(args: Args) -> None:
+    name = str(args["ifname"])
+    with _rtnl(f"tap {name}") as ipr:
+        index = _index(ipr, name)
+        if index is None or not _is_tap(ipr, index):
+            return  # gone, or an interface of that name that is not our tap
+        try:
+            ipr.link("del", index=index)
+        except NetlinkError as e:
+            if e.code != _ENODEV:
+                raise

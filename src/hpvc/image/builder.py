@@ -15,7 +15,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -25,15 +25,11 @@ from types import FrameType
 from hpvc.errors import InputError, MissingDependency
 from hpvc.image import debootstrap, rootfs
 from hpvc.image.catalog import StoreArg, as_store
-from hpvc.image.debootstrap import Progress
 from hpvc.image.model import DEFAULT_SUITE, Image, ImageSpec, check_name
 from hpvc.image.store import InUse, Store, remove_tree
+from hpvc.progress import Progress, quiet
 
 DEFAULT_CACHE_DIR = Path("/var/cache/hpvc/debootstrap")
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -220,7 +216,7 @@ def build_image(
     mirror: str | None = None,
     suite: str = DEFAULT_SUITE,
     force: bool = False,
-    progress: Callable[[str], None] = _quiet,
+    progress: Progress = quiet,
     cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
     debootstrap_path: str | Path | None = None,
     require_root: bool = True,

@@ -7,13 +7,12 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 
 from hpvc.errors import HpvcError
 from hpvc.image.model import ImageSpec
+from hpvc.progress import Progress
 
-Progress = Callable[[str], None]
 TAIL_LINES = 200
 # How long a debootstrap that was told to stop may take to clean up (its EXIT
 # trap unmounts /proc and /sys in the target) before it is killed.

@@ -41,9 +41,10 @@ from hpvc.image.builder import _sigterm_interrupts as sigterm_interrupts
 from hpvc.image.catalog import StoreArg, as_store
 from hpvc.image.guest_disk import DISK_MODES, DiskMode, make_base_disk, node_disk
 from hpvc.image.guest_initramfs import pack_initramfs
-from hpvc.image.guest_kernel import MODULES, Kernel, Progress
+from hpvc.image.guest_kernel import MODULES, Kernel
 from hpvc.image.model import Image
 from hpvc.locks import file_lock
+from hpvc.progress import Progress, quiet
 
 __all__ = [
     "CMDLINE_MAX",
@@ -74,10 +75,6 @@ BASE_CMDLINE = (
 _HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _PUBKEY = re.compile(r"^(ssh|ecdsa|sk)-[a-z0-9@.-]+ [A-Za-z0-9+/]+=*( [ -~]*)?$")
 _TOOLS = {"make": "make", "gcc": "gcc", "cpio": "cpio", "mkfs.ext4": "e2fsprogs"}
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 class CmdlineError(InputError, ValueError):
@@ -268,7 +265,7 @@ def build_guest(
     *,
     store: StoreArg = None,
     kernel_version: str | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> GuestArtifacts:
     """Build (or reuse) the kernel, initramfs and base disk that boot ``image`` as a VM.
 

@@ -24,14 +24,13 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.locks import file_lock
-
-Progress = Callable[[str], None]
+from hpvc.progress import Progress
 
 META_PACKAGE = "linux-image-cloud-amd64"
 APT_LISTS = Path("/var/lib/apt/lists")

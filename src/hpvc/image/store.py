@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -29,21 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.errors import HpvcError, InputError
+from hpvc.host.probe import mounts_under
 from hpvc.image.model import Image, check_name
 from hpvc.locks import file_lock
+from hpvc.paths import image_dir
+from hpvc.sysroot import HOST, RootLike
 
-MOUNTINFO = Path("/proc/self/mountinfo")
-_OCTAL = re.compile(r"\\([0-7]{3})")
 InUse = Callable[[str], bool]
 
 
 def default_store() -> Path:
     """``$HPVC_IMAGE_DIR``, else ``$HPVC_STATE_DIR/images``, else ``/var/lib/hpvc/images``."""
-    if os.environ.get("HPVC_IMAGE_DIR"):
-        return Path(os.environ["HPVC_IMAGE_DIR"])
-    if os.environ.get("HPVC_STATE_DIR"):
-        return Path(os.environ["HPVC_STATE_DIR"]) / "images"
-    return Path("/var/lib/hpvc/images")
+    return image_dir()
 
 
 _flock = file_lock  # the store's locks: state, names, digests
@@ -153,25 +149,7 @@ class Store:
         return Image.from_metadata(name, self.digest_dir(digest), self.metadata(digest))
 
 
-def mounts_under(path: Path, mountinfo: Path = MOUNTINFO) -> list[str]:
-    """Mount points at or below ``path``, deepest first (from /proc/self/mountinfo)."""
-    top = os.path.realpath(path)
-    found = []
-    try:
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-        if point == top or point.startswith(top + "/"):
-            found.append(point)
-    return sorted(found, key=len, reverse=True)
-
-
-def remove_tree(path: Path, *, unmount: bool = False, mountinfo: Path = MOUNTINFO) -> None:
+def remove_tree(path: Path, *, unmount: bool = False, root: RootLike = HOST) -> None:
     """Delete ``path`` without ever descending into a mount (a leftover /proc, a bind).
 
     With ``unmount`` (a build's own temporary directory, where an interrupted
@@ -180,11 +158,11 @@ def remove_tree(path: Path, *, unmount: bool = False, mountinfo: Path = MOUNTINF
     """
     if not os.path.lexists(path):
         return
-    mounts = mounts_under(path, mountinfo)
+    mounts = mounts_under(path, root)
     if mounts and unmount:
         for point in mounts:
             subprocess.run(["umount", "--lazy", point], check=False, capture_output=True)
-        mounts = mounts_under(path, mountinfo)
+        mounts = mounts_under(path, root)
     if mounts:
         raise HpvcError(
             f"remove {path}",

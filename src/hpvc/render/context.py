@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from hpvc.paths import DEFAULT_STATE_DIR
+
 Accel = Literal["kvm", "tcg"]
 
 DEFAULT_ENV = (
@@ -41,7 +43,7 @@ class RenderContext:
     ``disk_images`` and ``netns`` override the derived per-node paths.
     """
 
-    base_dir: str = "/var/lib/hpvc"
+    base_dir: str = DEFAULT_STATE_DIR
     run_dir: str | None = None  # sockets and pid files; default <base_dir>/run
     accel: Accel = "tcg"
     qemu_binary: str = "/usr/bin/qemu-system-x86_64"

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.errors import InputError, SpecError
+from hpvc.sysroot import HOST, RootLike
 from hpvc.topology.model import Topology
 
 
-def _read(root: Path) -> Topology:
+def _read(root: RootLike) -> Topology:
     from hpvc.topology.sysfs import read_topology
 
     return read_topology(root)
@@ -20,7 +21,7 @@ def _read(root: Path) -> Topology:
 def local_hosts(topology_root: str | None) -> list[tuple[str, Topology]]:
     """This machine (root '/'), or one snapshot named after its directory."""
     if topology_root is None:
-        return [(socket.gethostname() or "localhost", _read(Path("/")))]
+        return [(socket.gethostname() or "localhost", _read(HOST))]
     root = Path(topology_root)
     return [(root.resolve().name or "host", _read(root))]
 

@@ -1,14 +1,19 @@
 """Read a host's :class:`Topology` from sysfs and procfs under an injectable root.
 
-Every path is read relative to ``root`` (``/`` for this host, or an extracted
-``hwloc-gather-topology`` snapshot). Files may be missing; what was assumed
-instead is recorded, one readable line per assumption, in ``Topology.notes``.
+Every path is read relative to ``root`` (``hpvc.sysroot.HOST`` for this host, or a
+``SysRoot``/path naming an extracted ``hwloc-gather-topology`` snapshot). Files may
+be missing; what was assumed instead is recorded, one readable line per assumption,
+in ``Topology.notes``.
 
 Counting follows hwloc's Linux backend: PUs are the online CPUs; a core is a
 group of thread siblings (``core_cpus``/``thread_siblings``), except that
 siblings reporting different ``core_id`` values (AMD compute units) are one
 core each; NUMA nodes are those in ``node/online`` (else the ``nodeN`` folders).
 Packages follow ``physical_package_id``.
+
+Long because hwloc's counting rules (thread siblings, AMD compute units,
+offline CPUs, CPU-less and memory-less nodes, hugepage pools per node) are one
+reading of one tree: split, each part would re-derive the others' facts.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpvc.errors import TopologyError
+from hpvc.sysroot import HOST, RootLike, SysRoot, as_root
 from hpvc.topology.model import Core, HugePool, NumaNode, Package, Topology
 from hpvc.units import format_cpulist, parse_cpulist
 
@@ -54,9 +60,9 @@ def parse_cpumask(text: str) -> list[int]:
 class _Reader:
     """Reads files under one root and collects what had to be assumed."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        resolved = root.resolve()
+    def __init__(self, root: SysRoot) -> None:
+        self.root = root.path
+        resolved = self.root.resolve()
         self._guard = None if resolved == Path("/") else resolved
         self.notes: list[str] = []
         self._grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -430,18 +436,19 @@ def _packages(cores: dict[int, list[Core]], nodes: Iterable[NumaNode]) -> tuple[
     return tuple(out)
 
 
-def _open(root: str | Path) -> _Reader:
-    path = Path(root)
+def _open(root: RootLike) -> _Reader:
+    r = as_root(root)
+    path = r.path
     if not path.is_dir():
         raise TopologyError(
             "cannot read topology",
             f"{path} is not a directory",
             "pass --root a folder holding sys/ and proc/, or leave it out for /",
         )
-    return _Reader(path)
+    return _Reader(r)
 
 
-def read_topology(root: str | Path = "/") -> Topology:
+def read_topology(root: RootLike = HOST) -> Topology:
     """Read packages, NUMA nodes, cores and online CPUs of the host at ``root``."""
     r = _open(root)
     online = _online_cpus(r)
@@ -467,7 +474,7 @@ def read_topology(root: str | Path = "/") -> Topology:
     )
 
 
-def offline_cpus(root: str | Path = "/") -> tuple[int, ...]:
+def offline_cpus(root: RootLike = HOST) -> tuple[int, ...]:
     """CPUs that are present (``cpu/present``, else ``cpuN`` folders) but not online."""
     r = _open(root)
     return tuple(sorted(set(_present_cpus(r)) - set(_online_cpus(r))))

@@ -1,7 +1,7 @@
 """QEMU processes as ``/proc`` shows them: liveness, command line, threads, affinity.
 
 Every reader takes an injectable ``proc`` root (``/proc`` by default), so the
-bookkeeping of ``hpvc.backends.vm_qemu`` is tested with fake task lists. None
+bookkeeping of the VM backends is tested with fake task lists. None
 of these raise for a process or thread that is gone: they answer False, an
 empty list or an empty name.
 """
@@ -72,3 +72,72 @@ def thread_affinity(pid: int, tid: int, proc: Path = PROC) -> ThreadAffinity:
     except OSError:
         cpus = []
     return ThreadAffinity(tid=tid, name=thread_name(pid, tid, proc), cpus=cpus)
+
+
+def start_time(pid: int, proc: Path = PROC) -> str | None:
+    """A process's start time in clock ticks (field 22 of stat): with the PID,
+    it names one process even after the PID is reused. None when it is gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def children(pid: int, proc: Path = PROC) -> list[int]:
+    """The direct children of a process's main thread; empty when it is gone."""
+    try:
+        text = (proc / str(pid) / "task" / str(pid) / "children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def cmdline(pid: int, proc: Path = PROC) -> list[str] | None:
+    """A process's arguments; None when it is gone or unreadable."""
+    try:
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").split("\0")
+
+
+def pids(proc: Path = PROC) -> list[int]:
+    """Every process ID, ascending."""
+    return sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
+
+
+def thread_names(pid: int, proc: Path = PROC) -> dict[int, str]:
+    """Thread ID -> name of every thread of a process; empty when it is gone."""
+    out: dict[int, str] = {}
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if task.name.isdigit():
+            out[int(task.name)] = comm
+    return out
+
+
+def read_pidfile(path: Path) -> int | None:
+    """The PID a pid file holds; None when it is missing or not a number."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def environ(pid: int, proc: Path = PROC) -> dict[str, str]:
+    """A process's environment as it started; empty when gone or unreadable."""
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (kv.partition("=") for kv in raw.decode(errors="replace").split("\0") if kv)
+    return {k: v for k, _, v in pairs}

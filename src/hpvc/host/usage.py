@@ -1,0 +1,53 @@
+"""CPU time used so far: the whole host's (/proc/stat) and one cgroup's (cpuacct, cpu.stat).
+
+Read-only counters that only grow; a caller takes two readings and divides the
+difference by the wall time between them. Every reader takes an injectable
+``root`` and answers None where the kernel does not say (a cgroup that is gone,
+a controller that is not mounted), never raising for that.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hpvc.host.blkio import read_text
+from hpvc.host.command import at
+from hpvc.host.probe import cgroup_layout
+from hpvc.sysroot import HOST, RootLike
+
+
+def clock_ticks() -> int:
+    """Ticks per second of /proc/stat's counters (``USER_HZ``)."""
+    return os.sysconf("SC_CLK_TCK")
+
+
+def parse_proc_stat(text: str, tick: int) -> tuple[float | None, float | None]:
+    """Busy (user, nice, system, irq, softirq) and stolen seconds of /proc/stat's ``cpu``
+    line; (None, None) when the line is not there."""
+    first = text.split("\n", 1)[0].split()
+    if len(first) < 9 or first[0] != "cpu":
+        return None, None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[1:9])
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def host_cpu_seconds(root: RootLike = HOST) -> tuple[float | None, float | None]:
+    """Busy and stolen CPU seconds of the whole host so far, from /proc/stat."""
+    return parse_proc_stat(read_text(at(root, "/proc/stat")) or "", clock_ticks())
+
+
+def cgroup_cpu_seconds(path: str, root: RootLike = HOST) -> float | None:
+    """CPU seconds the cgroup at ``path`` (``/hpvc/c1/compute0``, relative to the
+    hierarchy's mount) used so far: v1 ``cpuacct.usage``, else v2 ``cpu.stat``."""
+    layout = cgroup_layout(root)
+    rel = path.lstrip("/")
+    acct = layout.v1.get("cpuacct")
+    if acct:
+        text = read_text(at(root, acct) / rel / "cpuacct.usage")
+        return int(text) / 1e9 if text and text.isdigit() else None
+    if layout.v2_path is not None:
+        for line in (read_text(at(root, layout.v2_path) / rel / "cpu.stat") or "").splitlines():
+            k, _, v = line.partition(" ")
+            if k == "usage_usec" and v.strip().isdigit():
+                return int(v) / 1e6
+    return None

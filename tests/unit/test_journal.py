@@ -1,0 +1,44 @@
+"""Journals name the module of each undo, so a process that loaded no backend undoes it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+
+def _py(code: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return r.stdout.strip()
+
+
+def test_undo_loads_the_module_that_registered_the_kind(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    _py(
+        "from hpvc.backends import container\n"
+        "from hpvc.host.journal import Journal\n"
+        f"Journal({str(path)!r}).record('overlay', path={str(tmp_path / 'not-mounted')!r})"
+    )
+    line = json.loads(path.read_text())
+    assert line["module"] == "hpvc.backends.container"
+    out = _py(
+        "import sys\n"
+        "from hpvc.host.journal import Journal\n"
+        "assert 'hpvc.backends.container' not in sys.modules\n"
+        f"print(Journal({str(path)!r}).undo_all(), 'hpvc.backends.container' in sys.modules)"
+    )
+    assert out == "[] True"
+    assert not path.exists()  # undone, so dropped
+
+
+def test_a_kind_nobody_registers_is_kept_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_text(json.dumps({"kind": "martian", "args": {}, "module": "os"}) + "\n")
+    out = _py(f"from hpvc.host.journal import Journal\nprint(Journal({str(path)!r}).undo_all())")
+    assert "no undo for 'martian'" in out
+    assert json.loads(path.read_text())["kind"] == "martian"
