@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.backends import vm_libvirt, vm_qemu
-from hpvc.cluster.vm import ssh_argv, ssh_key
+from hpvc.backends.guest import ssh_argv, ssh_key
 from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency
 from hpvc.host import net
 from hpvc.host.journal import Journal

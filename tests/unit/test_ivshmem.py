@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.cluster import vm
+from hpvc.backends import guest as vm
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import ivshmem

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import net
+from hpvc.host import cgroups, net, procfs
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.host.orphans import HOLDER_ENV
 from hpvc.plan.model import Plan, PlannedNode
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
@@ -29,10 +30,14 @@ from hpvc.render.oci import dumps, render_oci_config
 RUNTIME = "crun"
 # PID 1 of a node: reaps children, exits on SIGTERM, costs nothing while idle.
 INIT = ("/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")
-CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
 def container_id(cluster: str, node: str) -> str:
+    return f"hpvc-{cluster}-{node}"
+
+
+def netns_name(cluster: str, node: str) -> str:
+    """The node's network namespace (under /run/netns)."""
     return f"hpvc-{cluster}-{node}"
 
 
@@ -60,13 +65,7 @@ def _undo_container(args: Args) -> None:
     if crun is not None:
         subprocess.run([crun, "delete", "-f", args["id"]], capture_output=True, check=False)
     # A failed `crun run` can leave its cgroups behind (HOST-NOTES): remove them.
-    rel = str(args.get("cgroup", "")).strip("/")
-    if rel:
-        for ctrl in sorted(CGROUP_V1.iterdir()) if CGROUP_V1.is_dir() else []:
-            d = ctrl / rel
-            if d.is_dir():
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+    cgroups.remove_empty(str(args.get("cgroup", "")))
 
 
 def _umount(path: str) -> None:
@@ -94,14 +93,6 @@ def _undo_tree(args: Args) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 @undoer("holder")
 def _undo_holder(args: Args) -> None:
     """Kill the namespace holder this cluster started (by PID, start time checked)."""
@@ -109,25 +100,17 @@ def _undo_holder(args: Args) -> None:
         pid, started = Path(args["pidfile"]).read_text().split()
     except (OSError, ValueError):
         return
-    for p in [*_children(int(pid)), int(pid)]:
-        if p == int(pid) and _start_time(p) != started:
+    for p in [*procfs.children(int(pid)), int(pid)]:
+        if p == int(pid) and procfs.start_time(p) != started:
             continue  # the PID was reused by someone else's process
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
-
-
 # ---- cluster-wide pieces --------------------------------------------------
 
 
-def start_holder(journal: Journal, pidfile: Path) -> int:
+def start_holder(journal: Journal, pidfile: Path, cluster: str) -> int:
     """A process owning an IPC and a PID namespace that co-resident nodes join.
 
     Returns the PID of the namespaces' init (whose /proc/PID/ns/* the nodes use).
@@ -135,15 +118,17 @@ def start_holder(journal: Journal, pidfile: Path) -> int:
     journal.record("holder", pidfile=str(pidfile))
     proc = subprocess.Popen(
         ["unshare", "--ipc", "--pid", "--fork", "--kill-child", "sleep", "infinity"],
+        # Named in its environment, so `hpvc gc` finds it if its journal is lost.
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), HOLDER_ENV: cluster},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    pidfile.write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
+    pidfile.write_text(f"{proc.pid} {procfs.start_time(proc.pid)}\n")
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        kids = _children(proc.pid)
+        kids = procfs.children(proc.pid)
         if kids:
             return kids[0]
         if proc.poll() is not None:
@@ -191,7 +176,7 @@ def mount_overlay(journal: Journal, lower: Path, node_dir: Path) -> Path:
 
 def wire_node(journal: Journal, plan: Plan, node: PlannedNode) -> NodeHandle:
     """The node's network namespace and veth on the cluster bridge, static ARP."""
-    ns_name = f"hpvc-{plan.cluster}-{node.name}"
+    ns_name = netns_name(plan.cluster, node.name)
     net.create_netns(journal, ns_name)
     ifname = net.short_ifname("hc", plan.cluster, node.name)
     net.add_node_link(
@@ -241,6 +226,14 @@ def container_state(cid: str) -> str:
         return "missing"
     state = json.loads(r.stdout)
     return str(state.get("status", "unknown"))
+
+
+def container_pid(cid: str) -> int:
+    """The host PID of a running node's init."""
+    r = subprocess.run([runtime(), "state", cid], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise HpvcError(f"container {cid}", "is not running", "hpvc node down, then retry")
+    return int(json.loads(r.stdout)["pid"])
 
 
 def exec_argv(cid: str, argv: list[str], env: list[str] | None = None) -> list[str]:

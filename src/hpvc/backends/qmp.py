@@ -18,8 +18,8 @@ from typing import Any, TypedDict
 
 from qemu.qmp import QMPClient, QMPError
 
-from hpvc.backends.procfs import running
 from hpvc.errors import HpvcError
+from hpvc.host.procfs import running
 
 QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
 QMP_COMMAND_S = 5.0

@@ -8,6 +8,10 @@ only defines and starts the domain, finds its QEMU process, and reads back
 what libvirt and the kernel report. docs/libvirt.md says how a site runs
 libvirtd for hpvc.
 
+Long because the libvirt binding (imported lazily, untyped), its error
+mapping and every call hpvc makes through it stay in one module; the pure
+XML parsing is in ``hpvc.backends.libvirt_xml``.
+
 DESIGN rule 3: the undo kind is ``"libvirt-domain"`` (written before the
 domain is defined: the connection URI, the domain's name and UUID). Undo
 destroys the domain if it runs and undefines it with its managed-save image,
@@ -35,16 +39,24 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from hpvc.backends.procfs import running
+from hpvc.backends.libvirt_xml import HugePages as HugePages
+from hpvc.backends.libvirt_xml import MemNode as MemNode
+from hpvc.backends.libvirt_xml import MemoryBacking as MemoryBacking
+from hpvc.backends.libvirt_xml import NumaTune as NumaTune
+from hpvc.backends.libvirt_xml import cpus_of as cpus_of
+from hpvc.backends.libvirt_xml import memory_backing as memory_backing
+from hpvc.backends.libvirt_xml import numa_tune as numa_tune
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host import procfs
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.host.procfs import running
 
 if TYPE_CHECKING:
     import libvirt  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
 DEFAULT_URI = "qemu:///system"
 UNDO_KIND = "libvirt-domain"
-PROC = Path("/proc")
+PROC = procfs.PROC
 PIDFILE_DIR = Path("/run/libvirt/qemu")  # qemu:///system writes <name>.pid here
 LOG_DIR = "/var/log/libvirt/qemu"  # QEMU's own messages, <name>.log
 START_FIX = "start libvirtd: see docs/libvirt.md"
@@ -56,13 +68,17 @@ _UNDEFINE_FLAGS = (
     "VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA",
     "VIR_DOMAIN_UNDEFINE_NVRAM",
 )
+
+
+def _basic_undefine(lv: Any) -> int:
+    """The undefine flags every libvirt since 1.0 takes (managed save, snapshots)."""
+    return int(getattr(lv, _UNDEFINE_FLAGS[0], 0)) | int(getattr(lv, _UNDEFINE_FLAGS[1], 0))
+
+
 _STATES = (
     "nostate", "running", "blocked", "paused", "shutdown", "shutoff", "crashed", "pmsuspended",
 )  # fmt: skip
-_NUMA_MODES = ("strict", "preferred", "interleave", "restrictive")
 _VCPU_THREAD = re.compile(r"^CPU (\d+)/(KVM|TCG)$")  # with -name ...,debug-threads=on
-_UNITS_KIB = {"b": 1 / 1024, "bytes": 1 / 1024, "k": 1, "kib": 1, "kb": 1000 / 1024}
-_UNITS_KIB |= {"m": 1024, "mib": 1024, "mb": 1e6 / 1024, "g": 1 << 20, "gib": 1 << 20}
 _URIS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
@@ -82,34 +98,6 @@ class VcpuState(TypedDict):
 class Emulator(TypedDict):
     pinned: list[int]  # emulatorPinInfo
     cpus: list[int]  # the QEMU main thread's affinity now (empty: not running)
-
-
-class MemNode(TypedDict):
-    cellid: int
-    mode: str
-    nodeset: str
-
-
-class NumaTune(TypedDict):
-    mode: str  # strict, preferred, interleave, restrictive
-    nodeset: str  # host NUMA nodes of the guest memory ("" when libvirt chooses)
-    cells: list[MemNode]  # per guest cell, from <numatune><memnode>
-
-
-class HugePages(TypedDict):
-    size_kib: int  # 0: the host's default hugepage size
-    nodeset: str  # guest NUMA cells backed by these pages ("" for all)
-
-
-class MemoryBacking(TypedDict):
-    """``<memoryBacking>`` of the live definition."""
-
-    hugepages: list[HugePages]
-    nosharepages: bool
-    locked: bool
-    source: str
-    access: str
-    allocation: str
 
 
 class ReadBack(TypedDict):
@@ -306,13 +294,27 @@ def remove_domain(conn: libvirt.virConnect, name: str, uuid: str | None = None) 
     with _errors(f"{what}: destroy", ignore=_gone()):
         if dom.isActive():
             dom.destroy()
+    with _errors(f"{what}: undefine", ignore=_gone()):
+        if dom.isPersistent():
+            _undefine(lv, dom)
+    return True
+
+
+def _undefine(lv: Any, dom: Any) -> None:
+    """Undefine with every flag this libvirt knows; a driver that refuses some
+    (older daemons, the test driver: no NVRAM or checkpoints) is asked again
+    without them, then with none."""
     flags = 0
     for flag in _UNDEFINE_FLAGS:
         flags |= int(getattr(lv, flag, 0))
-    with _errors(f"{what}: undefine", ignore=_gone()):
-        if dom.isPersistent():
-            dom.undefineFlags(flags)
-    return True
+    refused = (lv.VIR_ERR_INVALID_ARG, lv.VIR_ERR_NO_SUPPORT)
+    for attempt in (flags, flags & _basic_undefine(lv), 0):
+        try:
+            dom.undefineFlags(attempt)
+            return
+        except lv.libvirtError as e:
+            if _code(e) not in refused or attempt == 0:
+                raise
 
 
 @undoer(UNDO_KIND)
@@ -335,24 +337,14 @@ def _opts(value: str) -> list[str]:
 
 def is_domain_qemu(pid: int, name: str, uuid: str, proc: Path = PROC) -> bool:
     """Is ``pid`` a live QEMU with ``-uuid <uuid>`` and ``-name guest=<name>`` (libvirt's form)?"""
-    try:
-        raw = (proc / str(pid) / "cmdline").read_bytes()
-    except OSError:
+    args = procfs.cmdline(pid, proc)
+    if args is None:
         return False
-    args = raw.decode(errors="replace").split("\0")
     pairs = list(itertools.pairwise(args))
     uuid_ok = any(a == "-uuid" and b.lower() == uuid.lower() for a, b in pairs)
     names = [_opts(b)[0] for a, b in pairs if a == "-name"]
     name_ok = any(n in (name, f"guest={name}") for n in names)
     return uuid_ok and name_ok and running(pid, proc)
-
-
-def _pidfile(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() else None
 
 
 def find_pid(
@@ -361,11 +353,10 @@ def find_pid(
     """The PID of the domain's QEMU: from libvirt's pid file when it is readable here,
     else by its ``-uuid`` and ``-name`` under ``/proc`` (a libvirtd in another mount
     namespace keeps its pid files out of sight). None when no such process runs."""
-    pid = _pidfile(pidfile_dir / f"{name}.pid")
+    pid = procfs.read_pidfile(pidfile_dir / f"{name}.pid")
     if pid is not None and is_domain_qemu(pid, name, uuid, proc):
         return pid
-    pids = sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
-    found = [p for p in pids if is_domain_qemu(p, name, uuid, proc)]
+    found = [p for p in procfs.pids(proc) if is_domain_qemu(p, name, uuid, proc)]
     if len(found) > 1:
         listed = ", ".join(map(str, found))
         raise HpvcError(f"libvirt domain {name}", f"several QEMU processes run it: {listed}")
@@ -385,27 +376,14 @@ def qemu_pid(conn: libvirt.virConnect, name: str) -> int | None:
 def vcpu_threads(pid: int, proc: Path = PROC) -> dict[int, int]:
     """vCPU index -> host thread ID, from the thread names (``CPU 0/TCG``) of a QEMU."""
     out: dict[int, int] = {}
-    try:
-        tasks = list((proc / str(pid) / "task").iterdir())
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            comm = (task / "comm").read_text().strip()
-        except OSError:
-            continue
+    for tid, comm in procfs.thread_names(pid, proc).items():
         m = _VCPU_THREAD.match(comm)
-        if m and task.name.isdigit():
-            out[int(m.group(1))] = int(task.name)
+        if m:
+            out[int(m.group(1))] = tid
     return out
 
 
 # --- read-back -----------------------------------------------------------------------
-
-
-def cpus_of(cpumap: Sequence[bool]) -> list[int]:
-    """A libvirt CPU map (one bool per host CPU) as a list of CPU numbers."""
-    return [i for i, on in enumerate(cpumap) if on]
 
 
 def _affinity(pid: int | None) -> list[int]:
@@ -415,54 +393,6 @@ def _affinity(pid: int | None) -> list[int]:
         return sorted(os.sched_getaffinity(pid))
     except OSError:
         return []
-
-
-def _size_kib(el: ET.Element) -> int:
-    size = int(el.get("size", "0"))
-    return int(size * _UNITS_KIB.get(el.get("unit", "KiB").lower(), 1))
-
-
-def _attr(parent: ET.Element, tag: str, attr: str) -> str:
-    el = parent.find(tag)
-    return "" if el is None else el.get(attr, "")
-
-
-def memory_backing(xml: str) -> MemoryBacking:
-    """``<memoryBacking>`` of a domain XML, as typed data (all false/empty when absent)."""
-    mb = ET.fromstring(xml).find("memoryBacking")
-    if mb is None:
-        mb = ET.Element("memoryBacking")
-    pages: list[HugePages] = []
-    huge = mb.find("hugepages")
-    if huge is not None:
-        given = huge.findall("page")
-        pages = [HugePages(size_kib=_size_kib(p), nodeset=p.get("nodeset", "")) for p in given]
-        pages = pages or [HugePages(size_kib=0, nodeset="")]
-    return MemoryBacking(
-        hugepages=pages,
-        nosharepages=mb.find("nosharepages") is not None,
-        locked=mb.find("locked") is not None,
-        source=_attr(mb, "source", "type"),
-        access=_attr(mb, "access", "mode"),
-        allocation=_attr(mb, "allocation", "mode"),
-    )
-
-
-def numa_tune(params: dict[str, Any], xml: str) -> NumaTune:
-    """``numaParameters()`` with the per-cell ``<memnode>`` bindings of the live XML."""
-    mode = params.get("numa_mode", 0)
-    known = isinstance(mode, int) and 0 <= mode < len(_NUMA_MODES)
-    cells = [
-        MemNode(
-            cellid=int(m.get("cellid", "0")), mode=m.get("mode", ""), nodeset=m.get("nodeset", "")
-        )
-        for m in ET.fromstring(xml).findall("numatune/memnode")
-    ]
-    return NumaTune(
-        mode=_NUMA_MODES[mode] if known else str(mode),
-        nodeset=str(params.get("numa_nodeset", "")),
-        cells=cells,
-    )
 
 
 def _vcpus(dom: Any, pid: int | None, proc: Path) -> list[VcpuState]:

@@ -9,6 +9,10 @@ affinity; every other thread of the process (main loop, I/O, RCU, workers) goes
 to the emulator CPUs. Threads QEMU creates later inherit their creator's
 affinity, so they stay on the emulator CPUs too.
 
+Long because starting, pinning, reading back and stopping one QEMU share
+the bookkeeping of its threads and sockets; the QMP session is in
+``hpvc.backends.qmp`` and the /proc readers in ``hpvc.host.procfs``.
+
 DESIGN rule 3: the undo kinds are ``"tap"`` (delete the interface if it is
 still a tap) and ``"qemu"`` (written before QEMU starts: its ``-name`` value,
 pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
@@ -17,7 +21,7 @@ holds the expected ``-name`` (a reused PID is never signalled).
 
 The QMP session code is in ``hpvc.backends.qmp`` and the ``/proc`` readers
 (below an injectable ``proc`` root, so the bookkeeping is tested with fake task
-lists) in ``hpvc.backends.procfs``; the names callers use are re-exported here.
+lists) in ``hpvc.host.procfs``; the names callers use are re-exported here.
 """
 
 from __future__ import annotations
@@ -29,20 +33,11 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
-
-from hpvc.backends.procfs import PROC as PROC
-from hpvc.backends.procfs import ThreadAffinity as ThreadAffinity
-from hpvc.backends.procfs import find_qemu as find_qemu
-from hpvc.backends.procfs import is_qemu as is_qemu
-from hpvc.backends.procfs import running as running
-from hpvc.backends.procfs import task_ids as task_ids
-from hpvc.backends.procfs import thread_affinity
 from hpvc.backends.qmp import QMP_COMMAND_S as QMP_COMMAND_S
 from hpvc.backends.qmp import QMP_CONNECT_S as QMP_CONNECT_S
 from hpvc.backends.qmp import TAIL_LINES as TAIL_LINES
@@ -54,17 +49,25 @@ from hpvc.backends.qmp import tail as tail
 from hpvc.backends.qmp import vcpu_threads as vcpu_threads
 from hpvc.backends.qmp import wait_qmp as wait_qmp
 from hpvc.backends.qmp import with_tail
-from hpvc.errors import HpvcError, InputError
-from hpvc.host import probe
+from hpvc.errors import HpvcError
+from hpvc.host import procfs
+
+# Moved to hpvc.host.accel; re-exported until cluster/lifecycle.py and bench/ import it there.
+from hpvc.host.accel import ACCEL_ENV as ACCEL_ENV
+from hpvc.host.accel import AccelChoice as AccelChoice
+from hpvc.host.accel import accelerator as accelerator
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.render.context import Accel
+from hpvc.host.procfs import PROC as PROC
+from hpvc.host.procfs import ThreadAffinity as ThreadAffinity
+from hpvc.host.procfs import find_qemu as find_qemu
+from hpvc.host.procfs import is_qemu as is_qemu
+from hpvc.host.procfs import running as running
+from hpvc.host.procfs import task_ids as task_ids
+from hpvc.host.procfs import thread_affinity
 from hpvc.render.qemu import QemuLaunch, QemuPinning
 from hpvc.units import format_cpulist
 
-ACCEL_ENV = "HPVC_ACCEL"
 STOP_WAIT_S = (3.0, 3.0, 2.0)  # after quit, after SIGTERM, after SIGKILL
-_ENODEV = 19
-_TUN_TYPE_TAP = 2
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # QEMUs started by this process
 
 
@@ -92,42 +95,6 @@ class ReadBack(TypedDict):
     memdevs: list[Memdev]
     memory: dict[str, int]
     kvm: dict[str, bool]
-
-
-# --- accelerator ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AccelChoice:
-    """The accelerator VMs use, whether the user forced it, and a line to show (or None)."""
-
-    name: Accel
-    forced: bool
-    warning: str | None
-
-
-def accelerator(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> AccelChoice:
-    """KVM only with a usable /dev/kvm and vmx/svm, else TCG; ``HPVC_ACCEL=kvm|tcg`` overrides."""
-    value = (os.environ if env is None else env).get(ACCEL_ENV, "").strip().lower()
-    if value not in ("", "kvm", "tcg"):
-        raise InputError(
-            f"{ACCEL_ENV}={value}", "not an accelerator", f"set {ACCEL_ENV}=kvm or tcg, or unset it"
-        )
-    probed = probe.accelerator(root)
-    name: Accel = "kvm" if value == "kvm" else "tcg" if value == "tcg" else probed
-    return AccelChoice(name, bool(value), _accel_warning(name, probed, bool(value)))
-
-
-def _accel_warning(name: Accel, probed: Accel, forced: bool) -> str | None:
-    if name == "kvm":
-        if probed == "kvm":
-            return None
-        return (
-            f"KVM forced by {ACCEL_ENV} on a host without vmx/svm: "
-            "guest kernels may stall in early boot"
-        )
-    why = f"forced by {ACCEL_ENV}" if forced else "no usable /dev/kvm with vmx/svm here"
-    return f"VMs run under TCG ({why}): software emulation, far slower than KVM"
 
 
 # --- the QEMU command line -----------------------------------------------------------
@@ -176,73 +143,6 @@ def launch_files(argv: Sequence[str]) -> LaunchFiles:
             logs.append(keys["logfile"])
     pidfiles = _values(argv, "-pidfile")
     return LaunchFiles(tuple(sockets), pidfiles[-1] if pidfiles else None, tuple(logs))
-
-
-# --- tap -----------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _ipr(what: str) -> Iterator[Any]:
-    try:
-        ipr = IPRoute()
-    except (NetlinkError, OSError) as e:
-        raise HpvcError(what, str(e)) from e
-    try:
-        yield ipr
-    except NetlinkError as e:
-        raise HpvcError(what, os.strerror(e.code).lower() if e.code > 0 else str(e)) from e
-    except OSError as e:
-        raise HpvcError(what, (e.strerror or str(e)).lower()) from e
-    finally:
-        ipr.close()
-
-
-def _lookup(ipr: Any, ifname: str) -> int | None:
-    found = ipr.link_lookup(ifname=ifname)
-    return int(found[0]) if found else None
-
-
-def _is_tap(ipr: Any, index: int) -> bool:
-    info = ipr.link("get", index=index)[0].get("IFLA_LINKINFO")
-    if info is None or info.get("IFLA_INFO_KIND") != "tun":
-        return False
-    data = info.get("IFLA_INFO_DATA")
-    kind = None if data is None else data.get("IFLA_TUN_TYPE")
-    return kind is None or kind == _TUN_TYPE_TAP
-
-
-def create_tap(journal: Journal, name: str, bridge: str, mtu: int) -> None:
-    """A persistent single-queue tap ``name`` with ``mtu``, enslaved to ``bridge``, up."""
-    what = f"tap {name}"
-    with _ipr(what) as ipr:
-        master = _lookup(ipr, bridge)
-        if master is None:
-            raise HpvcError(what, f"no bridge {bridge} on the host", "create the cluster network")
-        if _lookup(ipr, name) is not None:
-            raise HpvcError(what, "already exists", "run 'hpvc down' for its cluster first")
-        journal.record("tap", ifname=name)
-        flags = {"no_pi": 1, "multi_queue": 0, "vnet_hdr": 0}
-        ipr.link("add", ifname=name, kind="tuntap", mode="tap", ifr=flags)
-        index = _lookup(ipr, name)
-        if index is None:
-            raise HpvcError(what, "the kernel did not create it")
-        with contextlib.suppress(OSError):  # no IPv6 in this kernel: it just stays on
-            Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6").write_text("1\n")
-        ipr.link("set", index=index, mtu=mtu, master=master, state="up")
-
-
-@undoer("tap")
-def _undo_tap(args: Args) -> None:
-    name = str(args["ifname"])
-    with _ipr(f"tap {name}") as ipr:
-        index = _lookup(ipr, name)
-        if index is None or not _is_tap(ipr, index):
-            return
-        try:
-            ipr.link("del", index=index)
-        except NetlinkError as e:
-            if e.code != _ENODEV:
-                raise
 
 
 # --- start and stop ------------------------------------------------------------------
@@ -322,14 +222,6 @@ def stop_qemu(pid: int, name: str, qmp_socket: str | None, proc: Path = PROC) ->
     raise HpvcError(f"QEMU {name} (PID {pid})", "still running after SIGKILL")
 
 
-def _pidfile_pid(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() else None
-
-
 def _remove(path: Path, *, socket_only: bool) -> None:
     try:
         mode = path.lstat().st_mode
@@ -342,7 +234,7 @@ def _remove(path: Path, *, socket_only: bool) -> None:
 @undoer("qemu")
 def _undo_qemu(args: Args) -> None:
     name, pidfile = str(args["name"]), Path(args["pidfile"])
-    pid = _pidfile_pid(pidfile)
+    pid = procfs.read_pidfile(pidfile)
     pids = [pid] if pid is not None and is_qemu(pid, name) else find_qemu(name)
     for p in pids:
         stop_qemu(p, name, args.get("qmp"))

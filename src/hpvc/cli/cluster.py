@@ -10,7 +10,7 @@ from rich.table import Table
 
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.cluster import lifecycle, ops
-from hpvc.errors import InputError
+from hpvc.errors import HpvcError, InputError
 from hpvc.units import format_cpulist
 
 UP_HELP = """Bring a cluster up on this host: plan, then start every node.
@@ -214,7 +214,46 @@ def down_cmd(name: str = typer.Argument(..., help="Cluster name.")) -> None:
     console.print(f"cluster {name} down in {time.perf_counter() - t0:.2f} s")
 
 
+def gc_cmd(
+    prefix: str = typer.Option("", help="Only clusters whose names start with this."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List, remove nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was found as JSON."),
+) -> None:
+    """Remove what hpvc left on this host that no cluster here owns any more.
+
+    Containers, network namespaces, bridges, veths and taps, cgroups, QEMU
+    processes and mounts named by hpvc for a cluster that has no record in the
+    state directory (e.g. after the state directory was deleted by hand).
+    Running clusters are never touched.
+
+    Examples:
+
+      hpvc gc --dry-run
+
+      hpvc gc --prefix test --json
+    """
+    from hpvc.cluster import gc
+
+    found, errors = gc.sweep(prefix=prefix, dry_run=dry_run, progress=_progress)
+    if as_json:
+        print_json(
+            {
+                "removed": [] if dry_run else [vars(o) for o in found],
+                "found": [vars(o) for o in found],
+                "errors": errors,
+            }
+        )
+    else:
+        verb = "would remove" if dry_run else "removed"
+        for o in found:
+            console.print(f"{verb} {o.kind} {o.name} {o.detail}".rstrip())
+        console.print(f"{len(found)} orphan(s){' found' if dry_run else ''}")
+    if errors:
+        raise HpvcError("gc", f"{len(errors)} could not be removed, first: {errors[0]}", "")
+
+
 def register(app: typer.Typer) -> None:
+    app.command("gc")(gc_cmd)
     app.command("up", help=UP_HELP)(up_cmd)
     app.command("ls")(ls_cmd)
     app.command("status")(status_cmd)

@@ -13,6 +13,7 @@ import typer
 
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
+from hpvc.progress import quiet
 from hpvc.slurm import policy
 
 # hpvc.slurm.node (host changes: cgroups, netlink, crun) is imported by the
@@ -104,7 +105,7 @@ def up_cmd(
         cpus=cpus,
         mpi=mpi,
     )
-    joins = node.up(req, text, _site(site), progress=_progress if verbose else node._quiet)
+    joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)
     for j in joins:
         for line in j.lines():
             print(line)
@@ -126,7 +127,7 @@ def down_cmd(
 ) -> None:
     from hpvc.slurm import node
 
-    names = node.down(job, progress=_progress if verbose else node._quiet)
+    names = node.down(job, progress=_progress if verbose else quiet)
     if as_json:
         print_json({"job": job, "removed": names})
     elif names:

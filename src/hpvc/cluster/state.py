@@ -22,25 +22,25 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hpvc.errors import InputError
 from hpvc.host.journal import Journal
 from hpvc.locks import file_lock
+from hpvc.paths import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
+from hpvc.paths import state_dir as state_dir
 from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
-
-DEFAULT_STATE_DIR = "/var/lib/hpvc"
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("HPVC_STATE_DIR", DEFAULT_STATE_DIR))
 
 
 @dataclass
 class ClusterRecord:
+    """One cluster on this host. ``backend`` names its entry in
+    ``hpvc.backends.registry``; ``backend_state`` is that backend's own typed
+    ``State`` record as JSON (PIDs, accelerator, shared-memory holder, ...)."""
+
     name: str
     spec: dict[str, Any]
     spec_path: str
@@ -49,7 +49,12 @@ class ClusterRecord:
     created: float
     updated: float
     holdings: dict[str, Holding] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    backend: str = ""
+    backend_state: dict[str, Any] = field(default_factory=dict)
+    hugetlbfs: dict[str, str] = field(default_factory=dict)  # page KiB -> the cluster's mount
+    binds: list[str] = field(default_factory=list)  # host directories a site shares (Slurm)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of `up`
+    up_seconds: float | None = None
 
     def the_plan(self) -> Plan:
         return plan_from_json(self.plan)
@@ -60,7 +65,8 @@ class ClusterRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ClusterRecord:
         holdings = {h: Holding(**v) for h, v in d.get("holdings", {}).items()}
-        return cls(**{**d, "holdings": holdings})
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "holdings": holdings})
 
 
 class Store:

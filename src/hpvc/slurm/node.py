@@ -22,25 +22,26 @@ one machine) use one bridge. Everything a job's shares change is undone by
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
-import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hpvc.backends import container as ct
-from hpvc.cluster import lifecycle
+from hpvc.backends.base import ClusterEnv
+from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
+from hpvc.host.probe import cgroup_procs
 from hpvc.locks import file_lock
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.addresses import bridge_name
 from hpvc.plan.model import Reservations
 from hpvc.plan.planner import expand
+from hpvc.progress import Progress, quiet
 from hpvc.slurm.policy import (
     Site,
     hosts_text,
@@ -55,14 +56,9 @@ from hpvc.spec import Spec
 from hpvc.topology.model import Topology
 from hpvc.units import parse_cpulist
 
-Progress = Callable[[str], None]
 # Namespaces a task joins; "net" only when the step does not use Slurm's PMIx,
 # whose server listens on the host's loopback (docs/slurm.md).
 JOIN_BASE = ("cgroup", "ipc", "uts", "pid", "mnt")
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # ---- what the plugin reads back --------------------------------------------
@@ -86,59 +82,6 @@ class Join:
         return out
 
 
-def container_pid(cid: str) -> int:
-    r = subprocess.run([ct.runtime(), "state", cid], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        raise HpvcError(f"container {cid}", "is not running", "hpvc node down, then retry")
-    return int(json.loads(r.stdout)["pid"])
-
-
-def cgroup_procs(pid: int) -> tuple[str, ...]:
-    """The ``cgroup.procs`` files of every hierarchy ``pid`` is in (v1 and v2)."""
-    mounts: dict[str, str] = {}  # controller set (or "" for v2) -> mount point
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if not rest:
-            continue
-        if rest[0] == "cgroup2":
-            mounts.setdefault("", fields[4])
-        elif rest[0] == "cgroup" and len(rest) >= 3:
-            opts = {o for o in rest[2].split(",") if o not in ("rw", "ro")}
-            for o in opts:
-                if o.startswith("name=") or o in _V1_CONTROLLERS:
-                    mounts.setdefault(o, fields[4])
-    out: list[str] = []
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        keys = controllers.split(",") if controllers else [""]
-        base = next((mounts[k] for k in keys if k in mounts), None)
-        if base is None:
-            continue
-        procs = str(Path(base) / path.lstrip("/") / "cgroup.procs")
-        if procs not in out and Path(procs).exists():
-            out.append(procs)
-    return tuple(out)
-
-
-_V1_CONTROLLERS = {
-    "cpu",
-    "cpuacct",
-    "cpuset",
-    "memory",
-    "blkio",
-    "devices",
-    "freezer",
-    "net_cls",
-    "net_prio",
-    "perf_event",
-    "hugetlb",
-    "pids",
-    "rdma",
-    "misc",
-}
-
-
 def joins(
     store: Store,
     job: int,
@@ -153,7 +96,7 @@ def joins(
     namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
     out = []
     for t, node in enumerate(task_pool(share, roles)):
-        pid = container_pid(ct.container_id(name, node))
+        pid = ops.node_pid(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool
@@ -211,7 +154,7 @@ class Request:
 
 
 def up(
-    req: Request, text: str, site: Site, store: Store | None = None, progress: Progress = _quiet
+    req: Request, text: str, site: Site, store: Store | None = None, progress: Progress = quiet
 ) -> list[Join]:
     """Bring this host's share up (or find it running); return how tasks join."""
     store = store or Store()
@@ -291,9 +234,9 @@ def _up_share(
         plan = plan_cluster(part, [(host, mine)], res, only=set(share))
         return replace(plan, network=replace(plan.network, bridge=bridge))
 
-    def hosts_file(env: lifecycle.Env, _: Plan) -> None:
+    def hosts_file(env: ClusterEnv, _: Plan) -> None:
         ct.write_in_place(env.dir / "hosts", hosts_text(whole, req.job))
-        env.rec.extra["binds"] = list(binds)
+        env.rec.binds = list(binds)
 
     progress(f"share {index} of job {req.job}: {', '.join(share)}")
     return lifecycle.up_spec(
@@ -307,7 +250,7 @@ def _teardown(store: Store, name: str, progress: Progress) -> None:
         raise HpvcError(f"share {name}", f"teardown failed: {errors[0]}", "hpvc node down again")
 
 
-def down(job: int, store: Store | None = None, progress: Progress = _quiet) -> list[str]:
+def down(job: int, store: Store | None = None, progress: Progress = quiet) -> list[str]:
     """Take every share of ``job`` on this machine down; return their names."""
     store = store or Store()
     with job_lock(store, job):

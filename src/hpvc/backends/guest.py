@@ -1,23 +1,21 @@
-"""VM nodes of a cluster, with the direct-QEMU backend.
+"""What both VM backends share: guest disks, the cluster's ssh key, readiness, configuration.
 
-Per node: a writable disk over the image's base disk, a tap on the cluster
-bridge, QEMU from the rendered command line, vCPU and emulator threads pinned
-over QMP, then (for all nodes at once, so they boot in parallel) the wait for
-the guest init's ``hpvc-ready`` line and /etc/hosts and static ARP pushed over
-ssh with a key hpvc makes for the cluster. Every step is journaled, like the
-container nodes, and undone the same way.
+Per node: a writable disk over the image's base disk and a kernel command
+line carrying the node's address and the cluster's public key; then, for all
+nodes at once (they boot in parallel), the wait for the guest init's
+``hpvc-ready`` line and /etc/hosts plus static ARP pushed over ssh with the
+key hpvc makes for the cluster. Co-resident guests share an ivshmem region.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from hpvc.backends import vm_libvirt, vm_qemu
+from hpvc.backends import vm_qemu
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem
@@ -25,9 +23,7 @@ from hpvc.host.journal import Journal
 from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
-from hpvc.render.context import RenderContext, tap_name
-from hpvc.render.libvirt import domain_name, render_domain_xml
-from hpvc.render.qemu import render_qemu
+from hpvc.render.context import RenderContext
 
 DISK_MODE: DiskMode = "qcow2"  # see docs/vms.md: made in milliseconds, boots like a raw copy
 READY_TIMEOUT_S = 300.0
@@ -111,24 +107,11 @@ def ivshmem_for(
     return str(path), size_mib
 
 
-def libvirt_uri() -> str:
-    """Where the libvirt backend connects: $HPVC_LIBVIRT_URI, else the system daemon."""
-    return os.environ.get("HPVC_LIBVIRT_URI", vm_libvirt.DEFAULT_URI)
-
-
-def start_node(
-    store: Store,
-    plan: Plan,
-    node: PlannedNode,
-    guest: GuestArtifacts,
-    ctx: RenderContext,
-    backend: str = "qemu",
-) -> int:
-    """Disk, tap, QEMU, pinning for one node; returns QEMU's PID (not yet booted).
-
-    With the libvirt backend, libvirt creates the tap and applies the pinning
-    from the same rendered domain XML that `hpvc render` writes.
-    """
+def node_context(
+    store: Store, plan: Plan, node: PlannedNode, guest: GuestArtifacts, ctx: RenderContext
+) -> RenderContext:
+    """``ctx`` for one node: its own disk over the image's (journaled with the
+    node's tree) and a kernel command line with its address and the cluster key."""
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
     j.record("tree", path=str(node_dir))
@@ -138,18 +121,7 @@ def start_node(
     cmdline = kernel_cmdline(
         node.name, f"{node.ip}/{plan.network.prefixlen}", plan.network.mtu, pub
     )
-    nctx = replace(ctx, cmdline=cmdline, disk_images=((node.name, str(disk)),))
-    if backend == "libvirt":
-        Path(nctx.node_run_dir(plan.cluster, node.name)).mkdir(parents=True, exist_ok=True)
-        xml = render_domain_xml(plan, node, nctx)
-        (node_dir / "domain.xml").write_text(xml)
-        conn = vm_libvirt.connect(libvirt_uri())
-        return vm_libvirt.start_domain(j, conn, xml, domain_name(plan, node))
-    vm_qemu.create_tap(j, tap_name(plan.cluster, node.name), plan.network.bridge, plan.network.mtu)
-    launch = render_qemu(plan, node, nctx)
-    pid = vm_qemu.start_qemu(j, launch, log=node_dir / "qemu.log")
-    vm_qemu.apply_pinning(Path(launch.qmp_socket), pid, launch.pinning)
-    return pid
+    return replace(ctx, cmdline=cmdline, disk_images=((node.name, str(disk)),))
 
 
 def wait_all(
@@ -202,8 +174,3 @@ def configure(store: Store, plan: Plan, names: list[str]) -> None:
         time.sleep(1.0)
     if failed:
         raise HpvcError("configure guests", failed[0], "see the node's console.log")
-
-
-def exec_node(store: Store, plan: Plan, node: str, argv: list[str]) -> int:
-    cdir = store.cluster_dir(plan.cluster)
-    return subprocess.run(ssh_argv(cdir, plan.node(node).ip, argv), check=False).returncode

@@ -1,0 +1,175 @@
+"""The one interface every node backend implements (DESIGN rule 4).
+
+A backend turns the planned nodes of one cluster into running ones and back:
+crun containers, QEMU VMs started directly, QEMU VMs started by libvirt. The
+cluster layer (``hpvc.cluster``) does what every cluster needs whatever its
+nodes are (book the plan, grow hugepage pools, the bridge, the hosts file)
+and calls a ``Backend`` for the rest; it never asks what kind of node it
+holds. ``hpvc.backends.registry`` maps a spec to its backend.
+
+What a backend keeps between commands is its own ``State`` dataclass, stored
+as JSON in the cluster's record (``ClusterRecord.backend_state``) and typed
+again on load: no untyped dictionaries. Every host change a backend makes is
+journaled (``ClusterEnv.journal`` cluster-wide, ``node_journal`` per node),
+so ``hpvc down`` undoes it with no backend code at all, even after a crash.
+
+Migration, when it comes, needs exactly what this interface already keeps
+apart: the node's place (``Plan``), its host changes (its journal), and the
+backend's typed state; ``Capabilities`` says what a backend can do live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, Self
+
+from hpvc.cluster.state import ClusterRecord, Store
+from hpvc.host.journal import Journal
+from hpvc.plan import Plan, PlannedNode
+from hpvc.progress import Progress
+from hpvc.spec import Spec
+
+
+class State:
+    """Base of a backend's typed record (subclasses are dataclasses)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload, no-any-return]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Self:
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can change on a running node without restarting it."""
+
+    repin: bool  # move vCPU / emulator threads to other CPUs (scale shifts floating sets)
+    shared_memory: bool  # MPI ranks in different co-resident nodes may use shared memory
+
+
+@dataclass(frozen=True)
+class MpiLaunch:
+    """How ``hpvc run`` starts a rank inside a node: the rank script (bash,
+    written beside the ranks file; it reads line OMPI_COMM_WORLD_RANK+1) and
+    what that file holds for each node."""
+
+    script: str
+    targets: dict[str, str]  # node name -> its line in the ranks file
+
+
+@dataclass
+class ClusterEnv:
+    """Where one cluster lives on this host, handed to its backend on every call."""
+
+    store: Store
+    rec: ClusterRecord
+    state: State
+
+    @property
+    def name(self) -> str:
+        return self.rec.name
+
+    @property
+    def dir(self) -> Path:
+        return self.store.cluster_dir(self.rec.name)
+
+    def journal(self) -> Journal:
+        return self.store.journal(self.rec.name)
+
+    def node_journal(self, node: str) -> Journal:
+        return self.store.node_journal(self.rec.name, node)
+
+    def node_dir(self, node: str) -> Path:
+        return self.store.node_dir(self.rec.name, node)
+
+    def host_journal(self) -> Journal:
+        return self.store.host_journal()
+
+    def save(self) -> None:
+        """Write the record, with the backend's state, atomically."""
+        self.rec.backend_state = self.state.to_json()
+        self.store.save(self.rec)
+
+
+class Backend(Protocol):
+    """One kind of node. Methods get the cluster's ``ClusterEnv`` and ``Plan``."""
+
+    name: ClassVar[str]  # its registry key, stored in the cluster's record
+    kind: ClassVar[str]  # the spec's kind it runs: "container" or "vm"
+    capabilities: ClassVar[Capabilities]
+
+    def new_state(self) -> State:
+        """An empty state record for a cluster about to be created."""
+        ...
+
+    def load_state(self, data: dict[str, Any]) -> State:
+        """The typed state record from its JSON."""
+        ...
+
+    def preflight(self, spec: Spec) -> None:
+        """Refuse, before any host change, what cannot work here (MissingDependency)."""
+        ...
+
+    def build_image(self, spec: Spec, progress: Progress) -> None:
+        """Make sure what the nodes boot from exists (built once, then cached);
+        a missing image is bad input, refused before any host change."""
+        ...
+
+    def prepare(self, env: ClusterEnv, plan: Plan, progress: Progress) -> None:
+        """Cluster-wide host changes of this backend, after pools, bridge and hosts file."""
+        ...
+
+    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+        """Start the named nodes (new ones: up, scale) and wait until they are usable."""
+        ...
+
+    def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+        """Stop and remove the named nodes (scale down): undo their journals."""
+        ...
+
+    def refresh(self, env: ClusterEnv, old: Plan, plan: Plan, progress: Progress) -> None:
+        """After a scale: nodes that stay learn the new names and addresses."""
+        ...
+
+    def repin(self, env: ClusterEnv, old: Plan, plan: Plan) -> None:
+        """Running nodes whose CPUs changed in ``plan`` get them live (if capable)."""
+        ...
+
+    def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:
+        """running, stopped, created or missing: read from the runtime, not the record."""
+        ...
+
+    def node_status(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
+        """What ``hpvc status`` shows of one node, read back from the kernel/runtime."""
+        ...
+
+    def summary(self, env: ClusterEnv) -> dict[str, Any]:
+        """Cluster-wide keys ``hpvc status`` adds for this backend."""
+        ...
+
+    def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
+        """The node's main host process (container init, QEMU); raises if not running."""
+        ...
+
+    def exec_argv(
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
+    ) -> list[str]:
+        """The host command that runs ``argv`` inside ``node``, stdio passed through."""
+        ...
+
+    def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
+        """How ``hpvc run`` reaches the nodes' ranks."""
+        ...
+
+
+def undo_nodes(env: ClusterEnv, names: list[str], progress: Progress) -> list[str]:
+    """Undo the named nodes' journals (every backend's ``stop``); return the errors."""
+    errors: list[str] = []
+    for name in names:
+        progress(f"remove {name}")
+        errors += env.node_journal(name).undo_all(progress)
+    return errors

@@ -1,0 +1,193 @@
+"""The container backend: each node an OCI container run by crun.
+
+Per cluster: a cgroup parent holding the cluster's CPUs (exclusive for an
+``hpc`` partition), a namespace holder and a tmpfs shared as /dev/shm when
+co-resident nodes talk through shared memory, bfq on the state disk when a
+node has an I/O weight. Per node: an overlay root over the image, its own
+network namespace with a veth on the cluster bridge, and the container
+itself (``hpvc.backends.container`` holds those crun and mount primitives).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hpvc.backends import container as ct
+from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.errors import HpvcError
+from hpvc.faults import inject
+from hpvc.host import blkio, cgroups, net
+from hpvc.image import resolve_image
+from hpvc.plan import Plan, PlannedNode
+from hpvc.progress import Progress
+from hpvc.render import files as render_files
+from hpvc.render.context import RenderContext
+from hpvc.spec import Spec
+from hpvc.units import format_cpulist
+
+SHM_MIB = 1024
+SHARED_MOUNT = "/shared"
+
+RANK_SCRIPT = """#!/bin/bash
+# hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its node (see ranks beside this file).
+set -e
+here=$(dirname "$0")
+node=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
+args=()
+while IFS= read -r -d '' kv; do
+  case "$kv" in OMPI_*|PMIX_*|OPAL_*|ORTE_*|HPVC_*) args+=(--env "$kv");; esac
+done < <(env -0)
+exec {crun} exec "${{args[@]}}" --env PATH=/usr/local/bin:/usr/bin:/bin "$node" "$@"
+"""
+
+
+@dataclass
+class CrunState(State):
+    """What the container backend keeps of a running cluster."""
+
+    shm: str | None = None  # the tmpfs co-resident nodes share as /dev/shm
+    holder_pid: int | None = None  # init of the IPC+PID namespaces they join
+    block_device: list[int] | None = None  # (major, minor) the I/O limits apply to
+
+
+def _state(env: ClusterEnv) -> CrunState:
+    assert isinstance(env.state, CrunState)
+    return env.state
+
+
+def render_context(env: ClusterEnv) -> RenderContext:
+    """How the OCI config of this cluster's nodes is rendered on this host."""
+    st = _state(env)
+    dev = st.block_device
+    return RenderContext(
+        base_dir=str(env.store.root),
+        node_rootfs=True,
+        command=ct.INIT,
+        hugetlbfs=tuple((int(k), v) for k, v in env.rec.hugetlbfs.items()),
+        shared_ns_pid=st.holder_pid,
+        shared_shm=st.shm,
+        shm_size_mib=SHM_MIB,
+        binds=(
+            # Open MPI's session dir: same path inside as outside (PMIx files).
+            (str(env.dir / "mpi"), str(env.dir / "mpi"), False),
+            # A directory every node sees, like a cluster's shared home.
+            (str(env.dir / "shared"), SHARED_MOUNT, False),
+            # Host directories a site shares with Slurm jobs' nodes (hpvc.slurm).
+            *((p, p, False) for p in env.rec.binds),
+        ),
+        block_device=(int(dev[0]), int(dev[1])) if dev else None,
+    )
+
+
+class CrunBackend:
+    name: ClassVar[str] = "crun"
+    kind: ClassVar[str] = "container"
+    capabilities: ClassVar[Capabilities] = Capabilities(repin=True, shared_memory=True)
+
+    def new_state(self) -> CrunState:
+        return CrunState()
+
+    def load_state(self, data: dict[str, Any]) -> CrunState:
+        return CrunState.from_json(data)
+
+    def preflight(self, spec: Spec) -> None:
+        ct.runtime()
+
+    def build_image(self, spec: Spec, progress: Progress) -> None:
+        resolve_image(spec.image)  # the rootfs `hpvc image build` made, or exit 2
+
+    def prepare(self, env: ClusterEnv, plan: Plan, progress: Progress) -> None:
+        """The cluster's cgroup parent, shared memory and the disk scheduler."""
+        st = _state(env)
+        j = env.journal()
+        cgroups.ensure_hugetlb_v1(env.host_journal())
+        cpus = sorted({c for n in plan.nodes for c in n.cpuset})
+        mems = sorted({c.host_node for n in plan.nodes for c in n.numa})
+        cgroups.ensure_cluster_cgroup(
+            j,
+            env.name,
+            cpus=format_cpulist(cpus),
+            mems=format_cpulist(mems),
+            exclusive=any(n.partition == "hpc" for n in plan.nodes),
+        )
+        inject("cgroup")
+        (env.dir / "shared").mkdir(parents=True, exist_ok=True)
+        if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
+            ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB)
+            st.shm = str(env.dir / "shm")
+            st.holder_pid = ct.start_holder(j, env.dir / "holder.pid", env.name)
+        dev = blkio.block_device(env.store.root)
+        st.block_device = list(dev) if dev else None
+        if dev is not None and any(n.io and n.io.weight for n in plan.nodes):
+            # Weights need the bfq scheduler; the device is host-wide, so is the undo.
+            cgroups.ensure_bfq(env.host_journal(), cgroups.device_name(dev))
+
+    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+        rootfs = resolve_image(plan.image).rootfs
+        ctx = render_context(env)
+        for name in names:
+            progress(f"node {name}")
+            node = plan.node(name)
+            j = env.node_journal(name)
+            node_dir = env.node_dir(name)
+            j.record("tree", path=str(node_dir))
+            ct.mount_overlay(j, rootfs, node_dir)
+            ct.wire_node(j, plan, node)
+            ct.start_container(j, plan, node, ctx, node_dir)
+            if node.io is not None:  # bfq weight (crun cannot), and a check of the throttles
+                cgroups.apply_node_extras(env.name, name, io=node.io, device=ctx.block_device)
+            inject(f"node:{name}")
+
+    def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+        errors = undo_nodes(env, names, progress)
+        if errors:
+            raise HpvcError(f"remove {', '.join(names)}", errors[0], "run hpvc down")
+
+    def refresh(self, env: ClusterEnv, old: Plan, plan: Plan, progress: Progress) -> None:
+        """Nodes that stay see the new /etc/hosts (bind-mounted) and ARP entries."""
+        ct.write_in_place(env.dir / "hosts", render_files.hosts(plan))
+        entries = render_files.arp_entries(plan)
+        before = {n.name for n in old.nodes}
+        for n in plan.nodes:
+            if n.name in before:
+                net.set_static_neighbors(ct.netns_name(plan.cluster, n.name), entries)
+
+    def repin(self, env: ClusterEnv, old: Plan, plan: Plan) -> None:
+        before = {n.name: n for n in old.nodes}
+        for n in plan.nodes:
+            if n.name in before and n.cpuset != before[n.name].cpuset:
+                ct.update_cpus(ct.container_id(plan.cluster, n.name), format_cpulist(n.cpuset))
+
+    def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:
+        return ct.container_state(ct.container_id(plan.cluster, node.name))
+
+    def node_status(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.node_state(env, plan, node)}
+        try:
+            out["network"] = dict(net.read_link(ct.netns_name(plan.cluster, node.name)))
+        except HpvcError as e:
+            out["network"] = {"error": e.why}
+        try:
+            out["limits"] = cgroups.read_node_limits(plan.cluster, node.name)
+        except (HpvcError, OSError) as e:
+            out["limits"] = {"error": str(e)}
+        return out
+
+    def summary(self, env: ClusterEnv) -> dict[str, Any]:
+        return {"backend": self.name}
+
+    def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
+        return ct.container_pid(ct.container_id(plan.cluster, node.name))
+
+    def exec_argv(
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
+    ) -> list[str]:
+        return ct.exec_argv(ct.container_id(plan.cluster, node.name), argv)
+
+    def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
+        return MpiLaunch(
+            script=RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())),
+            targets={n.name: ct.container_id(plan.cluster, n.name) for n in plan.nodes},
+        )

@@ -1,0 +1,79 @@
+"""The VM backend that runs each node as a libvirt domain.
+
+The same guests as ``QemuBackend`` (disk, kernel command line, readiness,
+configuration over ssh), but each node is the domain XML ``hpvc render``
+writes, defined and started through libvirt (``hpvc.backends.vm_libvirt``):
+libvirt creates the tap and applies the pinning, NUMA and memory backing
+itself, and ``hpvc status`` reads them back from libvirt. Running domains keep
+their pinning when the cluster is scaled (no live repin here yet).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hpvc.backends import vm_libvirt
+from hpvc.backends.base import Capabilities, ClusterEnv
+from hpvc.backends.qemu import QemuBackend, vm_state
+from hpvc.plan import Plan, PlannedNode
+from hpvc.progress import Progress
+from hpvc.render.context import RenderContext
+from hpvc.render.libvirt import domain_name, render_domain_xml
+from hpvc.spec import Spec
+
+URI_ENV = "HPVC_LIBVIRT_URI"
+
+
+def libvirt_uri() -> str:
+    """Where the backend connects: $HPVC_LIBVIRT_URI, else the system daemon."""
+    return os.environ.get(URI_ENV, vm_libvirt.DEFAULT_URI)
+
+
+class LibvirtBackend(QemuBackend):
+    name: ClassVar[str] = "libvirt"
+    capabilities: ClassVar[Capabilities] = Capabilities(repin=False, shared_memory=False)
+
+    def preflight(self, spec: Spec) -> None:
+        super().preflight(spec)
+        vm_libvirt.connect(libvirt_uri()).close()  # libvirtd answers, or exit 2 now
+
+    def prepare(self, env: ClusterEnv, plan: Plan, progress: Progress) -> None:
+        super().prepare(env, plan, progress)
+        vm_state(env).libvirt_uri = libvirt_uri()
+
+    def _uri(self, env: ClusterEnv) -> str:
+        return vm_state(env).libvirt_uri or libvirt_uri()
+
+    def start_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode, ctx: RenderContext) -> int:
+        """Define and start the node's domain; QEMU's PID (the guest not yet booted)."""
+        Path(ctx.node_run_dir(plan.cluster, node.name)).mkdir(parents=True, exist_ok=True)
+        xml = render_domain_xml(plan, node, ctx)
+        (env.node_dir(node.name) / "domain.xml").write_text(xml)
+        conn = vm_libvirt.connect(self._uri(env))
+        try:
+            return vm_libvirt.start_domain(
+                env.node_journal(node.name), conn, xml, domain_name(plan, node)
+            )
+        finally:
+            conn.close()
+
+    def repin_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> None:
+        pass  # running domains keep the pinning they were defined with (see above)
+
+    def read_back(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
+        """libvirt's view, in the shape `hpvc status` shows for both VM backends."""
+        conn = vm_libvirt.connect(self._uri(env))
+        try:
+            rb = vm_libvirt.read_back(conn, domain_name(plan, node))
+        finally:
+            conn.close()
+        return {
+            "vcpus": [
+                {"vcpu": v["vcpu"], "cpus": v["cpus"], "pinned": v["pinned"]} for v in rb["vcpus"]
+            ],
+            "emulator": [{"cpus": rb["emulator"]["cpus"]}],
+            "memdevs": [],
+            "libvirt": dict(rb),
+        }

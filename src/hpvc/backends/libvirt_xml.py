@@ -1,0 +1,97 @@
+"""libvirt domain XML and CPU maps as typed data: pure parsing for the read-back.
+
+``hpvc.backends.vm_libvirt`` reads a live domain (its XML, ``numaParameters``,
+CPU maps) and hands the pieces here; nothing in this module touches libvirt
+or the host, so it is tested on XML strings alone.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+_NUMA_MODES = ("strict", "preferred", "interleave", "restrictive")
+_UNITS_KIB = {"b": 1 / 1024, "bytes": 1 / 1024, "k": 1, "kib": 1, "kb": 1000 / 1024}
+_UNITS_KIB |= {"m": 1024, "mib": 1024, "mb": 1e6 / 1024, "g": 1 << 20, "gib": 1 << 20}
+
+
+class MemNode(TypedDict):
+    cellid: int
+    mode: str
+    nodeset: str
+
+
+class NumaTune(TypedDict):
+    mode: str  # strict, preferred, interleave, restrictive
+    nodeset: str  # host NUMA nodes of the guest memory ("" when libvirt chooses)
+    cells: list[MemNode]  # per guest cell, from <numatune><memnode>
+
+
+class HugePages(TypedDict):
+    size_kib: int  # 0: the host's default hugepage size
+    nodeset: str  # guest NUMA cells backed by these pages ("" for all)
+
+
+class MemoryBacking(TypedDict):
+    """``<memoryBacking>`` of the live definition."""
+
+    hugepages: list[HugePages]
+    nosharepages: bool
+    locked: bool
+    source: str
+    access: str
+    allocation: str
+
+
+def cpus_of(cpumap: Sequence[bool]) -> list[int]:
+    """A libvirt CPU map (one bool per host CPU) as a list of CPU numbers."""
+    return [i for i, on in enumerate(cpumap) if on]
+
+
+def _size_kib(el: ET.Element) -> int:
+    size = int(el.get("size", "0"))
+    return int(size * _UNITS_KIB.get(el.get("unit", "KiB").lower(), 1))
+
+
+def _attr(parent: ET.Element, tag: str, attr: str) -> str:
+    el = parent.find(tag)
+    return "" if el is None else el.get(attr, "")
+
+
+def memory_backing(xml: str) -> MemoryBacking:
+    """``<memoryBacking>`` of a domain XML, as typed data (all false/empty when absent)."""
+    mb = ET.fromstring(xml).find("memoryBacking")
+    if mb is None:
+        mb = ET.Element("memoryBacking")
+    pages: list[HugePages] = []
+    huge = mb.find("hugepages")
+    if huge is not None:
+        given = huge.findall("page")
+        pages = [HugePages(size_kib=_size_kib(p), nodeset=p.get("nodeset", "")) for p in given]
+        pages = pages or [HugePages(size_kib=0, nodeset="")]
+    return MemoryBacking(
+        hugepages=pages,
+        nosharepages=mb.find("nosharepages") is not None,
+        locked=mb.find("locked") is not None,
+        source=_attr(mb, "source", "type"),
+        access=_attr(mb, "access", "mode"),
+        allocation=_attr(mb, "allocation", "mode"),
+    )
+
+
+def numa_tune(params: dict[str, Any], xml: str) -> NumaTune:
+    """``numaParameters()`` with the per-cell ``<memnode>`` bindings of the live XML."""
+    mode = params.get("numa_mode", 0)
+    known = isinstance(mode, int) and 0 <= mode < len(_NUMA_MODES)
+    cells = [
+        MemNode(
+            cellid=int(m.get("cellid", "0")), mode=m.get("mode", ""), nodeset=m.get("nodeset", "")
+        )
+        for m in ET.fromstring(xml).findall("numatune/memnode")
+    ]
+    return NumaTune(
+        mode=_NUMA_MODES[mode] if known else str(mode),
+        nodeset=str(params.get("numa_nodeset", "")),
+        cells=cells,
+    )

@@ -1,0 +1,234 @@
+"""The VM backend that runs QEMU directly: one process per node, pinned over QMP.
+
+Per node: a disk over the image's (``hpvc.backends.guest``), a tap on the
+cluster bridge, QEMU from the command line ``hpvc render`` writes, and vCPU
+and emulator threads pinned over QMP (``hpvc.backends.vm_qemu``). Nodes boot
+in parallel; ``start`` returns once every new guest is ready and configured.
+``LibvirtBackend`` (``hpvc.backends.libvirt``) differs only in how a node is
+started, read back and repinned.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from hpvc.backends import guest as g
+from hpvc.backends import vm_qemu
+from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.errors import HpvcError, MissingDependency
+from hpvc.faults import inject
+from hpvc.host import net
+from hpvc.host.accel import accelerator
+from hpvc.image import resolve_image
+from hpvc.image.guest import GuestArtifacts, build_guest
+from hpvc.plan import Plan, PlannedNode
+from hpvc.progress import Progress
+from hpvc.render.context import RenderContext, tap_name
+from hpvc.render.qemu import qemu_pinning, render_qemu
+from hpvc.spec import Spec
+
+QEMU = "qemu-system-x86_64"
+
+VM_RANK_SCRIPT = """#!/bin/bash
+# hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its VM over ssh (see ranks beside this file).
+set -e
+here=$(dirname "$0")
+ip=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
+args=()
+while IFS= read -r -d '' kv; do
+  case "$kv" in OMPI_*|PMIX_*|OPAL_*|ORTE_*|HPVC_*) args+=("$(printf '%q' "$kv")");; esac
+done < <(env -0)
+cmd=()
+for a in "$@"; do cmd+=("$(printf '%q' "$a")"); done
+exec ssh -i "$here/id_ed25519" {opts} "root@$ip" env "${{args[@]}}" "${{cmd[@]}}"
+"""
+
+
+@dataclass
+class VmState(State):
+    """What a VM backend keeps of a running cluster."""
+
+    accel: str = "tcg"
+    accel_warning: str | None = None
+    pids: dict[str, int] = field(default_factory=dict)  # node -> its QEMU
+    ivshmem: list[Any] | None = None  # [path, MiB] shared by co-resident guests
+    boot_seconds: dict[str, float] = field(default_factory=dict)
+    libvirt_uri: str | None = None  # the libvirt backend's connection
+
+
+def vm_state(env: ClusterEnv) -> VmState:
+    assert isinstance(env.state, VmState)
+    return env.state
+
+
+class QemuBackend:
+    name: ClassVar[str] = "qemu"
+    kind: ClassVar[str] = "vm"
+    # Ranks in different guests share no memory: MPI takes the network path.
+    capabilities: ClassVar[Capabilities] = Capabilities(repin=True, shared_memory=False)
+
+    def __init__(self) -> None:
+        self._guests: dict[str, GuestArtifacts] = {}
+
+    def new_state(self) -> VmState:
+        return VmState()
+
+    def load_state(self, data: dict[str, Any]) -> VmState:
+        return VmState.from_json(data)
+
+    def preflight(self, spec: Spec) -> None:
+        if shutil.which(QEMU) is None:
+            raise MissingDependency(
+                "VM nodes", f"{QEMU} not found", "apt-get install qemu-system-x86"
+            )
+        accelerator()  # a bad HPVC_ACCEL is bad input: refused before any change
+
+    def build_image(self, spec: Spec, progress: Progress) -> None:
+        self._guest(spec.image, progress)
+
+    def _guest(self, image: str, progress: Progress) -> GuestArtifacts:
+        """Kernel, initramfs and base disk of ``image`` (built once; remembered
+        here so one command does not look them up again)."""
+        resolved = resolve_image(image)
+        found = self._guests.get(resolved.digest)
+        if found is None:
+            found = self._guests[resolved.digest] = build_guest(resolved, progress=progress)
+        return found
+
+    def prepare(self, env: ClusterEnv, plan: Plan, progress: Progress) -> None:
+        """The cluster's ssh key, and the accelerator its guests run on."""
+        st = vm_state(env)
+        g.ssh_key(env.dir)
+        choice = accelerator()
+        st.accel, st.accel_warning = choice.name, choice.warning
+        if choice.warning:
+            progress(choice.warning)
+
+    # --- nodes ---------------------------------------------------------------
+
+    def start_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode, ctx: RenderContext) -> int:
+        """Tap, QEMU and pinning for one node; QEMU's PID (the guest not yet booted)."""
+        j = env.node_journal(node.name)
+        net.create_tap(j, tap_name(plan.cluster, node.name), plan.network.bridge, plan.network.mtu)
+        launch = render_qemu(plan, node, ctx)
+        pid = vm_qemu.start_qemu(j, launch, log=env.node_dir(node.name) / "qemu.log")
+        vm_qemu.apply_pinning(launch.qmp_socket, pid, launch.pinning)
+        return pid
+
+    def _context(self, env: ClusterEnv, plan: Plan, guest: GuestArtifacts) -> RenderContext:
+        st = vm_state(env)
+        ctx = g.vm_context(env.store, guest, env.rec.hugetlbfs, st.accel)
+        # Locality for VMs: co-resident guests share an ivshmem region (a PCI BAR).
+        locality = str(env.rec.spec.get("tuning", {}).get("locality", "shm"))
+        shm = g.ivshmem_for(env.store, plan, env.journal(), locality)
+        if shm is not None:
+            st.ivshmem = list(shm)
+            ctx = replace(ctx, ivshmem=shm)
+        return ctx
+
+    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+        """Start the VMs (they boot in parallel), wait for all, configure them."""
+        if not names:
+            return
+        st = vm_state(env)
+        guest = self._guest(plan.image, progress)
+        ctx = self._context(env, plan, guest)
+        t0 = time.perf_counter()
+        for name in names:
+            progress(f"node {name}: starting QEMU")
+            st.pids[name] = self.start_node(
+                env,
+                plan,
+                plan.node(name),
+                g.node_context(env.store, plan, plan.node(name), guest, ctx),
+            )
+            inject(f"node:{name}")
+        t1 = time.perf_counter()
+        progress(f"waiting for {len(names)} guest(s) to boot ({ctx.accel})")
+        waited = g.wait_all(env.store, plan, {n: st.pids[n] for n in names}, ctx, g.READY_TIMEOUT_S)
+        t2 = time.perf_counter()
+        st.boot_seconds.update(waited)
+        g.configure(env.store, plan, names)
+        # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line;
+        # configure: /etc/hosts and ARP over ssh in every new guest.
+        env.rec.phases.update(start=t1 - t0, boot=t2 - t1, configure=time.perf_counter() - t2)
+
+    def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+        st = vm_state(env)
+        errors = undo_nodes(env, names, progress)
+        for name in names:
+            st.pids.pop(name, None)
+        if errors:
+            raise HpvcError(f"remove {', '.join(names)}", errors[0], "run hpvc down")
+
+    def refresh(self, env: ClusterEnv, old: Plan, plan: Plan, progress: Progress) -> None:
+        """Guests that stay get the new /etc/hosts and ARP entries over ssh."""
+        staying = [n.name for n in plan.nodes if n.name in {o.name for o in old.nodes}]
+        if staying and {n.name for n in old.nodes} != {n.name for n in plan.nodes}:
+            g.configure(env.store, plan, staying)
+
+    def repin(self, env: ClusterEnv, old: Plan, plan: Plan) -> None:
+        """Running VMs whose floating set or emulator CPUs changed get them live."""
+        before = {n.name: n for n in old.nodes}
+        for n in plan.nodes:
+            was = before.get(n.name)
+            if was is None or (was.cpuset, was.emulator_cpus) == (n.cpuset, n.emulator_cpus):
+                continue
+            self.repin_node(env, plan, n)
+
+    def repin_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> None:
+        qmp = env.store.root / "run" / plan.cluster / node.name / "qmp.sock"
+        vm_qemu.apply_pinning(qmp, vm_state(env).pids[node.name], qemu_pinning(node))
+
+    # --- reading back --------------------------------------------------------
+
+    def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:
+        pid = vm_state(env).pids.get(node.name)
+        return "running" if pid and vm_qemu.running(pid) else "stopped"
+
+    def read_back(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
+        """Thread affinities and memory backends, over QMP and from /proc."""
+        pid = vm_state(env).pids[node.name]
+        qmp = env.store.root / "run" / plan.cluster / node.name / "qmp.sock"
+        return dict(vm_qemu.read_back(pid, qmp))
+
+    def node_status(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "state": self.node_state(env, plan, node),
+            "network": {"address": node.ip, "mtu": plan.network.mtu},
+        }
+        if out["state"] == "running":
+            try:
+                out["vm"] = self.read_back(env, plan, node)
+            except HpvcError as e:
+                out["vm"] = {"error": e.why}
+        return out
+
+    def summary(self, env: ClusterEnv) -> dict[str, Any]:
+        st = vm_state(env)
+        return {
+            "backend": self.name,
+            "accelerator": st.accel,
+            "accelerator_warning": st.accel_warning,
+        }
+
+    def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
+        pid = vm_state(env).pids.get(node.name)
+        if not pid or not vm_qemu.running(pid):
+            raise HpvcError(f"node {node.name}", "is not running", f"hpvc down {env.name}")
+        return pid
+
+    def exec_argv(
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
+    ) -> list[str]:
+        return g.ssh_argv(env.dir, node.ip, argv)
+
+    def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
+        return MpiLaunch(
+            script=VM_RANK_SCRIPT.format(opts=shlex.join(g.SSH_OPTS)),
+            targets={n.name: n.ip for n in plan.nodes},
+        )

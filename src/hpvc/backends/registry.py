@@ -1,0 +1,46 @@
+"""Which backend runs a cluster: one table, one line per backend (DESIGN rule 4).
+
+A backend is named by ``module:Class`` and imported on first use, so a
+command that never starts a node never pays for libvirt or QEMU code. To add
+a backend: write ``hpvc/backends/<name>.py`` with a class implementing
+``hpvc.backends.base.Backend``, and add its line here (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from hpvc.backends.base import Backend
+from hpvc.errors import HpvcError
+from hpvc.spec import Spec
+
+# name -> "module:Class". The name is stored in each cluster's record.
+BACKENDS: dict[str, str] = {
+    "crun": "hpvc.backends.crun:CrunBackend",
+    "qemu": "hpvc.backends.qemu:QemuBackend",
+    "libvirt": "hpvc.backends.libvirt:LibvirtBackend",
+}
+# What a spec without ``backend`` runs on, by its ``kind``.
+DEFAULT_FOR_KIND: dict[str, str] = {"container": "crun", "vm": "qemu"}
+
+
+def name_for(spec: Spec) -> str:
+    """The backend a spec asks for (its ``backend`` key, else its kind's default)."""
+    return spec.backend or DEFAULT_FOR_KIND[spec.kind]
+
+
+@cache
+def get(name: str) -> Backend:
+    """The backend registered as ``name``."""
+    where = BACKENDS.get(name)
+    if where is None:
+        known = ", ".join(sorted(BACKENDS))
+        raise HpvcError(f"backend {name!r}", "not known to this hpvc", f"one of: {known}")
+    module, _, cls = where.partition(":")
+    backend: Backend = getattr(importlib.import_module(module), cls)()
+    return backend
+
+
+def for_spec(spec: Spec) -> Backend:
+    return get(name_for(spec))
