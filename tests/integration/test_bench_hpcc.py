@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import hpcc, ratios
+from hpvc.bench import hpcc, hpcc_parse, hpcc_report, ratios
 from hpvc.errors import InputError
 from tests.helpers import prefix_leftovers, requires
 
-TINY_N = 512  # a few seconds a side; the real size is hpcc.problem_size()
+TINY_N = 512  # a few seconds a side; the real size is hpcc_input.problem_size()
 
 
 def ours() -> str:
@@ -70,7 +70,7 @@ def test_hpcc_native_and_container_one_repetition(clean: None) -> None:
     assert list(doc["configs"]) == ["native", "container"]
     spec = doc["configs"]["container"]["spec"]
     assert 'kind = "container"' in spec and 'hugepages = "2M"' in spec
-    keys = {m.key for m in hpcc.METRICS}
+    keys = {m.key for m in hpcc_parse.METRICS}
     for config in ("native", "container"):
         got = {s["metric"]: s for s in doc["samples"] if s["config"] == config}
         assert set(got) == keys, config
@@ -82,7 +82,7 @@ def test_hpcc_native_and_container_one_repetition(clean: None) -> None:
     assert hosts == {"native": platform.node(), "container": "compute0"}
     rows = ratios.ratio_rows(doc["samples"])
     assert all(r["ratio"]["median"] > 0 for r in rows if r["config"] == "container")
-    assert "### container" in hpcc.report_md(doc)
+    assert "### container" in hpcc_report.report_md(doc)
 
 
 def test_hpcc_rejects_an_unknown_config() -> None:
@@ -98,7 +98,7 @@ def test_hpcc_in_a_vm_one_repetition(clean: None) -> None:
     assert doc["configs"]["vm"]["n"] == TINY_N // 2
     assert 'kind = "vm"' in doc["configs"]["vm"]["spec"]
     got = {s["metric"]: s["value"] for s in doc["samples"]}
-    assert set(got) == {m.key for m in hpcc.METRICS} and all(v > 0 for v in got.values())
+    assert set(got) == {m.key for m in hpcc_parse.METRICS} and all(v > 0 for v in got.values())
     assert doc["runs"][0]["rank0"] == "compute0"  # hpcc ran in the guest
     if doc["accelerator"] == "tcg":
         assert "vm" in doc["not_comparable"]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from hpvc.bench import isolation as iso
+from hpvc.bench import isolation_report, isolation_stats
 from hpvc.units import parse_cpulist
 from tests.helpers import prefix_leftovers, requires
 
@@ -76,8 +77,9 @@ def test_isolation_tiny_run(clean: None) -> None:
     assert sorted({s["order"] for s in doc["samples"]}) == list(range(6))
     # The competing load burned CPU in the tenant's cgroup during every loaded sample.
     assert doc["load_verified"] is True
-    loaded = [x for x in doc["load"] if x["config"] in iso.LOADED]
-    assert len(loaded) == 4 and all(x["tenant_cpus"] >= iso.MIN_LOAD_CPUS for x in loaded)
+    loaded = [x for x in doc["load"] if x["config"] in isolation_stats.LOADED]
+    least = isolation_stats.MIN_LOAD_CPUS
+    assert len(loaded) == 4 and all(x["tenant_cpus"] >= least for x in loaded)
     assert all(x["hpc_cpus"] > 0 for x in doc["load"])
     # What the kernel held: partitioned apart, shared together.
     visits = {v["config"]: v for v in doc["visits"]}
@@ -86,4 +88,4 @@ def test_isolation_tiny_run(clean: None) -> None:
     shared = visits["shared"]
     assert set(parse_cpulist(shared["hpc_cpus"])) <= set(parse_cpulist(shared["tenant_cpus"]))
     assert all(isinstance(g["met"], bool) for g in doc["goals"])
-    assert "| shared |" in iso.report_md(doc)
+    assert "| shared |" in isolation_report.report_md(doc)

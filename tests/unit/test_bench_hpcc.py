@@ -1,4 +1,5 @@
-"""The hpcc suite's pure parts: input file, problem size, output parsing, ratios."""
+"""The hpcc suite's pure parts (input file, problem size, output parsing, ratios, report)
+and the runner's checks that need no root (preflight, rotations, settle)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import hpcc, ratios
+from hpvc.bench import hpcc, hpcc_configs, hpcc_input, hpcc_parse, hpcc_report, ratios
+from hpvc.cluster import inspect
 from hpvc.errors import HpvcError, InputError
 
 DATA = Path(__file__).parent / "data"
@@ -16,7 +18,7 @@ EXAMPLE = Path("/usr/share/doc/hpcc/examples/_hpccinf.txt")  # Debian's hpcc pac
 
 
 def test_input_text_puts_n_nb_and_grid_on_their_hpl_dat_lines() -> None:
-    lines = hpcc.input_text(4096, 128, 1, 2).splitlines()
+    lines = hpcc_input.input_text(4096, 128, 1, 2).splitlines()
     # HPL.dat: line 6 Ns, 8 NBs, 11 Ps, 12 Qs; the counts above each are 1.
     assert lines[5].split()[:2] == ["4096", "Ns"]
     assert lines[7].split()[:2] == ["128", "NBs"]
@@ -30,7 +32,7 @@ def test_input_text_puts_n_nb_and_grid_on_their_hpl_dat_lines() -> None:
 def test_input_text_matches_debians_example_but_for_the_four_values() -> None:
     if not EXAMPLE.is_file():
         pytest.skip(f"{EXAMPLE} not installed (apt-get install hpcc)")
-    ours = hpcc.input_text(1000, 80, 2, 2).splitlines()
+    ours = hpcc_input.input_text(1000, 80, 2, 2).splitlines()
     theirs = EXAMPLE.read_text().splitlines()
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs, strict=True):
@@ -39,69 +41,40 @@ def test_input_text_matches_debians_example_but_for_the_four_values() -> None:
 
 @pytest.mark.parametrize("procs,want", [(1, (1, 1)), (2, (1, 2)), (4, (2, 2)), (6, (2, 3))])
 def test_grid_is_as_square_as_it_gets(procs: int, want: tuple[int, int]) -> None:
-    assert hpcc.grid(procs) == want
+    assert hpcc_input.grid(procs) == want
 
 
 @pytest.mark.parametrize("llc", [512 << 10, 8 << 20, 32 << 20, 256 << 20])
 @pytest.mark.parametrize("procs", [1, 2, 4])
 def test_problem_size_keeps_the_arrays_above_the_llc(llc: int, procs: int) -> None:
     for mem in (1, 16, 128, 1024):
-        n = hpcc.problem_size(mem, procs, llc)
-        assert 8 * n * n >= hpcc.LLC_FACTOR * llc
-        assert n % (hpcc.NB * procs) == 0
+        n = hpcc_input.problem_size(mem, procs, llc)
+        assert 8 * n * n >= hpcc_input.LLC_FACTOR * llc
+        assert n % (hpcc_input.NB * procs) == 0
 
 
 def test_problem_size_grows_with_memory_and_fits_it() -> None:
-    sizes = [hpcc.problem_size(mem, 2, 32 << 20) for mem in range(16, 4096, 16)]
+    sizes = [hpcc_input.problem_size(mem, 2, 32 << 20) for mem in range(16, 4096, 16)]
     assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
-    n = hpcc.problem_size(2048, 2, 32 << 20)
+    n = hpcc_input.problem_size(2048, 2, 32 << 20)
     assert 8 * n * n <= 2048 << 20
 
 
 def test_problem_size_here_is_4096() -> None:
     """The size measured for a 2-CPU EPYC VM: 32 MiB L3, 128 MiB matrix, ~22 s native."""
-    assert hpcc.problem_size(hpcc.MATRIX_MIB, 2, 32 << 20) == 4096
+    assert hpcc_input.problem_size(hpcc_input.MATRIX_MIB, 2, 32 << 20) == 4096
 
 
 def test_node_memory_holds_the_run() -> None:
-    assert hpcc.node_memory_mib(1000) == hpcc.MIN_NODE_MIB
+    assert hpcc_input.node_memory_mib(1000) == hpcc_input.MIN_NODE_MIB
     for n in (4096, 8192, 20000):
-        mib = hpcc.node_memory_mib(n)
+        mib = hpcc_input.node_memory_mib(n)
         assert mib % 256 == 0 and mib * 2**20 >= 4 * 8 * n * n
 
 
-def _sysfs(root: Path, caches: list[tuple[int, str, str]]) -> Path:
-    base = root / "sys/devices/system/cpu/cpu0/cache"
-    for i, (level, kind, size) in enumerate(caches):
-        d = base / f"index{i}"
-        d.mkdir(parents=True)
-        (d / "level").write_text(f"{level}\n")
-        (d / "type").write_text(f"{kind}\n")
-        (d / "size").write_text(f"{size}\n")
-    return root
-
-
-def test_llc_bytes_takes_the_highest_data_cache(tmp_path: Path) -> None:
-    root = _sysfs(
-        tmp_path,
-        [
-            (1, "Data", "32K"),
-            (1, "Instruction", "32K"),
-            (2, "Unified", "1024K"),
-            (3, "Unified", "32768K"),
-        ],
-    )
-    assert hpcc.llc_bytes(root) == 32 << 20
-
-
-def test_llc_bytes_without_caches_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(HpvcError, match="no cache size"):
-        hpcc.llc_bytes(tmp_path)
-
-
 def test_parse_a_real_output() -> None:
-    got = hpcc.parse(SAMPLE.read_text())
-    assert set(got) == {m.key for m in hpcc.METRICS}
+    got = hpcc_parse.parse(SAMPLE.read_text())
+    assert set(got) == {m.key for m in hpcc_parse.METRICS}
     assert got["HPL"] == pytest.approx(9.31081)  # HPL_Tflops=0.00931081, in GFLOP/s
     assert got["DGEMM"] == pytest.approx(4.2404)
     assert got["STREAM_Triad"] == pytest.approx(16.6603)
@@ -110,23 +83,23 @@ def test_parse_a_real_output() -> None:
     assert got["FFT"] == pytest.approx(4.01473)
     assert got["PingPong_latency"] == pytest.approx(0.129944)
     assert got["PingPong_bandwidth"] == pytest.approx(17.0822)
-    assert hpcc.summary_fields(SAMPLE.read_text())["HPL_N"] == "4096"
+    assert hpcc_parse.summary_fields(SAMPLE.read_text())["HPL_N"] == "4096"
 
 
 def test_parse_takes_the_last_run_of_an_appended_file() -> None:
     text = SAMPLE.read_text()
     older = text.replace("HPL_Tflops=0.00931081", "HPL_Tflops=0.001")
-    assert hpcc.parse(older + text)["HPL"] == pytest.approx(9.31081)
-    assert hpcc.parse(text + older)["HPL"] == pytest.approx(1.0)
+    assert hpcc_parse.parse(older + text)["HPL"] == pytest.approx(9.31081)
+    assert hpcc_parse.parse(text + older)["HPL"] == pytest.approx(1.0)
 
 
 def test_checked_refuses_another_n_or_a_failed_check() -> None:
     text = SAMPLE.read_text()
-    assert hpcc._checked(text, 4096, "x")["HPL"] > 0
+    assert hpcc_parse.checked(text, 4096, "x")["HPL"] > 0
     with pytest.raises(HpvcError, match="N=4096, not 1000"):
-        hpcc._checked(text, 1000, "x")
+        hpcc_parse.checked(text, 1000, "x")
     with pytest.raises(HpvcError, match="Success"):
-        hpcc._checked(text.replace("Success=1", "Success=0"), 4096, "x")
+        hpcc_parse.checked(text.replace("Success=1", "Success=0"), 4096, "x")
 
 
 @pytest.mark.parametrize("cut", ["End of Summary section.", "Begin of Summary section."])
@@ -134,27 +107,27 @@ def test_parse_a_cut_short_output_raises_with_its_tail(cut: str) -> None:
     text = SAMPLE.read_text()
     short = text[: text.index(cut)]
     with pytest.raises(HpvcError) as e:
-        hpcc.parse(short)
+        hpcc_parse.parse(short)
     assert "no summary section" in e.value.why
     assert short.strip().splitlines()[-1] in e.value.why  # the tail, to see what happened
 
 
 def test_parse_empty_output_raises() -> None:
     with pytest.raises(HpvcError, match="no output"):
-        hpcc.parse("")
+        hpcc_parse.parse("")
 
 
 def test_parse_a_summary_without_a_metric_raises() -> None:
     text = SAMPLE.read_text().replace("StarFFT_Gflops=", "StarFFT_gone=")
     with pytest.raises(HpvcError, match="StarFFT_Gflops"):
-        hpcc.parse(text)
+        hpcc_parse.parse(text)
 
 
 def test_node_argv_is_one_line_per_argument() -> None:
-    argv = hpcc.node_argv("/tmp/d", hpcc.input_text(1000, 128, 1, 2))
+    argv = hpcc.node_argv("/tmp/d", hpcc_input.input_text(1000, 128, 1, 2))
     assert argv[:2] == ["sh", "-c"] and argv[4] == "/tmp/d"
     assert all("\n" not in a for a in argv)  # survives ssh's quoting for VM ranks
-    assert argv[5].replace("\\n", "\n") == hpcc.input_text(1000, 128, 1, 2)
+    assert argv[5].replace("\\n", "\n") == hpcc_input.input_text(1000, 128, 1, 2)
 
 
 def _s(config: str, metric: str, rep: int, value: float, hib: bool = True) -> dict[str, Any]:
@@ -217,7 +190,7 @@ def _doc(configs: list[str], n: int = 4096) -> dict[str, Any]:
     samples = []
     for rep in range(3):
         for c in configs:
-            for m in hpcc.METRICS:
+            for m in hpcc_parse.METRICS:
                 v = (1.0 + rep) * (0.98 if c != "native" else 1.0)
                 samples.append({**_s(c, m.key, rep, v, m.higher_is_better), "unit": m.unit})
     described = {c: {"describe": c, "spec": None, "n": 1000 if c == "vm" else n} for c in configs}
@@ -230,7 +203,9 @@ def _doc(configs: list[str], n: int = 4096) -> dict[str, Any]:
         "crun": "crun 1",
         "date": "d",
     }
-    return hpcc.document(facts, configs, described, samples, runs, n, 32 << 20, 2, "tcg")
+    return hpcc_report.document(
+        facts, configs, described, samples, runs, n, 32 << 20, 2, "tcg", [0.0, 0.0, 0.0]
+    )
 
 
 def test_document_goals_and_report() -> None:
@@ -247,7 +222,7 @@ def test_document_goals_and_report() -> None:
     assert {g["metric"] for g in doc["goals"]} == {"HPL", "DGEMM", "STREAM_Triad", "STREAM_Copy"}
     assert all(g["config"] == "container" and g["vs"] == "native" for g in doc["goals"])
     assert "vm" in doc["not_comparable"] and "tcg" in doc["not_comparable"]["vm"]
-    report = hpcc.report_md(doc)
+    report = hpcc_report.report_md(doc)
     assert report.count("### ") == 3
     # Ratios 0.98 (latency inverted: 1/0.98) meet the 0.97 goal.
     assert (
@@ -297,7 +272,7 @@ def test_rotations_put_every_config_first_once() -> None:
 
 def test_spec_text_sets_the_ablated_tuning_only() -> None:
     def tuning(name: str) -> set[str]:
-        text = hpcc.spec_text(hpcc.CONFIGS[name], "hc1c", "10.9.9.0/24", 2, 512)
+        text = hpcc_configs.spec_text(hpcc_configs.CONFIGS[name], "hc1c", "10.9.9.0/24", 2, 512)
         return {x for x in text.splitlines() if " = " in x}
 
     base = tuning("container")
@@ -318,7 +293,7 @@ def test_settle_falls_back_to_shared_only_where_that_fits(
     nopool = snapshots.get("16amd64-8n2c")
     if small is None or big is None or nopool is None:
         pytest.skip("topology snapshots 2i386-2t-hugepagesizecount/8em64t-2s2ca2c/... not found")
-    vm = hpcc.CONFIGS["vm"]
+    vm = hpcc_configs.CONFIGS["vm"]
     got, text = hpcc.settle(vm, tmp_path, "hc1v", "10.9.9.0/24", 2, 1000, root=big)
     assert got == vm and 'pinning = "dedicated"' in text
     got, text = hpcc.settle(vm, tmp_path, "hc1v", "10.9.9.0/24", 2, 1000, root=small)
@@ -327,4 +302,4 @@ def test_settle_falls_back_to_shared_only_where_that_fits(
     assert (tmp_path / "hc1v.toml").read_text() == text
     got, text = hpcc.settle(vm, tmp_path, "hc1v", "10.9.9.0/24", 2, 1000, root=nopool)
     assert got == vm and (tmp_path / "hc1v.toml").read_text() == text
-    assert hpcc.does_not_fit(tmp_path / "hc1v.toml", nopool) is not None
+    assert inspect.why_spec_file_not_fit(tmp_path / "hc1v.toml", nopool) is not None

@@ -1,16 +1,17 @@
-"""`bench isolation`: specs and their plans, statistics, parsing, counters, report (no root)."""
+"""`bench isolation`: specs and their plans, statistics, parsing, report (no root)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hpvc.bench import hpcc_input, isolation_layout, isolation_report, isolation_stats
 from hpvc.bench import isolation as iso
-from hpvc.cluster.state import Store
-from hpvc.errors import InputError
+from hpvc.cluster import inspect
+from hpvc.cluster.inspect import HostView
+from hpvc.errors import HpvcError, InputError
 from hpvc.topology import Topology, read_topology
 from tests.unit.topogen import make_topology
 
@@ -28,15 +29,25 @@ def this_host() -> Topology:
     return make_topology(packages=1, cores_per_node=2, threads=1, with_1g=False)
 
 
+def layouts(topo: Topology) -> dict[str, isolation_layout.Layout]:
+    p = iso.partitioning(HostView(topo))
+    return isolation_layout.layouts(p, len(topo.online_cpus), NAMES, SUBNETS)
+
+
+def plan_pair(lay: isolation_layout.Layout, topo: Topology) -> tuple[Any, Any]:
+    """The HPC cluster's plan, then the tenant's beside it (None: no tenant)."""
+    texts = [lay.hpc] if lay.tenant is None else [lay.hpc, lay.tenant]
+    plans = inspect.plan_together(texts, HostView(topo))
+    return plans[0], (plans[1] if len(plans) > 1 else None)
+
+
 def planned(topo: Topology) -> dict[str, tuple[Any, Any]]:
-    p = iso.partitioning(topo)
-    lays = iso.layouts(p, topo, NAMES, SUBNETS)
-    return {c: iso.plan_pair(lay.hpc, lay.tenant, topo) for c, lay in lays.items()}
+    return {c: plan_pair(lay, topo) for c, lay in layouts(topo).items()}
 
 
-def check_layouts(topo: Topology) -> iso.Partitioning:
+def check_layouts(topo: Topology) -> isolation_layout.Partitioning:
     """The configurations' plans: apart when partitioned, together when shared."""
-    p = iso.partitioning(topo)
+    p = iso.partitioning(HostView(topo))
     plans = planned(topo)
     idle_hpc, idle_tenant = plans["idle"]
     part_hpc, part_tenant = plans["partitioned"]
@@ -56,7 +67,7 @@ def check_layouts(topo: Topology) -> iso.Partitioning:
     assert shared_hpc.nodes[0].pinning == "shared"
     assert set(shared_hpc.nodes[0].cpuset) <= set(shared_tenant.nodes[0].cpuset)
     # The tenant's spec is the same in both loaded configurations.
-    lays = iso.layouts(p, topo, NAMES, SUBNETS)
+    lays = layouts(topo)
     assert lays["partitioned"].tenant == lays["shared"].tenant
     assert [lay.load for lay in lays.values()] == [False, True, True]
     return p
@@ -74,15 +85,14 @@ def test_layouts_on_a_two_cpu_one_socket_host() -> None:
 
 
 def test_specs_parse_and_say_what_they_mean() -> None:
-    topo = this_host()
-    lays = iso.layouts(iso.partitioning(topo), topo, NAMES, SUBNETS)
+    lays = layouts(this_host())
     for lay in lays.values():
         for text in (lay.hpc, lay.tenant):
             if text is None:
                 continue
-            spec = iso.parse_text(text)
+            spec = inspect.spec_of(text)
             assert spec.kind == "container" and spec.tuning.hugepages == "none"
-    tenant = iso.parse_text(lays["shared"].tenant or "")
+    tenant = inspect.spec_of(lays["shared"].tenant or "")
     assert tenant.name == NAMES[1] and tenant.tuning.partition == "commodity"
     assert tenant.tuning.locality == "none"  # its own PID namespace: down ends every loop
 
@@ -113,14 +123,22 @@ def test_layouts_on_real_machines(real: dict[str, Topology], snapshot: str, mode
 def test_a_one_cpu_host_is_refused() -> None:
     topo = make_topology(packages=1, cores_per_node=1, threads=1, with_1g=False)
     with pytest.raises(InputError, match="cannot hold a pinned HPC node"):
-        iso.partitioning(topo)
+        iso.partitioning(HostView(topo))
 
 
 def test_describe_names_the_partitioning() -> None:
-    assert "socket(s) whole" in iso.describe(iso.Partitioning("hpc", 1), 1)["partitioned"]
-    d = iso.describe(iso.Partitioning("commodity", 1), 1)["partitioned"]
+    assert (
+        "socket(s) whole"
+        in isolation_layout.describe(isolation_layout.Partitioning("hpc", 1), 1)["partitioned"]
+    )
+    d = isolation_layout.describe(isolation_layout.Partitioning("commodity", 1), 1)["partitioned"]
     assert "pinned to a core" in d and "no hpc partition" in d
-    assert "sibling" in iso.describe(iso.Partitioning("commodity", 1), 2)["partitioned"]
+    assert (
+        "sibling"
+        in isolation_layout.describe(isolation_layout.Partitioning("commodity", 1), 2)[
+            "partitioned"
+        ]
+    )
 
 
 # --- statistics ------------------------------------------------------------------------
@@ -143,10 +161,10 @@ def rows(config: str, metric: str, values: list[float]) -> list[dict[str, Any]]:
 
 
 def test_stats() -> None:
-    s = iso.stats([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
+    s = isolation_stats.stats([2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0])
     assert s["mean"] == 5.0 and s["median"] == 4.5 and (s["min"], s["max"]) == (2.0, 9.0)
     assert s["stdev"] == pytest.approx(2.138, abs=1e-3)  # the sample (n-1) deviation
-    assert iso.stats([3.0])["stdev"] == 0.0
+    assert isolation_stats.stats([3.0])["stdev"] == 0.0
 
 
 def test_summary_relative_to_idle_and_goals() -> None:
@@ -157,7 +175,7 @@ def test_summary_relative_to_idle_and_goals() -> None:
         + rows("idle", "DGEMM", [6.0, 6.0, 6.0])
         + rows("partitioned", "DGEMM", [6.0, 5.0, 4.0])
     )
-    s = iso.summarize(samples)
+    s = isolation_stats.summarize(samples)
     assert s["idle"]["HPL"]["rel_mean_vs_idle"] == 1.0
     assert s["idle"]["HPL"]["rel_stdev_vs_idle"] == 1.0
     assert s["partitioned"]["HPL"]["n"] == 3
@@ -165,7 +183,7 @@ def test_summary_relative_to_idle_and_goals() -> None:
     assert s["partitioned"]["HPL"]["rel_stdev_vs_idle"] == pytest.approx(1.5)
     assert s["shared"]["HPL"]["rel_stdev_vs_idle"] == pytest.approx(3.0)
     assert s["partitioned"]["DGEMM"]["rel_stdev_vs_idle"] is None  # idle's stdev is 0
-    g = {x["metric"]: x for x in iso.goals(s)}
+    g = {x["metric"]: x for x in isolation_stats.goals(s)}
     assert g["HPL"] == {
         "metric": "HPL",
         "config": "partitioned",
@@ -177,7 +195,7 @@ def test_summary_relative_to_idle_and_goals() -> None:
 
 
 def test_rotations() -> None:
-    assert iso.rotations(4) == [
+    assert isolation_stats.rotations(4) == [
         ["idle", "partitioned", "shared"],
         ["partitioned", "shared", "idle"],
         ["shared", "idle", "partitioned"],
@@ -200,7 +218,7 @@ End of Summary section.
 
 def test_parse_hpcc_takes_the_last_summary() -> None:
     older = HPCC_OUT.replace("6.0068", "1.0")
-    got = iso.parse_hpcc(older + HPCC_OUT, 1800)
+    got = isolation_stats.parse_hpcc(older + HPCC_OUT, 1800)
     assert got == {"HPL": pytest.approx(5.36579), "DGEMM": 6.0068, "STREAM_Triad": 38.3822}
 
 
@@ -217,75 +235,40 @@ def test_parse_hpcc_takes_the_last_summary() -> None:
     ],
 )
 def test_parse_hpcc_refuses_bad_output(text: str, why: str) -> None:
-    with pytest.raises(iso.HpvcError, match=why):
-        iso.parse_hpcc(text, 1800)
+    with pytest.raises(HpvcError, match=why):
+        isolation_stats.parse_hpcc(text, 1800)
 
 
 def test_hpcc_input_is_one_process_of_our_size() -> None:
-    text = iso.hpcc.input_text(1800, iso.HPCC_NB, 1, 1)
+    text = hpcc_input.input_text(1800, iso.HPCC_NB, 1, 1)
     lines = text.splitlines()
     assert lines[5].split()[0] == "1800" and lines[7].split()[0] == "80"
     assert lines[10].split()[0] == "1" and lines[11].split()[0] == "1"  # P x Q = 1 x 1
-
-
-def fake_root(tmp: Path, mounts: str, files: dict[str, str]) -> Path:
-    (tmp / "proc").mkdir(parents=True, exist_ok=True)
-    (tmp / "proc" / "mounts").write_text(mounts)
-    for rel, text in files.items():
-        p = tmp / rel.lstrip("/")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    return tmp
-
-
-def test_cpu_seconds_v1_and_v2(tmp_path: Path) -> None:
-    v1 = fake_root(
-        tmp_path / "v1",
-        "cgroup /sys/fs/cgroup/cpuacct cgroup rw,cpuacct 0 0\n",
-        {"/sys/fs/cgroup/cpuacct/hpvc/c1/compute0/cpuacct.usage": "2500000000\n"},
-    )
-    assert iso.cpu_seconds("c1", "compute0", v1) == 2.5
-    assert iso.cpu_seconds("c1", "compute1", v1) is None
-    v2 = fake_root(
-        tmp_path / "v2",
-        "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n",
-        {
-            "/sys/fs/cgroup/cgroup.controllers": "cpu cpuset",
-            "/sys/fs/cgroup/hpvc/c1/compute0/cpu.stat": "usage_usec 1500000\nuser_usec 1\n",
-        },
-    )
-    assert iso.cpu_seconds("c1", "compute0", v2) == 1.5
-
-
-def test_host_cpu_seconds(tmp_path: Path) -> None:
-    tick = os.sysconf("SC_CLK_TCK")
-    root = fake_root(tmp_path, "", {"/proc/stat": "cpu  100 10 20 900 5 1 2 7 0 0\ncpu0 1\n"})
-    busy, steal = iso.host_cpu_seconds(root)
-    assert busy == pytest.approx(133 / tick) and steal == pytest.approx(7 / tick)
-    assert iso.host_cpu_seconds(tmp_path / "none") == (None, None)
 
 
 def test_load_row_and_verification() -> None:
     where = {"config": "shared", "rep": 1, "order": 4}
     before = {"hpc": 10.0, "tenant": 20.0, "host": 100.0, "steal": 1.0}
     after = {"hpc": 12.0, "tenant": 23.0, "host": 106.0, "steal": 1.5}
-    row = iso.load_row(where, 4.0, before, after)
+    row = isolation_stats.load_row(where, 4.0, before, after, 0.5)
     assert row["config"] == "shared" and row["order"] == 4 and row["wall_s"] == 4.0
     assert (row["hpc_cpus"], row["tenant_cpus"]) == (0.5, 0.75)
     assert row["other_cpus"] == pytest.approx(0.25) and row["steal_cpus"] == 0.125
-    idle = iso.load_row({**where, "config": "idle"}, 4.0, {**before, "tenant": None}, after)
+    idle = isolation_stats.load_row(
+        {**where, "config": "idle"}, 4.0, {**before, "tenant": None}, after, 0.5
+    )
     assert idle["tenant_cpus"] is None and idle["other_cpus"] == pytest.approx(1.0)
-    assert iso.load_verified([row, idle])
-    assert not iso.load_verified([{**row, "tenant_cpus": 0.1}, idle])
-    assert not iso.load_verified([idle])  # no loaded sample at all proves nothing
-    summary = iso.load_summary([row, idle])
+    assert isolation_stats.load_verified([row, idle])
+    assert not isolation_stats.load_verified([{**row, "tenant_cpus": 0.1}, idle])
+    assert not isolation_stats.load_verified([idle])  # no loaded sample at all proves nothing
+    summary = isolation_stats.load_summary([row, idle])
     assert summary["shared"]["tenant_cpus"]["mean"] == 0.75
     assert summary["idle"]["tenant_cpus"] is None and summary["partitioned"]["samples"] == 0
 
 
 def test_sample_rows_are_the_shared_interface() -> None:
     where = {"config": "partitioned", "rep": 2, "order": 7}
-    out = iso.sample_rows(where, {"HPL": 5.0, "DGEMM": 6.0, "STREAM_Triad": 30.0})
+    out = isolation_stats.sample_rows(where, {"HPL": 5.0, "DGEMM": 6.0, "STREAM_Triad": 30.0})
     assert [r["metric"] for r in out] == ["HPL", "DGEMM", "STREAM_Triad"]
     assert out[0] == {
         "suite": "isolation",
@@ -311,9 +294,9 @@ def test_bad_settings_are_input_errors(repeat: int, samples: int, n: int) -> Non
 
 def fake_doc() -> dict[str, Any]:
     topo = this_host()
-    p = iso.partitioning(topo)
-    lays = iso.layouts(p, topo, NAMES, SUBNETS)
-    r = iso.Run(Path("/nonexistent"), Store(Path("/nonexistent")), lays, p, 1, 2, 2000)
+    p = iso.partitioning(HostView(topo))
+    lays = isolation_layout.layouts(p, len(topo.online_cpus), NAMES, SUBNETS)
+    r = isolation_report.Outcome(lays, p, 1, 2, 2000)
     values = {"idle": [6.0, 6.2], "partitioned": [5.9, 6.1], "shared": [3.0, 4.5]}
     for config, vals in values.items():
         r.visits.append({"config": config, "rep": 0, "hpc_cpus": "0", "tenant_cpus": "1"})
@@ -322,8 +305,10 @@ def fake_doc() -> dict[str, Any]:
             tenant = None if config == "idle" else 0.0
             before = {"hpc": 0.0, "tenant": tenant, "host": 0.0, "steal": 0.0}
             after = {"hpc": 4.0, "tenant": 4.0, "host": 9.0, "steal": 0.0}
-            r.load.append(iso.load_row(where, 5.0, before, after))
-            r.samples += iso.sample_rows(where, {"HPL": v, "DGEMM": v, "STREAM_Triad": 10 * v})
+            r.load.append(isolation_stats.load_row(where, 5.0, before, after, 0.5))
+            r.samples += isolation_stats.sample_rows(
+                where, {"HPL": v, "DGEMM": v, "STREAM_Triad": 10 * v}
+            )
     facts = {
         "host": "h",
         "cpu_model": "AMD EPYC",
@@ -333,7 +318,7 @@ def fake_doc() -> dict[str, Any]:
         "open_mpi": "Open MPI 4.1",
         "date": "2026-01-01T00:00:00Z",
     }
-    return iso.document(facts, r, 1, 42.0)
+    return isolation_report.document(facts, r, 1, 42.0, [0.0, 0.0, 0.0])
 
 
 def test_document() -> None:
@@ -349,12 +334,12 @@ def test_document() -> None:
 
 
 def test_report_md() -> None:
-    md = iso.report_md(fake_doc())
+    md = isolation_report.report_md(fake_doc())
     assert md.count("\n| HPL (GFLOP/s) |") == 3
     assert md.count("\n| STREAM_Triad (GB/s) |") == 3
     assert "| shared | 2 | 3.75 | 1.06 |" in md
     assert "- HPL: partitioned stdev <= 2.0 x idle's: met (1.00)" in md
-    burned = f"burned >= {iso.MIN_LOAD_CPUS} CPUs during every loaded sample): yes"
+    burned = f"burned >= {isolation_stats.MIN_LOAD_CPUS} CPUs during every loaded sample): yes"
     assert burned in md
     assert "| idle | 0.80 (0.80-0.80) | - | 1.00 (1.00-1.00) |" in md
     assert "| 0 / 1 |" in md

@@ -13,11 +13,14 @@ from hpvc.cli import main
 def test_bench_plan_writes_results(
     snapshots: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    extracted = str(next(iter(snapshots.values())).parent)  # already-extracted roots
+    extracted = tmp_path / "roots"  # the already-extracted roots, side by side
+    extracted.mkdir()
+    for name, root in snapshots.items():
+        (extracted / name).symlink_to(root, target_is_directory=True)
     out = tmp_path / "out"
     args = ["bench", "plan", "--hosts", "16", "--nodes", "60", "--repeat", "2"]
     with pytest.raises(SystemExit) as e:
-        main([*args, "--topologies", extracted, "--out", str(out), "--json"])
+        main([*args, "--topologies", str(extracted), "--out", str(out), "--json"])
     assert e.value.code == 0
     doc = json.loads((out / "results.json").read_text())
     assert doc == json.loads(capsys.readouterr().out)

@@ -16,18 +16,17 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hpvc import __version__
-from hpvc.cluster import lifecycle
+from hpvc.cluster import inspect, lifecycle
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.image import build_image, resolve_image
-
-Progress = Callable[[str], None]
+from hpvc.progress import Progress, quiet
 
 # Tool -> Debian package that provides it.
 APT_PACKAGE = {
@@ -42,10 +41,6 @@ APT_PACKAGE = {
 SUBNET_POOL = ipaddress.IPv4Network("10.232.0.0/14")
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
 def require(what: str, tools: list[str], root: bool = True) -> None:
     """Refuse to start without root or one of ``tools``: one line, the package to install."""
     if root and os.geteuid() != 0:
@@ -56,7 +51,7 @@ def require(what: str, tools: list[str], root: bool = True) -> None:
             raise MissingDependency(what, f"{tool} not found", f"apt-get install {pkg}")
 
 
-def ensure_image(name: str, progress: Progress = _quiet) -> None:
+def ensure_image(name: str, progress: Progress = quiet) -> None:
     """Make sure image ``name`` is built (a first build takes about a minute)."""
     try:
         resolve_image(name)
@@ -153,7 +148,7 @@ def cluster_spec(
 
 
 @contextmanager
-def scratch_state(what: str, progress: Progress = _quiet) -> Iterator[tuple[Path, Store]]:
+def scratch_state(what: str, progress: Progress = quiet) -> Iterator[tuple[Path, Store]]:
     """A temporary directory and a Store inside it; every cluster in it is torn down."""
     tmp = Path(tempfile.mkdtemp(prefix="hpvc-bench-"))
     store = Store(tmp / "state")
@@ -175,7 +170,7 @@ def scratch_state(what: str, progress: Progress = _quiet) -> Iterator[tuple[Path
             progress(f"teardown failed ({errors[0]}); state kept in {store.root}")
 
 
-def teardown_all(store: Store, progress: Progress = _quiet) -> list[str]:
+def teardown_all(store: Store, progress: Progress = quiet) -> list[str]:
     """Undo every cluster the store knows (records and half-made ones)."""
     base = store.root / "clusters"
     names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
@@ -195,16 +190,6 @@ def _version(argv: list[str]) -> str:
     return lines[0] if lines else "unknown"
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def host_facts(mpi: bool = True) -> dict[str, Any]:
     """Where and with what the numbers were taken."""
     facts: dict[str, Any] = {
@@ -212,7 +197,7 @@ def host_facts(mpi: bool = True) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
         "machine": platform.machine(),
-        "cpu_model": cpu_model(),
+        "cpu_model": inspect.cpu_model(),
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
         "crun": _version(["crun", "--version"]),

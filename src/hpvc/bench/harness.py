@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpvc.bench import common, io, startup
+from hpvc.bench import common, io, io_jobs, startup
 from hpvc.bench.report import Sample, error_line, suite_module
+from hpvc.cluster import inspect
 from hpvc.errors import InputError
-
-Progress = Callable[[str], None]
+from hpvc.progress import Progress, quiet
 
 SUITES = ("hpcc", "isolation", "io", "startup")
 TARGETS = ("native", "container", "vm")
@@ -35,10 +35,6 @@ HPCC_CONTAINER = ("container", "container-nopin", "container-nohuge", "container
 ISOLATION_CONFIGS = ("idle", "partitioned", "shared")
 SAMPLE_KEYS = ("suite", "config", "metric", "unit", "higher_is_better", "rep", "order", "value")
 MB = 1_000_000
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # --- what to run ---------------------------------------------------------------------
@@ -145,13 +141,13 @@ def io_samples(doc: dict[str, Any]) -> tuple[list[Sample], list[dict[str, Any]]]
     with native). Goals: every throttle within 5% of its target (median).
     """
     s, goals = _Samples("io"), []
-    pct = float(doc.get("goal", {}).get("throttle_abs_error_pct_at_most", io.GOAL_ERROR_PCT))
-    order_t = [(label, job.key) for label, job, _ in io.throttle_targets()]
+    pct = float(doc.get("goal", {}).get("throttle_abs_error_pct_at_most", io_jobs.GOAL_ERROR_PCT))
+    order_t = [(label, job.key) for label, job, _ in io_jobs.throttle_targets()]
     for t in doc.get("throttle", []):
         name, key = f"{t['node']}_{t['direction']}", (t["node"], t["job"])
         target = float(t["target_bps"])
         for x in t["samples"]:
-            rot = io.rotate(order_t, int(x["rep"]))
+            rot = io_jobs.rotate(order_t, int(x["rep"]))
             order, bw = rot.index(key) if key in rot else 0, float(x["bw_bytes"])
             s.add("throttled", f"{name}_vs_target", "ratio", True, x["rep"], order, bw / target)
             s.add("throttled", f"{name}_MBps", "MB/s", True, x["rep"], order, bw / MB)
@@ -164,10 +160,10 @@ def io_samples(doc: dict[str, Any]) -> tuple[list[Sample], list[dict[str, Any]]]
                 "target_MBps": target / MB,
             }
         )
-    weight_jobs = [j.key for j in io.WEIGHT_JOBS]
+    weight_jobs = [j.key for j in io_jobs.WEIGHT_JOBS]
     for w in doc.get("weight", []):
         for x in w["samples"]:
-            rot = io.rotate(weight_jobs, int(x["rep"]))
+            rot = io_jobs.rotate(weight_jobs, int(x["rep"]))
             order = rot.index(w["job"]) if w["job"] in rot else 0
             s.add(
                 "weighted", f"{w['job']}_w900_per_w100", "ratio", True, x["rep"], order, x["ratio"]
@@ -308,7 +304,7 @@ def run(
     targets: list[str],
     out: Path,
     argv: list[str],
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> dict[str, Any]:
     """Run every planned suite in turn; results.json is rewritten after each suite."""
     started = time.time()
@@ -364,9 +360,7 @@ def _iso(t: float) -> str:
 def accelerator() -> dict[str, Any]:
     """The VM accelerator of this host (kvm or tcg) and why, for reading the VM figures."""
     try:
-        from hpvc.backends import vm_qemu
-
-        a = vm_qemu.accelerator()
+        a = inspect.accelerator()
     except Exception as e:
         return {"vm": None, "error": error_line(e)}
     return {"vm": a.name, "forced": a.forced, "note": a.warning}

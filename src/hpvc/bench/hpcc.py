@@ -36,257 +36,47 @@ its emulator threads beside its vCPUs) falls back to pinning shared where
 that fits; the results say so in the configuration's ``describe`` and
 ``pinning``.
 
-Problem size: hpcc sizes STREAM, RandomAccess and FFT from the HPL N (together
-they use about the memory of the HPL matrix), so N is chosen for a matrix of
-``MATRIX_MIB`` and at least ``LLC_FACTOR`` times the last-level cache: on a
-2-CPU EPYC VM (32 MiB L3) N = 4096, a native run of about 22 s. Under TCG a VM
-is 10-50x slower, so it gets ``VM_TCG_N`` instead, and its figures are not
-comparable with native (no ratios) unless the accelerator is KVM.
-
-Results: ``samples`` is a flat list of one value per (config, metric, rep),
-the shape every suite shares; ``ratios.ratio_rows`` and ``ratios.table_md``
-turn any such list into min/median/max and paired per-repetition ratios to a
-baseline (higher is better: target/native, latency native/target).
+This module runs the suite (preflight, the clusters, the rotation of runs);
+the problem size is ``hpcc_input``'s, the output parsing ``hpcc_parse``'s, the
+configurations ``hpcc_configs``' and the document and report ``hpcc_report``'s.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.backends import vm_qemu
-from hpvc.bench import common, ratios
-from hpvc.bench.stats import summary
-from hpvc.cluster import lifecycle, ops
+from hpvc.bench import common
+from hpvc.bench.hpcc_configs import CONFIGS, Config, spec_text
+from hpvc.bench.hpcc_input import (
+    MATRIX_MIB,
+    NB,
+    VM_TCG_N,
+    grid,
+    input_text,
+    node_memory_mib,
+    problem_size,
+)
+from hpvc.bench.hpcc_parse import METRICS, SUITE, checked, rank0_host
+from hpvc.bench.hpcc_report import document
+from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.cluster.state import Store
-from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency
-from hpvc.plan import plan_cluster
-from hpvc.spec import load_spec
-from hpvc.topology.sysfs import read_topology
+from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.progress import Progress, quiet
+from hpvc.sysroot import HOST, RootLike
 
-Progress = Callable[[str], None]
 Runner = Callable[[int], str]
 
-SUITE = "hpcc"
-NB = 128
-MATRIX_MIB = 128  # HPL matrix of all ranks: ~22 s native with 2 ranks on a 2-CPU EPYC VM
-LLC_FACTOR = 4  # the matrix (and so the STREAM arrays) at least 4x the last-level cache
-VM_TCG_N = 1000  # ~1 s native; a VM under TCG is 10-50x slower
-MIN_NODE_MIB = 512
-GOAL_RATIO = 0.97
-GOAL_METRICS = ("HPL", "DGEMM", "STREAM_Triad", "STREAM_Copy")
 NODE_DIR_VM = "/tmp/hpvc-hpcc"  # in the guest: a VM does not see the host's mpi dir
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str
-    field: str  # in hpccoutf.txt's summary
-    unit: str
-    higher_is_better: bool
-    scale: float = 1.0  # field value -> unit
-
-
-# "Star": every rank runs it at once; the figure is the mean per rank.
-METRICS = (
-    Metric("HPL", "HPL_Tflops", "GFLOP/s", True, 1000.0),
-    Metric("DGEMM", "StarDGEMM_Gflops", "GFLOP/s", True),
-    Metric("STREAM_Triad", "StarSTREAM_Triad", "GB/s", True),
-    Metric("STREAM_Copy", "StarSTREAM_Copy", "GB/s", True),
-    Metric("RandomAccess", "StarRandomAccess_GUPs", "GUP/s", True),
-    Metric("FFT", "StarFFT_Gflops", "GFLOP/s", True),
-    Metric("PingPong_latency", "AvgPingPongLatency_usec", "us", False),
-    Metric("PingPong_bandwidth", "AvgPingPongBandwidth_GBytes", "GB/s", True),
-)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One configuration: where hpcc runs and, for a cluster, its tuning."""
-
-    name: str
-    kind: str  # "native", "container" or "vm"
-    describe: str
-    pinning: str = "dedicated"
-    hugepages: str = "2M"
-    numa: str = "mirror"
-    code: str = ""  # cluster name suffix
-
-
-TUNED = "pinning dedicated, hugepages 2M, numa mirror, partition commodity, locality shm"
-CONFIGS: dict[str, Config] = {
-    c.name: c
-    for c in (
-        Config("native", "native", "hpcc on the host, ranks bound to cores"),
-        Config("container", "container", f"one container node, {TUNED}", code="c"),
-        Config(
-            "container-nopin", "container", "container, pinning shared", pinning="shared", code="p"
-        ),
-        Config(
-            "container-nohuge", "container", "container, hugepages none", hugepages="none", code="h"
-        ),
-        Config("container-nonuma", "container", "container, numa none", numa="none", code="n"),
-        Config("vm", "vm", f"one QEMU VM node, {TUNED}, MPI over TCP", code="v"),
-    )
-}
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-# --- input and problem size --------------------------------------------------------
-
-
-def grid(procs: int) -> tuple[int, int]:
-    """HPL's process grid P x Q = procs, as square as it gets, P <= Q."""
-    p = max(d for d in range(1, math.isqrt(procs) + 1) if procs % d == 0)
-    return p, procs // p
-
-
-def input_text(n: int, nb: int, p: int, q: int) -> str:
-    """``hpccinf.txt``: HPL.dat (one N, NB and grid) and hpcc's PTRANS lines."""
-    lines = [
-        "HPLinpack benchmark input file",
-        "Innovative Computing Laboratory, University of Tennessee",
-        "HPL.out      output file name (if any)",
-        "8            device out (6=stdout,7=stderr,file)",
-        "1            # of problems sizes (N)",
-        f"{n:<12} Ns",
-        "1            # of NBs",
-        f"{nb:<12} NBs",
-        "0            PMAP process mapping (0=Row-,1=Column-major)",
-        "1            # of process grids (P x Q)",
-        f"{p:<12} Ps",
-        f"{q:<12} Qs",
-        "16.0         threshold",
-        "1            # of panel fact",
-        "2            PFACTs (0=left, 1=Crout, 2=Right)",
-        "1            # of recursive stopping criterium",
-        "4            NBMINs (>= 1)",
-        "1            # of panels in recursion",
-        "2            NDIVs",
-        "1            # of recursive panel fact.",
-        "1            RFACTs (0=left, 1=Crout, 2=Right)",
-        "1            # of broadcast",
-        "1            BCASTs (0=1rg,1=1rM,2=2rg,3=2rM,4=Lng,5=LnM)",
-        "1            # of lookahead depth",
-        "1            DEPTHs (>=0)",
-        "2            SWAP (0=bin-exch,1=long,2=mix)",
-        "64           swapping threshold",
-        "0            L1 in (0=transposed,1=no-transposed) form",
-        "0            U  in (0=transposed,1=no-transposed) form",
-        "1            Equilibration (0=no,1=yes)",
-        "8            memory alignment in double (> 0)",
-        "##### This line (no. 32) is ignored (it serves as a separator). ######",
-        "0                       Number of additional problem sizes for PTRANS",
-        "1200 10000 30000        values of N",
-        "0                       number of additional blocking sizes for PTRANS",
-        "40 9 8 13 13 20 16 32 64        values of NB",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _size_bytes(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip())
-    if not m:
-        raise ValueError(f"not a cache size: {text!r}")
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
-
-
-def llc_bytes(root: Path = Path("/")) -> int:
-    """Size of CPU 0's last-level data (or unified) cache, from sysfs."""
-    base = root / "sys/devices/system/cpu/cpu0/cache"
-    best = (0, 0)
-    for d in sorted(base.glob("index*")):
-        try:
-            if (d / "type").read_text().strip() == "Instruction":
-                continue
-            level = int((d / "level").read_text())
-            size = _size_bytes((d / "size").read_text())
-        except (OSError, ValueError):
-            continue
-        best = max(best, (level, size))
-    if best[1] == 0:
-        raise HpvcError("last-level cache", f"no cache size under {base}", "")
-    return best[1]
-
-
-def problem_size(mem_mib: int, procs: int, llc_bytes: int) -> int:
-    """HPL N for a matrix (8 N^2 bytes, all ranks) of about ``mem_mib`` MiB, but never
-    under ``LLC_FACTOR`` x the last-level cache; a multiple of NB x procs."""
-    step = NB * procs
-    at_most = math.isqrt(mem_mib * 2**20 // 8) // step * step
-    at_least = -(-math.isqrt(LLC_FACTOR * llc_bytes // 8) // step) * step
-    return max(at_most, at_least, step)
-
-
-def node_memory_mib(n: int) -> int:
-    """Node memory for hpcc at N: 4x the matrix (hpcc's tests, MPI, the OS), 256 MiB steps."""
-    need = 4 * 8 * n * n / 2**20
-    return max(MIN_NODE_MIB, math.ceil(need / 256) * 256)
-
-
-# --- output ------------------------------------------------------------------------
-
-
-def summary_fields(text: str) -> dict[str, str]:
-    """``Key=value`` lines of the last summary section (hpcc appends to its output)."""
-    begin = text.rfind("Begin of Summary section.")
-    end = text.find("End of Summary section.", begin)
-    if begin < 0 or end < 0:
-        tail = "\n".join(text.strip().splitlines()[-8:]) or "(no output)"
-        raise HpvcError(
-            "hpcc",
-            f"no summary section in its output (it failed or was cut short); last lines:\n{tail}",
-            "run hpcc by hand in a directory with the same hpccinf.txt",
-        )
-    out: dict[str, str] = {}
-    for line in text[begin:end].splitlines()[1:]:
-        key, eq, value = line.partition("=")
-        if eq:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def rank0_host(text: str) -> str:
-    """The host (node) hpcc's rank 0 ran on, from the output's header."""
-    found = re.findall(r"^Hostname: '([^']*)'", text, re.M)
-    return found[-1] if found else ""
-
-
-def parse(text: str) -> dict[str, float]:
-    """The METRICS of an hpccoutf.txt, in their units (HPL in GFLOP/s)."""
-    fields = summary_fields(text)
-    missing = [m.field for m in METRICS if m.field not in fields]
-    if missing:
-        raise HpvcError("hpcc", f"summary lacks {', '.join(missing)}", "")
-    return {m.key: float(fields[m.field]) * m.scale for m in METRICS}
-
-
-def _checked(text: str, n: int, what: str) -> dict[str, float]:
-    """parse(), and proof that hpcc read our input (its N) and passed its checks."""
-    fields = summary_fields(text)
-    if fields.get("HPL_N") != str(n):
-        raise HpvcError(
-            what,
-            f"hpcc ran N={fields.get('HPL_N')}, not {n}",
-            "it did not read a valid hpccinf.txt and fell back to its defaults",
-        )
-    if fields.get("Success") != "1":
-        raise HpvcError(what, "hpcc reports Success != 1 (a check failed)", "see hpccoutf.txt")
-    return parse(text)
 
 
 # --- runners -----------------------------------------------------------------------
@@ -343,46 +133,8 @@ def run_in_cluster(store: Store, name: str, procs: int, text: str, node_dir: str
 # --- clusters ----------------------------------------------------------------------
 
 
-SPEC = """\
-name = "{name}"
-kind = "{kind}"
-image = "hpc"
-[network]
-subnet = "{subnet}"
-mtu = 9000
-[tuning]
-pinning = "{c.pinning}"
-hugepages = "{c.hugepages}"
-numa = "{c.numa}"
-partition = "commodity"
-locality = "shm"
-[[nodes]]
-role = "compute"
-count = 1
-vcpus = {vcpus}
-memory = "{memory_mib}MiB"
-"""
-
-
-def spec_text(cfg: Config, name: str, subnet: str, vcpus: int, memory_mib: int) -> str:
-    """One compute node of ``vcpus`` vCPUs with the config's tuning."""
-    kind = "vm" if cfg.kind == "vm" else "container"
-    return SPEC.format(
-        name=name, kind=kind, subnet=subnet, c=cfg, vcpus=vcpus, memory_mib=memory_mib
-    )
-
-
-def does_not_fit(path: Path, root: Path = Path("/")) -> str | None:
-    """Why the spec at ``path`` does not fit alone on the host at ``root``; None if it fits."""
-    try:
-        plan_cluster(load_spec(path), [(lifecycle.hostname(), read_topology(root))])
-    except DoesNotFit as e:
-        return e.why
-    return None
-
-
 def settle(
-    cfg: Config, tmp: Path, name: str, subnet: str, procs: int, n: int, root: Path = Path("/")
+    cfg: Config, tmp: Path, name: str, subnet: str, procs: int, n: int, root: RootLike = HOST
 ) -> tuple[Config, str]:
     """The config as it fits here and its spec text (written to ``tmp/NAME.toml``):
     dedicated pinning falls back to shared where only that fits; a spec that fits
@@ -390,13 +142,13 @@ def settle(
     path = tmp / f"{name}.toml"
     text = spec_text(cfg, name, subnet, procs, node_memory_mib(n))
     path.write_text(text)
-    why = does_not_fit(path, root)
+    why = inspect.why_spec_file_not_fit(path, root)
     if why is None or cfg.pinning != "dedicated":
         return cfg, text
     alt = replace(cfg, pinning="shared", describe=f"{cfg.describe}; pinning shared: {why}")
     alt_text = spec_text(alt, name, subnet, procs, node_memory_mib(n))
     path.write_text(alt_text)
-    if does_not_fit(path, root) is None:
+    if inspect.why_spec_file_not_fit(path, root) is None:
         return alt, alt_text
     path.write_text(text)
     return cfg, text
@@ -469,7 +221,7 @@ def measure(
         progress(f"repetition {rep + 1}/{repeat}: {c} (N={sizes[c]})")
         t0 = time.perf_counter()
         text = runners[c](rep)
-        values = _checked(text, sizes[c], f"hpcc {c}")
+        values = checked(text, sizes[c], f"hpcc {c}")
         wall = time.perf_counter() - t0
         runs.append(
             {"config": c, "rep": rep, "order": order, "wall_s": wall, "rank0": rank0_host(text)}
@@ -495,7 +247,7 @@ def run(
     configs: list[str],
     repeat: int = 3,
     procs: int = 2,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
     n_override: int | None = None,
     vm_n: int | None = None,
 ) -> dict[str, Any]:
@@ -504,8 +256,8 @@ def run(
     cfgs = [CONFIGS[c] for c in configs]
     if any(c.kind != "native" for c in cfgs):
         common.ensure_image("hpc", progress)
-    accel = vm_qemu.accelerator().name if any(c.kind == "vm" for c in cfgs) else None
-    llc = llc_bytes()
+    accel = inspect.accelerator().name if any(c.kind == "vm" for c in cfgs) else None
+    llc = inspect.llc_bytes()
     n = n_override or problem_size(MATRIX_MIB, procs, llc)
     small = vm_n or (n if accel == "kvm" else min(n, VM_TCG_N))
     sizes = {c.name: small if c.kind == "vm" else n for c in cfgs}
@@ -534,89 +286,5 @@ def run(
             }
         samples, runs = measure(runners, sizes, repeat, progress)
         progress("tearing the clusters down")
-    return document(facts, configs, described, samples, runs, n, llc, procs, accel)
-
-
-def not_comparable(
-    described: dict[str, dict[str, Any]], n: int, accel: str | None
-) -> dict[str, str]:
-    """Configs whose ratios to native mean nothing, and why."""
-    out: dict[str, str] = {}
-    for c, d in described.items():
-        if d["n"] != n:
-            out[c] = f"N={d['n']}, native N={n}"
-        if CONFIGS[c].kind == "vm" and accel != "kvm":
-            out[c] = f"VM under {accel or 'unknown'} (software emulation)" + (
-                f", N={d['n']}" if d["n"] != n else ""
-            )
-    return out
-
-
-def document(
-    facts: dict[str, Any],
-    configs: list[str],
-    described: dict[str, dict[str, Any]],
-    samples: list[dict[str, Any]],
-    runs: list[dict[str, Any]],
-    n: int,
-    llc: int,
-    procs: int,
-    accel: str | None,
-) -> dict[str, Any]:
-    p, q = grid(procs)
-    return {
-        "suite": SUITE,
-        **facts,
-        "loadavg_end": list(os.getloadavg()),
-        "repeat": 1 + max((r["rep"] for r in runs), default=-1),
-        "procs": procs,
-        "input": {"n": n, "nb": NB, "p": p, "q": q, "llc_bytes": llc, "matrix_bytes": 8 * n * n},
-        "accelerator": accel,
-        "configs": {c: described[c] for c in configs},
-        "not_comparable": not_comparable(described, n, accel),
-        "metrics": [
-            {"key": m.key, "field": m.field, "unit": m.unit, "higher_is_better": m.higher_is_better}
-            for m in METRICS
-        ],
-        "ratio": "> 1 is better than native: target/native, latency native/target,"
-        " paired by repetition",
-        "goals": [
-            {
-                "metric": m,
-                "config": "container",
-                "vs": "native",
-                "median_ratio_at_least": GOAL_RATIO,
-            }
-            for m in GOAL_METRICS
-        ],
-        "runs": runs,
-        "samples": samples,
-    }
-
-
-def report_md(doc: dict[str, Any]) -> str:
-    """The run in markdown: where, what, then one table per config."""
-    i = doc["input"]
-    lines = [
-        f"HPC Challenge ({doc['suite']}), {doc['procs']} ranks, {doc['repeat']} repetition(s)"
-        f" with the configs alternated, on {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs),"
-        f" kernel {doc['kernel']}, {doc.get('open_mpi', '')}, {doc['crun']}, {doc['date']}.",
-        "",
-        f"Input: N={i['n']}, NB={i['nb']}, grid {i['p']}x{i['q']}; matrix"
-        f" {i['matrix_bytes'] / 2**20:.0f} MiB, last-level cache {i['llc_bytes'] / 2**20:.0f} MiB."
-        f" Ratio: {doc['ratio']}.",
-        "",
-        *(f"- {c}: {d['describe']} (N={d['n']})" for c, d in doc["configs"].items()),
-        *(f"- {c}: no ratios, not comparable: {why}" for c, why in doc["not_comparable"].items()),
-        "",
-    ]
-    rows = ratios.ratio_rows(doc["samples"])
-    lines.append(ratios.table_md(rows, doc["goals"], no_ratio=doc["not_comparable"]))
-    walls: dict[str, list[float]] = {}
-    for r in doc["runs"]:
-        walls.setdefault(r["config"], []).append(r["wall_s"])
-    lines.append(
-        "Wall time per run (median s): "
-        + ", ".join(f"{c} {summary(w)['median']:.1f}" for c, w in walls.items())
-    )
-    return "\n".join(lines) + "\n"
+    loadavg = list(os.getloadavg())
+    return document(facts, configs, described, samples, runs, n, llc, procs, accel, loadavg)

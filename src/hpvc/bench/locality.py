@@ -38,8 +38,8 @@ from hpvc.bench.stats import summary
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
+from hpvc.progress import Progress, quiet
 
-Progress = Callable[[str], None]
 Runner = Callable[[], str]
 
 GOAL_RATIO = 0.90
@@ -78,10 +78,6 @@ METRICS = (
     Metric("bandwidth_1MiB", 1 << 20, "bandwidth_MBps", "MB/s"),
     Metric("bandwidth_4MiB", 4 << 20, "bandwidth_MBps", "MB/s"),
 )
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def preflight() -> None:
@@ -232,7 +228,7 @@ def document(facts: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> di
     }
 
 
-def run(repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
+def run(repeat: int = 5, progress: Progress = quiet) -> dict[str, Any]:
     """Measure the three configurations ``repeat`` times; return the results document."""
     preflight()
     common.ensure_image("hpc", progress)

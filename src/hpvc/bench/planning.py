@@ -14,19 +14,18 @@ import platform
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpvc import __version__
-from hpvc.bench.common import cpu_model
 from hpvc.bench.stats import summary
-from hpvc.plan import plan_cluster
+from hpvc.cluster import inspect
+from hpvc.cluster.inspect import HostView
+from hpvc.progress import Progress, quiet
 from hpvc.spec import Spec, parse_spec
-from hpvc.topology.model import Topology
-from hpvc.topology.sysfs import read_topology
 
 GOAL_S = 10.0
 
@@ -77,9 +76,9 @@ def scenarios(nodes: int) -> list[Scenario]:
     ]
 
 
-def load_topologies(source: Path) -> list[tuple[str, Topology]]:
+def load_topologies(source: Path) -> list[HostView]:
     """Read every snapshot in ``source`` (``*.tar.bz2`` files or extracted roots)."""
-    out: list[tuple[str, Topology]] = []
+    out: list[HostView] = []
     tarballs = sorted(source.glob("*.tar.bz2"))
     if tarballs:
         with tempfile.TemporaryDirectory(prefix="hpvc-bench-") as tmp:
@@ -87,10 +86,10 @@ def load_topologies(source: Path) -> list[tuple[str, Topology]]:
                 with tarfile.open(tb) as tar:
                     tar.extractall(tmp, filter="tar")
                 name = tb.name.removesuffix(".tar.bz2")
-                out.append((name, read_topology(Path(tmp) / name)))
+                out.append(inspect.read_host(Path(tmp) / name, name))
         return out
     for root in sorted(p for p in source.iterdir() if p.is_dir()):
-        out.append((root.name, read_topology(root)))
+        out.append(inspect.read_host(root, root.name))
     return out
 
 
@@ -109,10 +108,10 @@ def one_cpu() -> Iterator[int | None]:
         os.sched_setaffinity(0, before)
 
 
-def _time(spec: Spec, hosts: list[tuple[str, Topology]]) -> tuple[float, float, int]:
+def _time(spec: Spec, hosts: list[HostView]) -> tuple[float, float, int]:
     w0, c0 = time.perf_counter(), time.process_time()
-    plan = plan_cluster(spec, hosts)
-    return time.perf_counter() - w0, time.process_time() - c0, len(plan.hosts)
+    used = inspect.hosts_used(spec, hosts)
+    return time.perf_counter() - w0, time.process_time() - c0, used
 
 
 def run(
@@ -120,11 +119,11 @@ def run(
     hosts: int = 1000,
     nodes: int = 10000,
     repeat: int = 5,
-    progress: Callable[[str], None] = lambda _: None,
+    progress: Progress = quiet,
 ) -> dict[str, Any]:
     """Plan each scenario ``repeat`` times; return the results document."""
     topos = load_topologies(source)
-    inventory = [(f"host{i:05d}", topos[i % len(topos)][1]) for i in range(hosts)]
+    inventory = [topos[i % len(topos)].named(f"host{i:05d}") for i in range(hosts)]
     results = []
     with one_cpu() as cpu:
         for sc in scenarios(nodes):
@@ -156,13 +155,13 @@ def run(
         "python": platform.python_version(),
         "machine": platform.machine(),
         "node": platform.node(),
-        "cpu_model": cpu_model(),
+        "cpu_model": inspect.cpu_model(),
         "pinned_cpu": cpu,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hosts": hosts,
         "nodes": nodes,
         "repeat": repeat,
-        "topologies": [n for n, _ in topos],
+        "topologies": [t.name for t in topos],
         "scenarios": results,
     }
 

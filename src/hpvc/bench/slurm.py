@@ -36,18 +36,14 @@ from hpvc.bench import common
 from hpvc.bench.stats import summary
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.progress import Progress, quiet
 from hpvc.slurm import node
 from hpvc.slurm.policy import parse_share_name
 
-Progress = Callable[[str], None]
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "make", "cc")
 SIZES = (1, 3)
 STEPS_IN_ALLOCATION = 4
 TIMEOUT_S = 120
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def repo_dir() -> Path:
@@ -92,7 +88,7 @@ def free_base_port(start: int = 7917) -> int:
 
 @contextmanager
 def private_slurm(
-    tmp: Path, store: Store, subnets: str, progress: Progress = _quiet, extra_args: str = ""
+    tmp: Path, store: Store, subnets: str, progress: Progress = quiet, extra_args: str = ""
 ) -> Iterator[dict[str, str]]:
     """A local Slurm cluster with the hpvc plugin under ``tmp`` (hpvc state in
     ``store``, jobs allowed ``subnets``); the environment to submit to it."""
@@ -277,7 +273,7 @@ def document(
     }
 
 
-def run(repeat: int = 5, progress: Progress = _quiet) -> dict[str, Any]:
+def run(repeat: int = 5, progress: Progress = quiet) -> dict[str, Any]:
     if repeat < 1:
         raise InputError("--repeat", "must be at least 1", "--repeat 5")
     preflight()

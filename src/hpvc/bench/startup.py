@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
 from hpvc.bench.stats import summary
-from hpvc.cluster import lifecycle
+from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import InputError
-
-Progress = Callable[[str], None]
+from hpvc.progress import Progress, quiet
 
 GOAL_NODES = 8
 GOAL_S = 2.0
@@ -41,10 +39,6 @@ PHASES = {
     "boot": "boot: to every guest's ready line",
     "configure": "configure: /etc/hosts and ARP over ssh",
 }
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def preflight(sizes: list[int], kind: str = "container") -> None:
@@ -85,14 +79,15 @@ def up_down(store: Store, name: str, spec: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     rec = lifecycle.up(spec, store)
     up_s = time.perf_counter() - t0
+    accel = ops.status(name, store)["accelerator"]  # outside the timed parts
     t1 = time.perf_counter()
     lifecycle.down(name, store)
     return {
         "up_s": up_s,
         "down_s": time.perf_counter() - t1,
-        "up_inner_s": float(rec.extra.get("up_seconds", 0.0)),
-        "phases": dict(rec.extra.get("phases", {})),
-        "accelerator": rec.extra.get("accel"),
+        "up_inner_s": float(rec.up_seconds or 0.0),
+        "phases": dict(rec.phases),
+        "accelerator": accel,
     }
 
 
@@ -134,7 +129,7 @@ def size_doc(n: int, runs: list[dict[str, Any]], kind: str = "container") -> dic
 
 
 def run(
-    sizes: list[int], repeat: int = 5, progress: Progress = _quiet, kind: str = "container"
+    sizes: list[int], repeat: int = 5, progress: Progress = quiet, kind: str = "container"
 ) -> dict[str, Any]:
     """Bring each size up and down ``repeat`` times; return the results document."""
     preflight(sizes, kind)
