@@ -1,0 +1,486 @@
+"""Architecture checks over src/hpvc, read with ``ast`` (nothing of hpvc is imported).
+
+DESIGN.md's pipeline only holds while the code keeps its shape:
+
+a. the pure layers (plan, render, spec, topology) import nothing with side
+   effects (host, backends, cluster, cli), not even inside a function;
+b. only host/ and topology/ read the machine's /proc and /sys (DESIGN rule 2:
+   everything else takes a root);
+c. cluster/ never branches on the node kind or the backend: that knowledge
+   lives behind the one Backend protocol (DESIGN rule 4);
+d. a module past 400 lines says in its docstring why ("Long because ...").
+
+Each check is a function from source text to ``Hit``s; the self-tests at the
+end feed it good and bad snippets, so a check cannot pass by seeing nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "src" / "hpvc"
+
+PURE_LAYERS = ("plan", "render", "spec", "topology")
+SIDE_EFFECTS = ("hpvc.host", "hpvc.backends", "hpvc.cluster", "hpvc.cli")
+MAY_READ_HOST = ("host", "topology")
+LONG_LINES = 400
+LONG_REASON = "Long because"
+
+
+@dataclass(frozen=True)
+class Hit:
+    line: int
+    what: str
+
+
+@dataclass(frozen=True)
+class Module:
+    path: Path
+    name: str  # dotted: hpvc.plan.place
+    source: str
+
+    @property
+    def is_package(self) -> bool:
+        return self.path.name == "__init__.py"
+
+    @property
+    def layer(self) -> str:  # "plan" for hpvc/plan/..., "" for hpvc/errors.py
+        parts = self.path.relative_to(PKG).parts
+        return parts[0] if len(parts) > 1 else ""
+
+    def where(self, hit: Hit) -> str:
+        return f"{self.path.relative_to(ROOT)}:{hit.line} {hit.what}"
+
+
+def modules() -> list[Module]:
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        found.append(Module(path, ".".join(parts), path.read_text(encoding="utf-8")))
+    return found
+
+
+def report(title: str, found: Iterable[str]) -> str:
+    return "\n  ".join([title, *found])
+
+
+# --- a. imports of the pure layers ------------------------------------------------------
+
+
+def _called(node: ast.Call) -> str:
+    """``f`` of ``f(...)`` and of ``x.y.f(...)``."""
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _literal(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _absolute(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of ``from <level dots><name> import ...`` written in ``module``."""
+    if level == 0:
+        return name or ""
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+    return ".".join([*parts, name] if name else parts)
+
+
+def imported(source: str, module: str, is_package: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import, anywhere in the module: import
+    statements at any depth, and ``importlib.import_module``/``__import__`` of a literal.
+    ``from A import b`` yields both ``A`` and ``A.b`` (b may be a submodule)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, is_package, node.level, node.module)
+            yield node.lineno, base
+            for alias in node.names:
+                if alias.name != "*":
+                    yield node.lineno, f"{base}.{alias.name}"
+        elif isinstance(node, ast.Call) and _called(node) in ("import_module", "__import__"):
+            name = _literal(node.args[0]) if node.args else None
+            if name is not None:
+                yield node.lineno, name
+
+
+def forbidden_imports(
+    source: str, module: str, is_package: bool = False, forbidden: Iterable[str] = SIDE_EFFECTS
+) -> list[Hit]:
+    hits: dict[int, str] = {}
+    for line, name in imported(source, module, is_package):
+        if any(_under(name, f) for f in forbidden) and line not in hits:
+            hits[line] = f"imports {name}"
+    return [Hit(line, what) for line, what in sorted(hits.items())]
+
+
+# --- b. /proc and /sys outside host/ and topology/ --------------------------------------
+
+_HOST_PATH = re.compile(r"^/(proc|sys)(/|$)")
+_HOST_DIR = re.compile(r"^(proc|sys)(/|$)")
+# Calls whose first argument is a path they open, list or look at.
+_FILE_CALLS = frozenset(
+    {
+        "open", "Path", "PurePath", "PosixPath", "PurePosixPath",
+        "listdir", "scandir", "walk", "stat", "lstat", "access", "readlink", "realpath",
+        "exists", "isdir", "isfile", "islink", "glob", "iglob", "FileIO",
+    }
+)  # fmt: skip
+_PATH_KEYWORDS = ("file", "path", "name")
+
+
+def _host_path(node: ast.AST | None) -> str | None:
+    """The literal text of ``node`` when it is a /proc or /sys path (str, f-string, "+")."""
+    if node is None:
+        return None
+    if (text := _literal(node)) is not None:
+        return text if _HOST_PATH.match(text) else None
+    if isinstance(node, ast.JoinedStr) and node.values:
+        head = _literal(node.values[0]) or ""
+        return ast.unparse(node) if _HOST_PATH.match(head) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _host_path(node.left)
+    return None
+
+
+def _is_slash(node: ast.AST) -> bool:
+    """``"/"`` or ``Path("/")``."""
+    if isinstance(node, ast.Call) and _called(node) in _FILE_CALLS and node.args:
+        node = node.args[0]
+    return _literal(node) == "/"
+
+
+def _host_dir(node: ast.AST) -> bool:
+    """``"proc"``, ``"sys/fs"``: a path below "/" that leads into /proc or /sys."""
+    return bool(_HOST_DIR.match(_literal(node) or ""))
+
+
+def host_path_opens(source: str) -> list[Hit]:
+    """Where a module opens or looks at /proc or /sys of the machine it runs on.
+
+    A path string that is only data (a list of paths to mask in a container, a
+    mount destination, a shell snippet) is not an open; a module-level constant
+    that is nothing but such a path (``PROC = "/proc"``) is treated as one.
+    """
+    tree = ast.parse(source)
+    hits: list[Hit] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called(node) in _FILE_CALLS:
+            args = [*node.args[:1], *(k.value for k in node.keywords if k.arg in _PATH_KEYWORDS)]
+            for arg in args:
+                if (text := _host_path(arg)) is not None:
+                    hits.append(Hit(node.lineno, f"{_called(node)}({text!r})"))
+        elif isinstance(node, ast.Call) and _called(node) == "join" and len(node.args) > 1:
+            if _is_slash(node.args[0]) and _host_dir(node.args[1]):  # os.path.join("/", "sys")
+                hits.append(Hit(node.lineno, ast.unparse(node)))
+        elif (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and _is_slash(node.left)
+            and _host_dir(node.right)
+        ):  # Path("/") / "proc"
+            hits.append(Hit(node.lineno, ast.unparse(node)))
+    for stmt in tree.body:  # PROC = "/proc", SYS: str = "/sys"
+        if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+            value: ast.expr | None = stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            value = stmt.value
+        else:
+            continue
+        if (text := _host_path(value)) is not None:
+            hits.append(Hit(stmt.lineno, f"module constant {text!r}"))
+    return sorted(set(hits), key=lambda h: (h.line, h.what))
+
+
+# --- c. kind/backend branches in cluster/ -----------------------------------------------
+
+_SELECTORS = ("kind", "backend")
+_KIND_LITERALS = frozenset(
+    {"vm", "container", "libvirt", "qemu", "crun", "vm_qemu", "vm_libvirt", "vm-qemu", "vm-libvirt"}
+)
+
+
+def _is_selector_name(name: str) -> bool:
+    return any(name == s or name.endswith("_" + s) for s in _SELECTORS)
+
+
+def _selector(node: ast.AST) -> bool:
+    """``kind``, ``plan.kind``, ``spec.node_backend``, ``rec.get("kind")``, ``d["backend"]``."""
+    if isinstance(node, ast.Name):
+        return _is_selector_name(node.id)
+    if isinstance(node, ast.Attribute):
+        return _is_selector_name(node.attr)
+    if isinstance(node, ast.Call) and _called(node) == "get" and node.args:
+        return _literal(node.args[0]) in _SELECTORS
+    if isinstance(node, ast.Subscript):
+        return _literal(node.slice) in _SELECTORS
+    return False
+
+
+def _strings(node: ast.AST) -> list[str]:
+    """String literals: one, or those of a literal tuple/list/set."""
+    if (text := _literal(node)) is not None:
+        return [text]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for el in node.elts for s in _strings(el)]
+    return []
+
+
+def _pattern_strings(pattern: ast.pattern) -> list[str]:
+    """The string literals a ``case`` pattern matches (``case "vm" | "container":``)."""
+    values = (_literal(p.value) for p in ast.walk(pattern) if isinstance(p, ast.MatchValue))
+    return [v for v in values if v is not None]
+
+
+def kind_branches(source: str) -> list[Hit]:
+    """Comparisons (in an ``if``, a ternary, a ``while``, anywhere) and ``match``
+    statements that tell node kinds or backends apart."""
+    hits: list[Hit] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            literals = [s for op in operands for s in _strings(op)]
+            by_selector = any(_selector(op) for op in operands) and literals
+            if by_selector or _KIND_LITERALS.intersection(literals):
+                hits.append(Hit(node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Match):
+            literals = [s for case in node.cases for s in _pattern_strings(case.pattern)]
+            if (_selector(node.subject) and literals) or _KIND_LITERALS.intersection(literals):
+                hits.append(Hit(node.lineno, f"match {ast.unparse(node.subject)}: {literals}"))
+    return sorted(set(hits), key=lambda h: (h.line, h.what))
+
+
+# --- d. long modules say why --------------------------------------------------------------
+
+
+def unexplained_length(source: str, limit: int = LONG_LINES) -> list[Hit]:
+    lines = len(source.splitlines())
+    if lines <= limit or LONG_REASON in (ast.get_docstring(ast.parse(source)) or ""):
+        return []
+    return [Hit(1, f"{lines} lines, no {LONG_REASON!r} in the module docstring")]
+
+
+# --- the checks over src/hpvc -------------------------------------------------------------
+
+
+def violations(
+    check: Callable[[Module], list[Hit]], which: Callable[[Module], bool] = lambda m: True
+) -> list[str]:
+    return [m.where(h) for m in modules() if which(m) for h in check(m)]
+
+
+def test_the_walk_sees_every_layer() -> None:
+    """Guard for the checks below: they see real modules, not an empty or wrong tree."""
+    found = {m.name: m for m in modules()}
+    assert len(found) > 50
+    layers = {m.layer for m in found.values()}
+    assert {*PURE_LAYERS, *MAY_READ_HOST, "cluster", "backends", "cli"} <= layers
+    assert found["hpvc.plan"].is_package and found["hpvc.plan"].layer == "plan"
+    assert found["hpvc.errors"].layer == ""
+
+
+def test_pure_layers_import_nothing_with_side_effects() -> None:
+    found = violations(
+        lambda m: forbidden_imports(m.source, m.name, m.is_package),
+        lambda m: m.layer in PURE_LAYERS,
+    )
+    assert not found, report(
+        f"{'/'.join(PURE_LAYERS)} must stay pure: no import of {', '.join(SIDE_EFFECTS)}", found
+    )
+
+
+def test_only_host_and_topology_read_proc_and_sys() -> None:
+    found = violations(lambda m: host_path_opens(m.source), lambda m: m.layer not in MAY_READ_HOST)
+    assert not found, report(
+        "only hpvc.host and hpvc.topology may read /proc or /sys; take a root "
+        "(DESIGN rule 2) or ask hpvc.host:",
+        found,
+    )
+
+
+def test_cluster_does_not_branch_on_kind_or_backend() -> None:
+    found = violations(lambda m: kind_branches(m.source), lambda m: m.layer == "cluster")
+    assert not found, report(
+        "hpvc.cluster must not tell node kinds or backends apart; put it behind "
+        "the Backend protocol (DESIGN rule 4):",
+        found,
+    )
+
+
+def test_long_modules_say_why() -> None:
+    found = violations(lambda m: unexplained_length(m.source))
+    assert not found, report(
+        f"modules over {LONG_LINES} lines: split them, or say in the module docstring "
+        f"why not ({LONG_REASON} ...):",
+        found,
+    )
+
+
+# --- self-tests: each detector fires on a bad snippet and stays quiet on a good one -------
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "lines"),
+    [
+        ("import hpvc.host.cgroups\n", "hpvc.plan.place", [1]),
+        ("from hpvc.backends import registry\n", "hpvc.render.qemu", [1]),
+        ("from hpvc import cluster\n", "hpvc.spec.load", [1]),
+        ("import os\n\ndef f():\n    from hpvc.cli import main\n", "hpvc.plan.place", [4]),
+        ("from ..host import cgroups\n", "hpvc.plan.place", [1]),
+        ("from .. import cli\n", "hpvc.topology.sysfs", [1]),
+        ("from ...host.journal import Journal\n", "hpvc.plan.sub.mod", [1]),
+        ("from ..backends import x\n", "hpvc.plan", [1]),  # in plan/__init__.py
+        ("import importlib\nm = importlib.import_module('hpvc.cluster.ops')\n", "hpvc.plan.a", [2]),
+        ("if TYPE_CHECKING:\n    from hpvc.host.journal import Journal\n", "hpvc.render.a", [2]),
+    ],
+)
+def test_forbidden_imports_fire(source: str, module: str, lines: list[int]) -> None:
+    is_package = module == "hpvc.plan"
+    assert [h.line for h in forbidden_imports(source, module, is_package)] == lines
+
+
+@pytest.mark.parametrize(
+    ("source", "module"),
+    [
+        ("from hpvc.errors import InputError\nfrom hpvc.plan.model import Plan\n", "hpvc.plan.a"),
+        ("from . import model\nfrom .model import Plan\n", "hpvc.plan.place"),
+        ("from ..topology import model\nfrom ..units import parse_size\n", "hpvc.plan.place"),
+        ("import hpvc.hostname\nfrom hpvc import clusters\n", "hpvc.render.a"),  # prefixes only
+        ("HOST = 'hpvc.host'\n", "hpvc.spec.a"),  # a string, not an import
+    ],
+)
+def test_forbidden_imports_stay_quiet(source: str, module: str) -> None:
+    assert forbidden_imports(source, module) == []
+
+
+def test_relative_imports_resolve_like_python() -> None:
+    assert _absolute("hpvc.plan.place", False, 1, "model") == "hpvc.plan.model"
+    assert _absolute("hpvc.plan.place", False, 2, "host") == "hpvc.host"
+    assert _absolute("hpvc.plan", True, 1, None) == "hpvc.plan"
+    assert _absolute("hpvc.plan", True, 2, "cli") == "hpvc.cli"
+    assert _absolute("hpvc.plan.place", False, 0, "hpvc.host") == "hpvc.host"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "open('/proc/cpuinfo')",
+        "def stat(pid):\n    return open(f'/proc/{pid}/stat')",
+        "import os\nfd = os.open('/sys/fs/cgroup/x', os.O_RDONLY)",
+        "import io\nio.open('/proc/meminfo')",
+        "Path('/sys/block') / name",
+        "Path('/proc/cpuinfo').read_text()",
+        "pathlib.PurePath('/sys')",
+        "os.listdir('/sys/devices/system/node')",
+        "glob.glob('/sys/devices/system/cpu/cpu*')",
+        "os.path.exists('/proc/' + str(pid))",
+        "open(file='/proc/self/status')",
+        "PROC = Path('/proc')",
+        "PROC = '/proc'",
+        "SYS: str = '/sys'",
+        "def f(root: Path = Path('/proc')): ...",
+        "Path('/') / 'sys' / 'fs'",
+        "os.path.join('/', 'proc', str(pid))",
+    ],
+)
+def test_host_path_opens_fire(source: str) -> None:
+    """One hit each, on the snippet's last line (where the path is)."""
+    hits = host_path_opens(source)
+    assert [h.line for h in hits] == [source.count("\n") + 1], hits
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "MASKED = (\n    '/proc/acpi',\n    '/proc/kcore',\n    '/sys/firmware',\n)",  # oci.py
+        "SCRIPT = '''\nmount -t proc proc /proc\nmount -t sysfs sys /sys\n'''",  # files.py
+        "mounts = [_mount('/proc', 'proc', 'proc', [])]",
+        "sp['path'] = f'/proc/{pid}/ns/net'",
+        "open(root / 'proc' / 'cpuinfo')",
+        "Path(root, 'sys/devices')",
+        "at(root, '/proc/stat')",
+        "open('/process/x'); Path('/system'); open('/var/lib/hpvc')",
+        "p.write_text('/sys/fs/cgroup')",  # the content, not the path
+        "_DIRS = ('dev', 'proc', 'sys')",
+        "def f():\n    PROC = '/proc'\n    return PROC",  # not a module constant
+        "ROOT = Path('/')",
+    ],
+)
+def test_host_path_opens_stay_quiet(source: str) -> None:
+    assert host_path_opens(source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "if plan.kind == 'vm':\n    pass",
+        "x = 1 if spec.backend == 'libvirt' else 2",
+        "if rec.extra.get('backend') == 'crun':\n    pass",
+        "if rec.spec['kind'] != 'container':\n    pass",
+        "if kind in ('vm', 'container'):\n    pass",
+        "if node_kind == 'big':\n    pass",  # any literal against a kind
+        "while 'qemu' == name:\n    pass",  # a kind literal against anything
+        "ok = [n for n in nodes if n.kind == 'vm']",
+        "match plan.kind:\n    case 'vm':\n        pass",
+        "match what:\n    case 'libvirt' | 'qemu':\n        pass",
+        "assert backend_name not in {'libvirt'}",
+    ],
+)
+def test_kind_branches_fire(source: str) -> None:
+    hits = kind_branches(source)
+    assert len(hits) == 1, hits
+    assert hits[0].line == 1
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "backend = registry.get(plan.backend)\nbackend.start(node)",
+        "if plan.kind == other.kind:\n    pass",  # not against a literal
+        "if change.kind == UNDO_KIND:\n    pass",
+        "if state == 'running':\n    pass",
+        "NAMES = {'vm': 'virtual machine'}",  # data, not a comparison
+        "log(f'starting {plan.kind} node')",
+        "if kind:\n    pass",
+        "match state:\n    case 'running':\n        pass",
+        "if kinds == 'x':\n    pass",  # 'kinds' is not 'kind'
+    ],
+)
+def test_kind_branches_stay_quiet(source: str) -> None:
+    assert kind_branches(source) == []
+
+
+def test_unexplained_length() -> None:
+    body = "x = 1\n" * LONG_LINES
+    assert unexplained_length('"""Short."""\n' + body) == [
+        Hit(1, f"{LONG_LINES + 1} lines, no 'Long because' in the module docstring")
+    ]
+    assert unexplained_length("# Long because\n" + body) != []  # a comment is no docstring
+    assert (
+        unexplained_length('"""Backends.\n\nLong because the protocol is one unit."""\n' + body)
+        == []
+    )
+    assert unexplained_length('"""Short."""\n' + "x = 1\n" * (LONG_LINES - 1)) == []
+
+
+def test_a_report_lists_file_and_line() -> None:
+    m = Module(PKG / "cluster" / "x.py", "hpvc.cluster.x", "if plan.kind == 'vm':\n    pass\n")
+    (hit,) = kind_branches(m.source)
+    assert m.where(hit) == "src/hpvc/cluster/x.py:1 plan.kind == 'vm'"
+    assert report("title", ["a:1 x", "b:2 y"]) == "title\n  a:1 x\n  b:2 y"
