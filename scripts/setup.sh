@@ -14,6 +14,7 @@ APT_PACKAGES=(
   hpcc             # HPC Challenge (native side of the benchmarks)
   hwloc            # hwloc-calc: reference counts for the topology tests
   iproute2         # ip, bridge: inspected by tests
+  iputils-ping     # ping: tests check reachability and the MTU (-M do) across hosts
   libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
   openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
   openssh-client   # ssh into VM guests (keys made per cluster)
@@ -26,6 +27,7 @@ APT_PACKAGES=(
   pkg-config       # how libvirt-python's build finds libvirt-dev
   python3-dev      # Python.h: libvirt-python is a C extension
   libxml2-utils    # xmllint, needed by virt-xml-validate
+  nftables         # nft: only a cluster's own hosts may send into its VXLAN network (docs/network.md)
   munge            # munged: the local Slurm test cluster runs its own (scripts/slurm, docs/slurm.md)
   slurm-client     # srun, sbatch, sinfo, scancel: submit to the local Slurm test cluster
   slurm-wlm        # slurmctld and slurmd: the local Slurm test cluster (make slurm-up)

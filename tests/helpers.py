@@ -49,6 +49,8 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "mpi": (_tool("mpirun.openmpi"), False),
     "fio": (_tool("fio"), False),
     "ip": (_tool("ip"), False),
+    "nft": (_tool("nft"), False),
+    "ping": (_tool("ping"), False),
     "kvm": (_kvm, True),
 }
 

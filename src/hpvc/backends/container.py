@@ -174,8 +174,11 @@ def mount_overlay(journal: Journal, lower: Path, node_dir: Path) -> Path:
     return merged
 
 
-def wire_node(journal: Journal, plan: Plan, node: PlannedNode) -> NodeHandle:
-    """The node's network namespace and veth on the cluster bridge, static ARP."""
+def wire_node(
+    journal: Journal, plan: Plan, node: PlannedNode, remote_arp: list[tuple[str, str]]
+) -> NodeHandle:
+    """The node's network namespace and veth on the cluster bridge, static ARP
+    for the plan's nodes and ``remote_arp`` (the cluster's nodes on other hosts)."""
     ns_name = netns_name(plan.cluster, node.name)
     net.create_netns(journal, ns_name)
     ifname = net.short_ifname("hc", plan.cluster, node.name)
@@ -190,7 +193,7 @@ def wire_node(journal: Journal, plan: Plan, node: PlannedNode) -> NodeHandle:
         mac=node.mac,
         gateway=plan.network.gateway,
     )
-    net.set_static_neighbors(ns_name, render_files.arp_entries(plan))
+    net.set_static_neighbors(ns_name, [*render_files.arp_entries(plan), *remote_arp])
     return NodeHandle(container_id(plan.cluster, node.name), ns_name, ifname)
 
 

@@ -21,6 +21,7 @@ from hpvc.faults import inject
 from hpvc.host import blkio, cgroups, net
 from hpvc.image import resolve_image
 from hpvc.plan import Plan, PlannedNode
+from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
@@ -81,6 +82,11 @@ def render_context(env: ClusterEnv) -> RenderContext:
     )
 
 
+def remote_arp(env: ClusterEnv) -> list[tuple[str, str]]:
+    """Static ARP entries of the cluster's nodes on other hosts (none on one host)."""
+    return Overlay.from_json(env.rec.overlay).arp_entries() if env.rec.overlay else []
+
+
 class CrunBackend:
     name: ClassVar[str] = "crun"
     kind: ClassVar[str] = "container"
@@ -134,7 +140,7 @@ class CrunBackend:
             node_dir = env.node_dir(name)
             j.record("tree", path=str(node_dir))
             ct.mount_overlay(j, rootfs, node_dir)
-            ct.wire_node(j, plan, node)
+            ct.wire_node(j, plan, node, remote_arp(env))
             ct.start_container(j, plan, node, ctx, node_dir)
             if node.io is not None:  # bfq weight (crun cannot), and a check of the throttles
                 cgroups.apply_node_extras(env.name, name, io=node.io, device=ctx.block_device)
@@ -148,7 +154,7 @@ class CrunBackend:
     def refresh(self, env: ClusterEnv, old: Plan, plan: Plan, progress: Progress) -> None:
         """Nodes that stay see the new /etc/hosts (bind-mounted) and ARP entries."""
         ct.write_in_place(env.dir / "hosts", render_files.hosts(plan))
-        entries = render_files.arp_entries(plan)
+        entries = [*render_files.arp_entries(plan), *remote_arp(env)]
         before = {n.name for n in old.nodes}
         for n in plan.nodes:
             if n.name in before:

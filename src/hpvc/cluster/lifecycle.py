@@ -26,9 +26,10 @@ from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
-from hpvc.host import hugepages, net
+from hpvc.host import hugepages, net, vxlan
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.model import Reservations
+from hpvc.plan.overlay import Overlay
 from hpvc.plan.reservations import Holding, holdings_of
 from hpvc.progress import Progress, quiet
 from hpvc.render import files as render_files
@@ -71,10 +72,13 @@ def _prepare(env: ClusterEnv, backend: Backend, plan: Plan, progress: Progress) 
     """Cluster-wide host changes: hugepages, the bridge, shared files; then the backend's."""
     j = env.journal()
     _grow_pages(env, plan, progress)
-    net.ensure_bridge(
-        j, plan.network.bridge, plan.network.gateway, plan.network.prefixlen, plan.network.mtu
-    )
+    overlay = Overlay.from_json(env.rec.overlay) if env.rec.overlay else None
+    gateway = plan.network.gateway if overlay is None or overlay.gateway else None
+    net.ensure_bridge(j, plan.network.bridge, gateway, plan.network.prefixlen, plan.network.mtu)
     inject("bridge")
+    if overlay is not None and overlay.remotes:
+        progress(f"network across hosts: VXLAN {overlay.vni} to {', '.join(overlay.peers())}")
+        vxlan.join(j, env.name, plan.network.bridge, overlay)
     (env.dir / "mpi").mkdir(parents=True, exist_ok=True)
     (env.dir / "hosts").write_text(render_files.hosts(plan))
     backend.prepare(env, plan, progress)
@@ -118,9 +122,11 @@ def up_spec(
     progress: Progress = quiet,
     planner: Planner = _plan_all,
     after_prepare: AfterPrepare | None = None,
+    overlay: Overlay | None = None,
 ) -> ClusterRecord:
     """``up`` of an already loaded spec; ``planner`` and ``after_prepare`` let
-    callers (Slurm shares) plan part of a cluster and add files before nodes start."""
+    callers (Slurm shares) plan part of a cluster and add files before nodes start,
+    and ``overlay`` joins this host's part to the cluster's other hosts (VXLAN)."""
     backend = preflight(spec)
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
@@ -130,6 +136,7 @@ def up_spec(
     rec, plan = _book(store, spec, doc, spec_path, planner, backend)
     phases["plan"] = time.perf_counter() - t0 - sum(phases.values())
     rec.phases = phases
+    rec.overlay = overlay.to_json() if overlay is not None else None
     # A killed `up` still rolls back (only in this process: see _terminated).
     previous = signal.signal(signal.SIGTERM, _terminated(os.getpid()))
     env = ClusterEnv(store, rec, backend.new_state())

@@ -55,6 +55,7 @@ class ClusterRecord:
     binds: list[str] = field(default_factory=list)  # host directories a site shares (Slurm)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of `up`
     up_seconds: float | None = None
+    overlay: dict[str, Any] | None = None  # hpvc.plan.overlay.Overlay: the network across hosts
 
     def the_plan(self) -> Plan:
         return plan_from_json(self.plan)

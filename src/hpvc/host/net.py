@@ -171,8 +171,12 @@ def _ensure_addr(ipr: Any, index: int, address: str, prefixlen: int) -> None:
     ipr.addr("add", index=index, address=address, prefixlen=prefixlen)
 
 
-def ensure_bridge(journal: Journal, name: str, address: str, prefixlen: int, mtu: int) -> None:
+def ensure_bridge(
+    journal: Journal, name: str, address: str | None, prefixlen: int, mtu: int
+) -> None:
     """Create the cluster's bridge (or adopt it when it exists), with MTU and gateway address, up.
+
+    ``address`` None: no address here (a cluster across hosts has its gateway on one).
 
     A bridge left by an earlier ``up`` of the same cluster is adopted without a
     second journal record; an interface of that name that is not a bridge is an error.
@@ -188,7 +192,8 @@ def ensure_bridge(journal: Journal, name: str, address: str, prefixlen: int, mtu
             raise HpvcError(what, f"{name} exists and is not a bridge", "remove it or rename")
         _disable_ipv6(name)
         ipr.link("set", index=index, mtu=mtu)
-        _ensure_addr(ipr, index, address, prefixlen)
+        if address is not None:
+            _ensure_addr(ipr, index, address, prefixlen)
         ipr.link("set", index=index, state="up")
 
 

@@ -28,6 +28,7 @@ from hpvc.plan.model import (
     Reservations,
     VcpuPin,
 )
+from hpvc.plan.overlay import DEFAULT_NODE_MTU
 from hpvc.plan.place import Placement, Rules, Want, place_dedicated, place_shared, seed
 from hpvc.plan.shortage import explain
 from hpvc.spec.model import NodeGroup, Spec
@@ -120,7 +121,7 @@ def plan_cluster(
             subnet=spec.network.subnet,
             gateway=gateway(spec.network.network),
             prefixlen=spec.network.network.prefixlen,
-            mtu=spec.network.mtu,
+            mtu=spec.network.mtu or DEFAULT_NODE_MTU,
             bridge=bridge_name(spec.name),
         ),
         nodes=nodes,

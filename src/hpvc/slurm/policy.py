@@ -13,8 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import hostlist  # type: ignore[import-untyped]
+
 from hpvc.errors import DoesNotFit, InputError
-from hpvc.plan.addresses import node_ip
+from hpvc.plan.addresses import node_ip, node_mac
+from hpvc.plan.overlay import Overlay, Vtep, node_mtu, vni_for
 from hpvc.plan.planner import expand
 from hpvc.spec import Spec, parse_spec
 from hpvc.topology.model import Core, NumaNode, Package, Topology
@@ -210,6 +213,42 @@ def restrict(topo: Topology, cpus: set[int]) -> Topology:
         numa_nodes=nodes,
         online_cpus=tuple(sorted(keep)),
         notes=topo.notes,
+    )
+
+
+def job_hosts(nodelist: str) -> list[str]:
+    """The job's hosts in Slurm's order, from its node list (``n[1-3],gpu07``)."""
+    return [str(h) for h in hostlist.expand_hostlist(nodelist)] if nodelist else []
+
+
+def share_overlay(
+    spec: Spec, job: int, index: int, hosts: Sequence[str], addresses: Sequence[str], mtu: int
+) -> Overlay:
+    """How host ``index`` of a job joins the job's cluster network: the job's VNI,
+    every other host's fabric address with the (name, ip, mac) of its share's
+    nodes, and the node MTU the fabric's ``mtu`` leaves. The gateway address
+    lives on the first host only."""
+    shares = split(spec, len(hosts))
+    net = spec.network.network
+    where = {w.name: w.index for w, _ in expand(spec)}
+    remotes = tuple(
+        Vtep(
+            host=hosts[i],
+            address=addresses[i],
+            nodes=tuple(
+                (n, node_ip(net, where[n]), node_mac(share_name(job, i), net, where[n]))
+                for n in shares[i]
+            ),
+        )
+        for i in range(len(hosts))
+        if i != index
+    )
+    return Overlay(
+        vni=vni_for(f"slurm-job-{job}"),
+        local=addresses[index],
+        remotes=remotes,
+        mtu=node_mtu(mtu, spec.network.mtu),
+        gateway=index == 0,
     )
 
 

@@ -61,7 +61,8 @@ class NodeGroup(Strict):
 
 class Network(Strict):
     subnet: str = "10.88.0.0/24"
-    mtu: int = Field(default=9000, ge=1280, le=65520)
+    # None: 9000 on one host; across hosts the most the fabric carries (hpvc.plan.overlay)
+    mtu: int | None = Field(default=None, ge=1280, le=65520)
 
     @field_validator("subnet")
     @classmethod

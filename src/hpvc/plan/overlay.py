@@ -1,0 +1,108 @@
+"""One layer-2 network per virtual cluster across hosts: VXLAN numbers, pure.
+
+A cluster whose nodes sit on several hosts gets, on each host, its bridge
+plus a kernel VXLAN link (``hpvc.host.vxlan``): one VNI per cluster, learning
+off, one permanent forwarding entry per remote node MAC pointing at the
+fabric address of the host that runs it, and one flood entry per other host
+for broadcast. ARP stays static: every node gets the remote nodes' entries.
+
+The node MTU is the fabric's minus the VXLAN encapsulation (outer IPv4 20 +
+UDP 8 + VXLAN 8 + the inner Ethernet header 14 = 50 bytes): a frame the node
+sends must fit in one fabric packet, since VXLAN does not fragment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from hpvc.errors import InputError
+
+VXLAN_PORT = 4789  # IANA
+VXLAN_OVERHEAD = 50  # bytes added to each inner frame on an IPv4 fabric
+MAX_VNI = (1 << 24) - 1
+DEFAULT_NODE_MTU = 9000  # a cluster on one host (no fabric in the way)
+
+
+@dataclass(frozen=True)
+class Vtep:
+    """One other host of the cluster: its fabric address and its nodes."""
+
+    host: str
+    address: str
+    nodes: tuple[tuple[str, str, str], ...]  # (name, ip, mac) of the cluster's nodes there
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """What one host needs to join its part of the cluster network to the others'."""
+
+    vni: int
+    local: str  # this host's fabric address (the VXLAN source)
+    remotes: tuple[Vtep, ...]
+    mtu: int  # the node MTU (and the VXLAN link's)
+    port: int = VXLAN_PORT
+    gateway: bool = True  # this host's bridge holds the cluster's gateway address (one host does)
+
+    def arp_entries(self) -> list[tuple[str, str]]:
+        """(ip, mac) of every remote node, for the nodes' static ARP tables."""
+        return [(ip, mac) for v in self.remotes for _, ip, mac in v.nodes]
+
+    def peers(self) -> list[str]:
+        """Fabric addresses allowed to send into this VNI (the other hosts and this one)."""
+        return sorted({self.local, *(v.address for v in self.remotes)})
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "vni": self.vni,
+            "local": self.local,
+            "port": self.port,
+            "mtu": self.mtu,
+            "gateway": self.gateway,
+            "remotes": [
+                {"host": v.host, "address": v.address, "nodes": [list(n) for n in v.nodes]}
+                for v in self.remotes
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> Overlay:
+        remotes = d.get("remotes", [])
+        assert isinstance(remotes, list)
+        return cls(
+            vni=int(str(d["vni"])),
+            local=str(d["local"]),
+            port=int(str(d.get("port", VXLAN_PORT))),
+            mtu=int(str(d["mtu"])),
+            gateway=bool(d.get("gateway", True)),
+            remotes=tuple(
+                Vtep(
+                    host=str(v["host"]),
+                    address=str(v["address"]),
+                    nodes=tuple((str(a), str(b), str(c)) for a, b, c in v["nodes"]),
+                )
+                for v in remotes
+            ),
+        )
+
+
+def vni_for(key: str) -> int:
+    """A VNI from a stable key (``slurm-job-1234``, a cluster name): 1 .. 2^24-1."""
+    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big")
+    return 1 + digest % MAX_VNI
+
+
+def node_mtu(fabric_mtu: int, asked: int | None, where: str = "network.mtu") -> int:
+    """The nodes' MTU on a fabric of ``fabric_mtu``: what the spec asked, if it fits,
+    else (nothing asked) the most that fits, at most ``DEFAULT_NODE_MTU``."""
+    room = fabric_mtu - VXLAN_OVERHEAD
+    if asked is None:
+        return min(DEFAULT_NODE_MTU, room)
+    if asked > room:
+        raise InputError(
+            f"{where} = {asked}",
+            f"the hosts' fabric MTU is {fabric_mtu}, and VXLAN takes {VXLAN_OVERHEAD} bytes"
+            f" of it: nodes can have at most {room}",
+            f"set network.mtu to {room} or less, or leave it out",
+        )
+    return asked
