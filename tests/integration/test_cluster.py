@@ -198,9 +198,10 @@ def test_concurrent_ups_never_share_a_pinned_cpu(store: Store, tmp_path: Path) -
         subprocess.Popen([*hpvc, "up", s], env=cli_env(store), cwd=ROOT, stderr=subprocess.PIPE)
         for s in specs
     ]
-    codes = [p.wait(timeout=120) for p in procs]
+    errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
+    codes = [p.returncode for p in procs]
     # One 1-vCPU pinned node per CPU fits; the one too many is refused (exit 2).
-    assert sorted(codes) == [0] * cpus + [2], codes
+    assert sorted(codes) == [0] * cpus + [2], list(zip(codes, errs, strict=True))
     pinned = [
         c
         for name in store.names()

@@ -305,6 +305,22 @@ def test_pure_layers_import_nothing_with_side_effects() -> None:
     )
 
 
+CLUSTER_API_USERS = ("bench", "slurm", "cli")
+BELOW_THE_CLUSTER_API = ("hpvc.host", "hpvc.backends")
+
+
+def test_bench_slurm_and_cli_go_through_the_cluster_api() -> None:
+    found = violations(
+        lambda m: forbidden_imports(m.source, m.name, m.is_package, BELOW_THE_CLUSTER_API),
+        lambda m: m.layer in CLUSTER_API_USERS,
+    )
+    assert not found, report(
+        f"{'/'.join(CLUSTER_API_USERS)} reach hosts and backends through hpvc.cluster"
+        f" (docs/architecture.md), not {', '.join(BELOW_THE_CLUSTER_API)}:",
+        found,
+    )
+
+
 def test_only_host_and_topology_read_proc_and_sys() -> None:
     found = violations(lambda m: host_path_opens(m.source), lambda m: m.layer not in MAY_READ_HOST)
     assert not found, report(

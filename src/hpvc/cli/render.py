@@ -48,9 +48,9 @@ def _accel(choice: str) -> Literal["kvm", "tcg"]:
         return "kvm" if choice == "kvm" else "tcg"
     if choice != "auto":
         raise InputError("--accel", f"got {choice!r}", "use kvm, tcg or auto")
-    from hpvc.host.accel import accelerator
+    from hpvc.cluster import inspect
 
-    return accelerator().name
+    return inspect.accelerator().name
 
 
 def write_artifacts(out: Path, artifacts: dict[str, str]) -> list[Path]:

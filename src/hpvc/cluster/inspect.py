@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpvc.cluster.lifecycle import hostname
 from hpvc.errors import DoesNotFit, HpvcError
-from hpvc.host import accel, cgroups, hwinfo, usage
+from hpvc.host import accel, cgroups, fabric, hwinfo, usage
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.reservations import reservations_from_plans
 from hpvc.spec import Spec, load_spec, parse_spec
@@ -138,3 +138,13 @@ def block_device(device: str, root: RootLike = HOST) -> hwinfo.BlockQueue:
 def accelerator(root: RootLike = HOST) -> accel.AccelChoice:
     """The accelerator VMs started now would use (kvm or tcg), and why."""
     return accel.accelerator(root)
+
+
+def fabric_addresses(hosts: list[str]) -> list[str]:
+    """The fabric address each named host resolves to here (DNS or /etc/hosts)."""
+    return [fabric.address_of(h) for h in hosts]
+
+
+def fabric_mtu(address: str) -> int:
+    """The MTU of this host's interface with ``address`` (where VXLAN leaves)."""
+    return fabric.mtu_of(address)

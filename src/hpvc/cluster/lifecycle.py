@@ -37,10 +37,6 @@ from hpvc.spec import Spec, load_spec, parse_spec
 from hpvc.topology import read_topology
 from hpvc.topology.model import Topology
 
-# A callback that adds to a cluster's host files before its nodes start (Slurm
-# shares write the job-wide hosts file and the site's binds).
-AfterPrepare = Callable[[ClusterEnv, Plan], None]
-
 
 def preflight(spec: Spec) -> Backend:
     """Refuse, before any host change, what cannot work here; the spec's backend."""
@@ -68,7 +64,9 @@ def _legacy_backend(rec: ClusterRecord) -> str:
     return registry.name_for(parse_spec(rec.spec, rec.spec_path))
 
 
-def _prepare(env: ClusterEnv, backend: Backend, plan: Plan, progress: Progress) -> None:
+def _prepare(
+    env: ClusterEnv, backend: Backend, plan: Plan, hosts: str | None, progress: Progress
+) -> None:
     """Cluster-wide host changes: hugepages, the bridge, shared files; then the backend's."""
     j = env.journal()
     _grow_pages(env, plan, progress)
@@ -80,7 +78,7 @@ def _prepare(env: ClusterEnv, backend: Backend, plan: Plan, progress: Progress) 
         progress(f"network across hosts: VXLAN {overlay.vni} to {', '.join(overlay.peers())}")
         vxlan.join(j, env.name, plan.network.bridge, overlay)
     (env.dir / "mpi").mkdir(parents=True, exist_ok=True)
-    (env.dir / "hosts").write_text(render_files.hosts(plan))
+    (env.dir / "hosts").write_text(hosts if hosts is not None else render_files.hosts(plan))
     backend.prepare(env, plan, progress)
 
 
@@ -121,12 +119,15 @@ def up_spec(
     store: Store | None = None,
     progress: Progress = quiet,
     planner: Planner = _plan_all,
-    after_prepare: AfterPrepare | None = None,
+    *,
+    hosts: str | None = None,
+    binds: tuple[str, ...] = (),
     overlay: Overlay | None = None,
 ) -> ClusterRecord:
-    """``up`` of an already loaded spec; ``planner`` and ``after_prepare`` let
-    callers (Slurm shares) plan part of a cluster and add files before nodes start,
-    and ``overlay`` joins this host's part to the cluster's other hosts (VXLAN)."""
+    """``up`` of an already loaded spec. Slurm shares plan part of a cluster
+    (``planner``), give every node the whole cluster's /etc/hosts (``hosts``),
+    the site's shared directories (``binds``), and join this host's part to the
+    cluster's other hosts (``overlay``, VXLAN)."""
     backend = preflight(spec)
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
@@ -137,13 +138,12 @@ def up_spec(
     phases["plan"] = time.perf_counter() - t0 - sum(phases.values())
     rec.phases = phases
     rec.overlay = overlay.to_json() if overlay is not None else None
+    rec.binds = list(binds)
     # A killed `up` still rolls back (only in this process: see _terminated).
     previous = signal.signal(signal.SIGTERM, _terminated(os.getpid()))
     env = ClusterEnv(store, rec, backend.new_state())
     try:
-        _prepare(env, backend, plan, progress)
-        if after_prepare is not None:
-            after_prepare(env, plan)
+        _prepare(env, backend, plan, hosts, progress)
         phases["host"] = time.perf_counter() - t0 - sum(phases.values())
         env.save()  # what was prepared (holder PID, accelerator) survives a crash
         backend.start(env, plan, [n.name for n in plan.nodes], progress)

@@ -12,7 +12,7 @@ from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
-from hpvc.host import hugepages
+from hpvc.host import hugepages, probe
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render.files import mpi_nodes
 
@@ -124,6 +124,13 @@ def exec_node(name: str, node: str, argv: list[str], store: Store | None = None)
     if not argv:
         raise InputError("hpvc exec", "no command given", "hpvc exec NAME NODE -- CMD")
     return subprocess.run(exec_argv(name, node, argv, store), check=False).returncode
+
+
+def node_cgroups(name: str, node: str, store: Store | None = None) -> tuple[int, tuple[str, ...]]:
+    """A running node's main PID and the ``cgroup.procs`` of every hierarchy it is
+    in: where a task that joins the node goes (the Slurm plugin)."""
+    pid = node_pid(name, node, store)
+    return pid, probe.cgroup_procs(pid)
 
 
 def node_pid(name: str, node: str, store: Store | None = None) -> int:

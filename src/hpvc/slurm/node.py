@@ -30,25 +30,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.backends import container as ct
-from hpvc.backends.base import ClusterEnv
-from hpvc.cluster import lifecycle, ops
+from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
-from hpvc.host.probe import cgroup_procs
 from hpvc.locks import file_lock
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.addresses import bridge_name
 from hpvc.plan.model import Reservations
+from hpvc.plan.overlay import Overlay
 from hpvc.plan.planner import expand
 from hpvc.progress import Progress, quiet
 from hpvc.slurm.policy import (
     Site,
     hosts_text,
+    job_hosts,
     load,
     parse_share_name,
     restrict,
     share_name,
+    share_overlay,
     split,
     task_pool,
 )
@@ -96,13 +96,13 @@ def joins(
     namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
     out = []
     for t, node in enumerate(task_pool(share, roles)):
-        pid = ops.node_pid(name, node, store)
+        pid, cgroups = ops.node_cgroups(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool
             # directory, which tasks in the node do not see: ask it over the socket.
             env.append("PMIX_MCA_gds=hash")
-        out.append(Join(t, node, pid, namespaces, cgroup_procs(pid), tuple(env)))
+        out.append(Join(t, node, pid, namespaces, cgroups, tuple(env)))
     return out
 
 
@@ -151,6 +151,7 @@ class Request:
     hosts: int  # the job's node count
     cpus: str = ""  # the job's CPUs on this host (Slurm's list), "" = all
     mpi: str = ""
+    nodelist: str = ""  # the job's hosts as Slurm writes them (SLURM_JOB_NODELIST)
 
 
 def up(
@@ -229,19 +230,43 @@ def _up_share(
     part = spec.model_copy(update={"name": name})
     bridge = bridge_name(f"j{req.job}")
 
+    overlay = _overlay(spec, req)
+    mtu = overlay.mtu if overlay is not None else None
+
     def planner(_: Spec, host: str, topo: Topology, res: Reservations) -> Plan:
         mine = restrict(topo, cpus) if cpus is not None else topo
         plan = plan_cluster(part, [(host, mine)], res, only=set(share))
-        return replace(plan, network=replace(plan.network, bridge=bridge))
-
-    def hosts_file(env: ClusterEnv, _: Plan) -> None:
-        ct.write_in_place(env.dir / "hosts", hosts_text(whole, req.job))
-        env.rec.binds = list(binds)
+        network = replace(plan.network, bridge=bridge, mtu=mtu or plan.network.mtu)
+        return replace(plan, network=network)
 
     progress(f"share {index} of job {req.job}: {', '.join(share)}")
     return lifecycle.up_spec(
-        part, doc, f"slurm job {req.job}", store, progress, planner, after_prepare=hosts_file
+        part,
+        doc,
+        f"slurm job {req.job}",
+        store,
+        progress,
+        planner,
+        hosts=hosts_text(whole, req.job),
+        binds=binds,
+        overlay=overlay,
     )
+
+
+def _overlay(spec: Spec, req: Request) -> Overlay | None:
+    """The cluster network across the job's hosts (None for a one-host job)."""
+    if req.hosts <= 1 or not req.nodelist:
+        return None  # one host; or a plugin too old to pass the node list
+    hosts = job_hosts(req.nodelist)
+    if len(hosts) != req.hosts:
+        raise HpvcError(
+            f"job {req.job}",
+            f"node list {req.nodelist!r} names {len(hosts)} host(s), the job has {req.hosts}",
+            "the SPANK plugin passes SLURM_JOB_NODELIST: is it up to date?",
+        )
+    addresses = inspect.fabric_addresses(hosts)
+    mtu = inspect.fabric_mtu(addresses[req.index])
+    return share_overlay(spec, req.job, req.index, hosts, addresses, mtu)
 
 
 def _teardown(store: Store, name: str, progress: Progress) -> None:
