@@ -53,7 +53,7 @@ def test_each_host_sees_the_other_hosts_nodes_as_their_own_plans_make_them() -> 
     shares = split(spec, 3)
     views = [share_overlay(spec, 42, i, HOSTS, ADDRS, 9000) for i in range(3)]
     assert {v.vni for v in views} == {vni_for("slurm-job-42")}
-    assert [v.gateway for v in views] == [True, False, False]
+    assert [v.bridge_address for v in views] == ["10.88.40.1", "10.88.40.254", "10.88.40.253"]
     assert [v.local for v in views] == ADDRS
     assert all(v.mtu == 8950 for v in views)
     for i, view in enumerate(views):
@@ -80,3 +80,11 @@ def test_overlay_round_trips_through_json() -> None:
     spec = parse_spec(SPEC, "s.toml")
     o = share_overlay(spec, 9, 1, HOSTS, ADDRS, 1500)
     assert Overlay.from_json(o.to_json()) == o and o.mtu == 1450
+
+
+def test_a_subnet_too_small_for_nodes_and_host_addresses_is_refused() -> None:
+    small = {**SPEC, "network": {"subnet": "10.88.40.0/29"}}  # .1-.6: gateway, 4 nodes, .6
+    spec = parse_spec(small, "s.toml")
+    share_overlay(spec, 1, 0, HOSTS[:2], ADDRS[:2], 9000)  # .2-.5 nodes, host 1 at .6
+    with pytest.raises(InputError, match="too small for 4 nodes and the addresses of 3 hosts"):
+        share_overlay(spec, 1, 0, HOSTS, ADDRS, 9000)  # host 2 would be .5

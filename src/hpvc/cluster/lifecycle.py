@@ -71,8 +71,8 @@ def _prepare(
     j = env.journal()
     _grow_pages(env, plan, progress)
     overlay = Overlay.from_json(env.rec.overlay) if env.rec.overlay else None
-    gateway = plan.network.gateway if overlay is None or overlay.gateway else None
-    net.ensure_bridge(j, plan.network.bridge, gateway, plan.network.prefixlen, plan.network.mtu)
+    address = overlay.bridge_address if overlay is not None else plan.network.gateway
+    net.ensure_bridge(j, plan.network.bridge, address, plan.network.prefixlen, plan.network.mtu)
     inject("bridge")
     if overlay is not None and overlay.remotes:
         progress(f"network across hosts: VXLAN {overlay.vni} to {', '.join(overlay.peers())}")

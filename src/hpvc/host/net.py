@@ -176,7 +176,7 @@ def ensure_bridge(
 ) -> None:
     """Create the cluster's bridge (or adopt it when it exists), with MTU and gateway address, up.
 
-    ``address`` None: no address here (a cluster across hosts has its gateway on one).
+    ``address`` None or "": no address here.
 
     A bridge left by an earlier ``up`` of the same cluster is adopted without a
     second journal record; an interface of that name that is not a bridge is an error.
@@ -192,7 +192,7 @@ def ensure_bridge(
             raise HpvcError(what, f"{name} exists and is not a bridge", "remove it or rename")
         _disable_ipv6(name)
         ipr.link("set", index=index, mtu=mtu)
-        if address is not None:
+        if address:
             _ensure_addr(ipr, index, address, prefixlen)
         ipr.link("set", index=index, state="up")
 

@@ -14,6 +14,7 @@ sends must fit in one fabric packet, since VXLAN does not fragment.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from dataclasses import dataclass
 
 from hpvc.errors import InputError
@@ -42,7 +43,9 @@ class Overlay:
     remotes: tuple[Vtep, ...]
     mtu: int  # the node MTU (and the VXLAN link's)
     port: int = VXLAN_PORT
-    gateway: bool = True  # this host's bridge holds the cluster's gateway address (one host does)
+    # This host's own address on the cluster subnet (its bridge's): the gateway
+    # on the first host, a per-host address on the others; "" for none.
+    bridge_address: str = ""
 
     def arp_entries(self) -> list[tuple[str, str]]:
         """(ip, mac) of every remote node, for the nodes' static ARP tables."""
@@ -58,7 +61,7 @@ class Overlay:
             "local": self.local,
             "port": self.port,
             "mtu": self.mtu,
-            "gateway": self.gateway,
+            "bridge_address": self.bridge_address,
             "remotes": [
                 {"host": v.host, "address": v.address, "nodes": [list(n) for n in v.nodes]}
                 for v in self.remotes
@@ -74,7 +77,7 @@ class Overlay:
             local=str(d["local"]),
             port=int(str(d.get("port", VXLAN_PORT))),
             mtu=int(str(d["mtu"])),
-            gateway=bool(d.get("gateway", True)),
+            bridge_address=str(d.get("bridge_address", "")),
             remotes=tuple(
                 Vtep(
                     host=str(v["host"]),
@@ -84,6 +87,15 @@ class Overlay:
                 for v in remotes
             ),
         )
+
+
+def host_address(net: ipaddress.IPv4Network, index: int) -> str:
+    """Host ``index`` of a cluster's own address on its subnet: the gateway
+    (``.1``) on the first host, then the top of the subnet downwards (``.254``,
+    ``.253`` ... in a /24), where no node address reaches."""
+    if index == 0:
+        return str(net.network_address + 1)
+    return str(net.broadcast_address - index)
 
 
 def vni_for(key: str) -> int:

@@ -17,7 +17,7 @@ import hostlist  # type: ignore[import-untyped]
 
 from hpvc.errors import DoesNotFit, InputError
 from hpvc.plan.addresses import node_ip, node_mac
-from hpvc.plan.overlay import Overlay, Vtep, node_mtu, vni_for
+from hpvc.plan.overlay import Overlay, Vtep, host_address, node_mtu, vni_for
 from hpvc.plan.planner import expand
 from hpvc.spec import Spec, parse_spec
 from hpvc.topology.model import Core, NumaNode, Package, Topology
@@ -227,7 +227,8 @@ def share_overlay(
     """How host ``index`` of a job joins the job's cluster network: the job's VNI,
     every other host's fabric address with the (name, ip, mac) of its share's
     nodes, and the node MTU the fabric's ``mtu`` leaves. The gateway address
-    lives on the first host only."""
+    lives on the first host only; the others' bridges get addresses from the
+    top of the subnet, which no node may reach."""
     shares = split(spec, len(hosts))
     net = spec.network.network
     where = {w.name: w.index for w, _ in expand(spec)}
@@ -243,12 +244,22 @@ def share_overlay(
         for i in range(len(hosts))
         if i != index
     )
+    lowest = min(
+        (ipaddress.IPv4Address(host_address(net, i)) for i in range(1, len(hosts))), default=None
+    )
+    last = ipaddress.IPv4Address(node_ip(net, max(where.values())))
+    if lowest is not None and last >= lowest:
+        raise InputError(
+            f"network.subnet = {net}",
+            f"too small for {len(where)} nodes and the addresses of {len(hosts)} hosts",
+            "give the spec a larger subnet",
+        )
     return Overlay(
         vni=vni_for(f"slurm-job-{job}"),
         local=addresses[index],
         remotes=remotes,
         mtu=node_mtu(mtu, spec.network.mtu),
-        gateway=index == 0,
+        bridge_address=host_address(net, index),
     )
 
 
