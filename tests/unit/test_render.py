@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.cli import main
-from hpvc.plan import plan_cluster
+from hpvc.plan import host_overlay, plan_cluster
 from hpvc.plan.model import (
     HostPlan,
     HugepageNeed,
@@ -46,8 +46,10 @@ from hpvc.render import (
 )
 from hpvc.render.context import IFNAMSIZ
 from hpvc.render.libvirt import guest_topology
+from hpvc.render.network import network_script
 from hpvc.spec import parse_spec
 from hpvc.topology import read_topology
+from hpvc.topology.inventory import read_inventory
 from hpvc.units import parse_cpulist
 from tests.helpers import ROOT, requires
 
@@ -582,6 +584,100 @@ def test_real_plans_render_what_they_plan(snapshots: dict[str, Path], case: str)
             assert ("blockIO" in res) == (node.io is not None and node.io.read_bps is not None)
 
 
+# --- golden files of a cluster across hosts (an inventory with fabric addresses) -------
+
+ACROSS = "ct-across-hosts"
+ACROSS_SPEC: dict[str, object] = {
+    "name": "gx",
+    "kind": "container",
+    "network": {"subnet": "10.90.0.0/24"},  # no mtu: the fabric's minus 50
+    "tuning": {"pinning": "dedicated", "hugepages": "none", "partition": "hpc"},
+    "nodes": [
+        {"role": "head", "vcpus": 1, "memory": "512MiB", "pinning": "shared"},
+        {"role": "compute", "count": 4, "vcpus": 32, "memory": "2GiB"},
+    ],
+}
+
+
+def inventory_file(snapshots: dict[str, Path], folder: Path) -> Path:
+    """Two AMD hosts on a 9216-byte fabric, one Intel host on a 9000-byte one."""
+    path = folder / "hosts.toml"
+    path.write_text(
+        f'[[hosts]]\nname = "amd"\ncount = 2\ntopology = "{snapshots[AMD]}"\n'
+        'fabric = "10.0.0.1"\nfabric_mtu = 9216\n'
+        f'[[hosts]]\nname = "intel"\ntopology = "{snapshots[INTEL]}"\nfabric = "10.0.1.1"\n'
+    )
+    return path
+
+
+def across_plan(snapshots: dict[str, Path], folder: Path) -> Plan:
+    inv = read_inventory(inventory_file(snapshots, folder))
+    return plan_cluster(parse_spec(ACROSS_SPEC), inv.hosts, fabric=inv.fabric)
+
+
+def test_golden_across_hosts(snapshots: dict[str, Path], tmp_path: Path) -> None:
+    plan = across_plan(snapshots, tmp_path)
+    # The four 32-vCPU computes fill both AMD hosts; the head floats on the Intel one.
+    assert plan.locality() == {
+        "amd0": ["compute0", "compute1"],
+        "amd1": ["compute2", "compute3"],
+        "intel": ["head0"],
+    }
+    assert plan.network.mtu == 8950 and plan.network.fabric_mtu == 9000
+    check_golden(ACROSS, render_cluster(plan, ctx()))
+
+
+def _script_facts(text: str) -> dict[str, object]:
+    """What a network script does, read back from its commands."""
+    lines = [ln.split("  #")[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
+    words = [shlex.split(ln) for ln in lines]
+    add = next(w for w in words if w[:3] == ["ip", "link", "add"])
+    rule_line = next(ln for ln in lines if ln.startswith("add rule "))
+    rule = shlex.split(rule_line)
+    peers = rule_line.split("!= {")[1].split("}")[0].strip().split(", ")
+    fdb = [(w[3], w[5], w[7]) for w in words if w[:2] == ["bridge", "fdb"]]
+    return {
+        "link": add[3],
+        "vni": int(add[add.index("id") + 1]),
+        "local": add[add.index("local") + 1],
+        "port": int(add[add.index("dstport") + 1]),
+        "nolearning": "nolearning" in add,
+        "table": rule[3],
+        "comment": rule[-1],
+        "filter": (int(rule[rule.index("dport") + 1]), int(rule[rule.index("@th,96,24") + 1])),
+        "peers": peers,
+        "fdb": fdb,
+    }
+
+
+def test_network_scripts_say_what_host_vxlan_applies(
+    snapshots: dict[str, Path], tmp_path: Path
+) -> None:
+    from hpvc.host import vxlan
+
+    plan = across_plan(snapshots, tmp_path)
+    for host, _ in plan.network.vteps:
+        ov = host_overlay(plan, host)
+        assert ov is not None
+        facts = _script_facts(network_script(plan, host))
+        assert facts["link"] == vxlan.link_name(plan.cluster)
+        assert (facts["vni"], facts["local"], facts["port"]) == (ov.vni, ov.local, ov.port)
+        assert facts["nolearning"] is True
+        nft = vxlan.nft_rules(ov)["nftables"]
+        assert facts["table"] == nft[0]["add"]["table"]["name"]
+        rule = nft[3]["add"]["rule"]["expr"]
+        assert facts["filter"] == (rule[1]["match"]["right"], rule[2]["match"]["right"])
+        assert facts["peers"] == rule[3]["match"]["right"]["set"]
+        assert facts["comment"] == nft[3]["add"]["rule"]["comment"]
+        expected = []
+        for v in ov.remotes:
+            expected.append(("00:00:00:00:00:00", facts["link"], v.address))
+            expected += [(mac, facts["link"], v.address) for _, _, mac in v.nodes]
+        assert facts["fdb"] == expected
+    one_host = render_cluster(real_plan(snapshots, "ct-amd-2m"), ctx())
+    assert not [rel for rel in one_host if rel.startswith("network-")]
+
+
 # --- the command -----------------------------------------------------------------------
 
 
@@ -613,6 +709,29 @@ def test_cli_render_snapshot(
     assert '<domain type="qemu">' in xml and "/srv/hpvc/clusters/cli/nodes/compute0" in xml
     assert json.loads((out / "plan.json").read_text())["cluster"] == "cli"
     assert (out / "hostfile").read_text() == "compute0 slots=2\ncompute1 slots=2\n"
+
+
+def test_cli_render_across_hosts_writes_a_network_script_per_host(
+    snapshots: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "gx.toml"
+    spec.write_text(
+        'name = "gx"\nkind = "container"\n[network]\nsubnet = "10.90.0.0/24"\n'
+        '[tuning]\npinning = "dedicated"\nhugepages = "none"\npartition = "hpc"\n'
+        '[[nodes]]\nrole = "head"\nvcpus = 1\nmemory = "512MiB"\npinning = "shared"\n'
+        '[[nodes]]\nrole = "compute"\ncount = 4\nvcpus = 32\nmemory = "2GiB"\n'
+    )
+    inv = inventory_file(snapshots, tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main(["render", str(spec), "--out", str(out), "--hosts", str(inv)])
+    assert e.value.code == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "network across hosts: VXLAN VNI" in printed and "node MTU 8950" in printed
+    for host in ("amd0", "amd1", "intel"):
+        script = out / f"network-{host}.sh"
+        assert os.access(script, os.X_OK)
+        assert script.read_text() == (GOLDEN / ACROSS / script.name).read_text()
 
 
 def test_cli_render_bad_input_exits_2(

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hpvc.cli.common import console, print_json
 from hpvc.plan import Plan, PlannedNode, plan_cluster
+from hpvc.plan.network import describe
 from hpvc.spec import load_spec
-from hpvc.topology.inventory import load_inventory, local_hosts
+from hpvc.topology.inventory import Inventory, local_hosts, read_inventory
 from hpvc.units import format_cpulist, format_mib
 
 HELP = """Plan a cluster: pin vCPUs, map guest NUMA cells, count hugepages, give addresses.
 
 Plans against this machine by default, a topology snapshot with
---topology-root, or many hosts with --hosts (an inventory TOML). Changes
-nothing on any host. Exits 2 with what is short when the cluster does not fit.
+--topology-root, or many hosts with --hosts (an inventory TOML). A cluster
+placed on several hosts that have fabric addresses in the inventory gets a
+network across them: the plan shows its VXLAN VNI, VTEPs and node MTU.
+Changes nothing on any host. Exits 2 with what is short when the cluster does
+not fit, or when the spec's network.mtu cannot fit in the fabric's.
 
 Examples:
 
@@ -64,8 +69,11 @@ def show(p: Plan) -> None:
             f"host {h.name}: {len(h.nodes)} nodes; sockets held whole: {socks};"
             f" {grow or 'no hugepages'}"
         )
+    across = describe(p.network)
+    if across:
+        console.print(across, markup=False, soft_wrap=True)
     for note in p.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {escape(note)}[/dim]")
 
 
 def plan_cmd(
@@ -74,15 +82,17 @@ def plan_cmd(
         None, "--topology-root", help="Plan against a sysfs snapshot root instead of this host."
     ),
     hosts: str | None = typer.Option(
-        None, "--hosts", help="Inventory TOML of hosts ([[hosts]] name, topology, count)."
+        None,
+        "--hosts",
+        help="Inventory TOML of hosts ([[hosts]] name, topology, count, fabric, fabric_mtu).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     s = load_spec(spec)
     if hosts and topology_root:
         raise typer.BadParameter("give --hosts or --topology-root, not both")
-    inventory = load_inventory(hosts) if hosts else local_hosts(topology_root)
-    p = plan_cluster(s, inventory)
+    inv = read_inventory(hosts) if hosts else Inventory(tuple(local_hosts(topology_root)))
+    p = plan_cluster(s, inv.hosts, fabric=inv.fabric)
     if as_json:
         print_json(p.to_json())
     else:

@@ -11,16 +11,20 @@ from hpvc import paths
 from hpvc.cli.common import console, print_json
 from hpvc.errors import InputError
 from hpvc.plan import Plan, plan_cluster
+from hpvc.plan.network import describe
 from hpvc.render import RenderContext, render_cluster
 from hpvc.spec import load_spec
-from hpvc.topology.inventory import load_inventory, local_hosts
+from hpvc.topology.inventory import Inventory, local_hosts, read_inventory
 
 HELP = """Render a cluster: libvirt domain XML, QEMU command, OCI config.json, hostfile.
 
 Plans the spec (like `hpvc plan`) and writes, into --out: NODE.xml,
 NODE.qemu.sh and NODE.network for VM nodes, NODE/config.json for container
-nodes, and hostfile, hosts, ethers, locality.json, plan.json. Paths inside the
-artifacts point under the state directory. Changes nothing on any host.
+nodes, and hostfile, hosts, ethers, locality.json, plan.json. A cluster planned
+across hosts with fabric addresses (--hosts) also gets network-HOST.sh per
+host: its VXLAN port, forwarding entries and nftables filter as commands.
+Paths inside the artifacts point under the state directory. Changes nothing
+on any host.
 
 Examples:
 
@@ -29,6 +33,8 @@ Examples:
   hpvc render examples/vm-cluster.toml --out build/vm --accel tcg --kernel /boot/vmlinuz
 
   hpvc render examples/cluster.toml --out build/amd --topology-root /tmp/t/64amd64-4s2n4ca2co
+
+  hpvc render examples/cluster.toml --out build/wide --hosts examples/hosts.toml
 """
 
 
@@ -80,7 +86,9 @@ def render_cmd(
         None, "--topology-root", help="Plan against a sysfs snapshot root instead of this host."
     ),
     hosts: str | None = typer.Option(
-        None, "--hosts", help="Inventory TOML of hosts (name, topology root, count of each)."
+        None,
+        "--hosts",
+        help="Inventory TOML of hosts (name, topology root, count, fabric address and MTU).",
     ),
     accel: str = typer.Option(
         "auto", "--accel", help="VM accelerator: kvm, tcg, or auto (probe this host)."
@@ -109,8 +117,8 @@ def render_cmd(
         initrd=initrd,
         block_device=_block_device(block_device),
     )
-    inventory = load_inventory(hosts) if hosts else local_hosts(topology_root)
-    plan = plan_cluster(s, inventory)
+    inv = read_inventory(hosts) if hosts else Inventory(tuple(local_hosts(topology_root)))
+    plan = plan_cluster(s, inv.hosts, fabric=inv.fabric)
     written = write_artifacts(out, render_cluster(plan, ctx))
     if as_json:
         print_json([str(p) for p in written])
@@ -122,6 +130,9 @@ def render_cmd(
     else:
         kinds += " nodes"
     console.print(f"cluster {plan.cluster}: {kinds}")
+    across = describe(plan.network)
+    if across:
+        console.print(across, markup=False, soft_wrap=True)
     listing = " ".join(str(p.relative_to(out)) for p in written)
     console.print(f"wrote {len(written)} files to {out}: {listing}", markup=False, soft_wrap=True)
     for note in _notes(plan, ctx):

@@ -30,7 +30,7 @@ from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.host.net import short_ifname
+from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import Overlay
 
 _ENODEV = 19
@@ -39,13 +39,7 @@ _NTF_SELF = 0x02
 _ZERO_MAC = "00:00:00:00:00:00"
 
 
-def link_name(cluster: str) -> str:
-    """The VXLAN port of ``cluster``'s bridge on this host."""
-    return short_ifname("vx", cluster)
-
-
-def filter_table(vni: int) -> str:
-    return f"hpvc-vni{vni}"
+link_name = vxlan_link_name  # the VXLAN port of a cluster's bridge (named in the plan)
 
 
 def _fail(what: str, e: Exception) -> HpvcError:

@@ -12,6 +12,7 @@ from hpvc.plan.model import (
     Reservations,
     VcpuPin,
 )
+from hpvc.plan.network import host_overlay
 from hpvc.plan.planner import plan_cluster
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "PlannedNode",
     "Reservations",
     "VcpuPin",
+    "host_overlay",
     "plan_cluster",
 ]

@@ -130,8 +130,46 @@ class NetworkPlan:
     subnet: str
     gateway: str
     prefixlen: int
-    mtu: int
+    mtu: int  # the nodes' MTU (across hosts: the fabric's minus VXLAN's 50 bytes, or less)
     bridge: str
+    # Across hosts (a cluster on more than one host, each with a fabric address):
+    # the VXLAN network joining the hosts' bridges. None/empty on one host.
+    vni: int | None = None
+    fabric_mtu: int | None = None  # the smallest fabric MTU of the hosts used
+    vteps: tuple[tuple[str, str], ...] = ()  # (host, fabric address), in plan host order
+
+    @property
+    def across_hosts(self) -> bool:
+        return self.vni is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The one-host keys; ``vni``, ``fabric_mtu`` and ``vteps`` only across hosts
+        (so a one-host plan.json is what it always was)."""
+        out: dict[str, Any] = {
+            "subnet": self.subnet,
+            "gateway": self.gateway,
+            "prefixlen": self.prefixlen,
+            "mtu": self.mtu,
+            "bridge": self.bridge,
+        }
+        if self.vni is not None:
+            out["vni"] = self.vni
+            out["fabric_mtu"] = self.fabric_mtu
+            out["vteps"] = [{"host": h, "address": a} for h, a in self.vteps]
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NetworkPlan:
+        return cls(
+            subnet=d["subnet"],
+            gateway=d["gateway"],
+            prefixlen=d["prefixlen"],
+            mtu=d["mtu"],
+            bridge=d["bridge"],
+            vni=d.get("vni"),
+            fabric_mtu=d.get("fabric_mtu"),
+            vteps=tuple((v["host"], v["address"]) for v in d.get("vteps", ())),
+        )
 
 
 @dataclass(frozen=True)
@@ -159,7 +197,7 @@ class Plan:
             "cluster": self.cluster,
             "kind": self.kind,
             "image": self.image,
-            "network": vars(self.network).copy(),
+            "network": self.network.to_json(),
             "nodes": [n.to_json() for n in self.nodes],
             "hosts": [h.to_json() for h in self.hosts],
             "locality": self.locality(),
@@ -227,7 +265,7 @@ def plan_from_json(d: dict[str, Any]) -> Plan:
         cluster=d["cluster"],
         kind=d["kind"],
         image=d["image"],
-        network=NetworkPlan(**d["network"]),
+        network=NetworkPlan.from_json(d["network"]),
         nodes=nodes,
         hosts=hosts,
         notes=tuple(d.get("notes", ())),

@@ -10,28 +10,28 @@ stay free.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from hpvc.errors import DoesNotFit, InputError
-from hpvc.plan.addresses import bridge_name, gateway, node_ip, node_mac
+from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.hoststate import HostState, host_state
 from hpvc.plan.model import (
     HostHugepages,
     HostPlan,
     HugepageNeed,
     IOPlan,
-    NetworkPlan,
     NumaCell,
     Plan,
     PlannedNode,
     Reservations,
     VcpuPin,
 )
-from hpvc.plan.overlay import DEFAULT_NODE_MTU
+from hpvc.plan.network import plan_network
 from hpvc.plan.place import Placement, Rules, Want, place_dedicated, place_shared, seed
 from hpvc.plan.shortage import explain
 from hpvc.spec.model import NodeGroup, Spec
+from hpvc.topology.inventory import Fabric
 from hpvc.topology.model import Topology
 
 
@@ -61,6 +61,7 @@ def plan_cluster(
     reservations: Reservations | None = None,
     existing: Plan | None = None,
     only: Collection[str] | None = None,
+    fabric: Mapping[str, Fabric] | None = None,
 ) -> Plan:
     """Place every node of ``spec`` on ``hosts``; raise DoesNotFit if it cannot.
 
@@ -73,6 +74,10 @@ def plan_cluster(
     ``only`` names the nodes to place, a share of the cluster (Slurm gives each
     allocated host its share): they keep the names and addresses they have in
     the whole cluster, so shares planned on different hosts fit together.
+
+    ``fabric`` gives hosts' fabric addresses (the inventory's): a cluster placed
+    on more than one host, all of them in it, gets a network across them
+    (``hpvc.plan.network``: VNI, VTEPs, node MTU from the fabric's).
     """
     if not hosts:
         raise InputError("no hosts to plan on", "the host list is empty", "give --hosts FILE")
@@ -113,22 +118,18 @@ def plan_cluster(
     on_host: dict[str, list[str]] = {}
     for n in nodes:
         on_host.setdefault(n.host, []).append(n.name)
+    used = [h for h in states if h.name in on_host]
+    network, net_notes = plan_network(
+        spec, [h.name for h in used], fabric or {}, [n.ip for n in nodes]
+    )
     return Plan(
         cluster=spec.name,
         kind=spec.kind,
         image=spec.image,
-        network=NetworkPlan(
-            subnet=spec.network.subnet,
-            gateway=gateway(spec.network.network),
-            prefixlen=spec.network.network.prefixlen,
-            mtu=spec.network.mtu or DEFAULT_NODE_MTU,
-            bridge=bridge_name(spec.name),
-        ),
+        network=network,
         nodes=nodes,
-        hosts=tuple(
-            _host_plan(h, rules, tuple(on_host[h.name])) for h in states if h.name in on_host
-        ),
-        notes=tuple(sorted({note for _, t in hosts for note in t.notes})),
+        hosts=tuple(_host_plan(h, rules, tuple(on_host[h.name])) for h in used),
+        notes=tuple(sorted({note for _, t in hosts for note in t.notes})) + net_notes,
     )
 
 

@@ -18,6 +18,7 @@ from hpvc.render.files import (
     plan_json,
 )
 from hpvc.render.libvirt import domain_name, render_domain_xml
+from hpvc.render.network import network_script, network_scripts
 from hpvc.render.oci import dumps as oci_dumps
 from hpvc.render.oci import render_oci_config
 from hpvc.render.qemu import QemuLaunch, QemuPinning, qemu_argv, qemu_pinning, render_qemu
@@ -36,6 +37,8 @@ __all__ = [
     "hosts",
     "locality_json",
     "mpi_nodes",
+    "network_script",
+    "network_scripts",
     "plan_json",
     "qemu_argv",
     "qemu_pinning",
@@ -64,7 +67,8 @@ def render_cluster(plan: Plan, ctx: RenderContext) -> dict[str, str]:
 
     VM nodes: ``NODE.xml``, ``NODE.qemu.sh``, ``NODE.network``; container nodes:
     ``NODE/config.json``; then ``hostfile``, ``hosts``, ``ethers``,
-    ``locality.json`` and ``plan.json``.
+    ``locality.json`` and ``plan.json``; for a plan across hosts,
+    ``network-HOST.sh`` per host (its VXLAN port, forwarding and filter).
     """
     out: dict[str, str] = {}
     for node in plan.nodes:
@@ -79,4 +83,5 @@ def render_cluster(plan: Plan, ctx: RenderContext) -> dict[str, str]:
     out["ethers"] = ethers(plan)
     out["locality.json"] = locality_json(plan)
     out["plan.json"] = plan_json(plan)
+    out.update(network_scripts(plan))
     return out

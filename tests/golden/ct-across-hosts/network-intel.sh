@@ -1,0 +1,30 @@
+#!/bin/sh
+# hpvc cluster gx, host intel: its bridge joined to the other hosts'.
+# VXLAN VNI 15719311 on UDP port 4789, from this host's fabric address 10.0.1.1
+# to amd0 10.0.0.1, amd1 10.0.0.2; node MTU 8950 (fabric MTU 9000).
+# `hpvc up` makes these changes itself. By hand: run as root, once, when the bridge
+# hpvc-gx is up with this host's address on it, 10.90.0.253/24.
+set -e
+
+# Only the cluster's hosts may send into its VNI (bits 32-55 of the VXLAN header).
+nft -f - <<'EOF'
+add table inet hpvc-vni15719311
+add chain inet hpvc-vni15719311 input { type filter hook input priority -200; policy accept; }
+flush chain inet hpvc-vni15719311 input
+add rule inet hpvc-vni15719311 input udp dport 4789 @th,96,24 15719311 ip saddr != { 10.0.0.1, 10.0.0.2, 10.0.1.1 } counter drop comment "hpvc: only the cluster's hosts may send into VNI 15719311"
+EOF
+
+# The bridge's VXLAN port; the forwarding database is written, never learned.
+ip link add vxc1cbb8108bc8f type vxlan id 15719311 local 10.0.1.1 dstport 4789 nolearning
+ip link set vxc1cbb8108bc8f master hpvc-gx mtu 8950 up
+bridge link set dev vxc1cbb8108bc8f learning off
+
+# host amd0: broadcast once, then its 2 node(s)
+bridge fdb append 00:00:00:00:00:00 dev vxc1cbb8108bc8f dst 10.0.0.1 self permanent
+bridge fdb replace 02:c1:0a:5a:00:03 dev vxc1cbb8108bc8f dst 10.0.0.1 self permanent  # compute0 10.90.0.3
+bridge fdb replace 02:c1:0a:5a:00:04 dev vxc1cbb8108bc8f dst 10.0.0.1 self permanent  # compute1 10.90.0.4
+
+# host amd1: broadcast once, then its 2 node(s)
+bridge fdb append 00:00:00:00:00:00 dev vxc1cbb8108bc8f dst 10.0.0.2 self permanent
+bridge fdb replace 02:c1:0a:5a:00:05 dev vxc1cbb8108bc8f dst 10.0.0.2 self permanent  # compute2 10.90.0.5
+bridge fdb replace 02:c1:0a:5a:00:06 dev vxc1cbb8108bc8f dst 10.0.0.2 self permanent  # compute3 10.90.0.6
