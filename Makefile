@@ -30,6 +30,7 @@ bench: setup
 	$(HPVC) bench run --suite hpcc,startup --targets native,vm --out bench/results/run-vm
 	$(HPVC) bench locality --out bench/results/locality
 	$(HPVC) bench slurm --out bench/results/slurm
+	$(HPVC) bench network --out bench/results/network
 
 # Local Slurm test cluster (docs/slurm.md); the last line printed is the
 # `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.

@@ -13,6 +13,7 @@ APT_PACKAGES=(
   fio              # block-I/O throttle measurements
   hpcc             # HPC Challenge (native side of the benchmarks)
   hwloc            # hwloc-calc: reference counts for the topology tests
+  iperf3           # TCP bandwidth of `hpvc bench network` (cluster network vs fabric)
   iproute2         # ip, bridge: inspected by tests
   iputils-ping     # ping: tests check reachability and the MTU (-M do) across hosts
   libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
@@ -31,6 +32,7 @@ APT_PACKAGES=(
   munge            # munged: the local Slurm test cluster runs its own (scripts/slurm, docs/slurm.md)
   slurm-client     # srun, sbatch, sinfo, scancel: submit to the local Slurm test cluster
   slurm-wlm        # slurmctld and slurmd: the local Slurm test cluster (make slurm-up)
+  sockperf         # TCP ping-pong latency of `hpvc bench network`
   libslurm-dev     # slurm/spank.h: builds the SPANK plugin in native/spank
   stress-ng        # the competing commodity load of `hpvc bench isolation`
   python3-venv

@@ -51,6 +51,8 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "ip": (_tool("ip"), False),
     "nft": (_tool("nft"), False),
     "ping": (_tool("ping"), False),
+    "iperf3": (_tool("iperf3"), False),
+    "sockperf": (_tool("sockperf"), False),
     "kvm": (_kvm, True),
 }
 
