@@ -64,8 +64,9 @@ if [ -f "$topo_src" ]; then
   rm -rf "$tmp"
 fi
 
-# Slurm: a private test cluster with hpvc's SPANK plugin, one job whose tasks
-# run inside the job's own virtual nodes, then everything stopped again.
+# Slurm: a private test cluster with hpvc's SPANK plugin (three hosts apart in
+# their own namespaces, each with its own hpvc state directory), one job whose
+# tasks run inside the job's own virtual nodes, then everything stopped again.
 echo
 echo "== Slurm: srun -N2 -n2 --hpvc=examples/slurm.toml (docs/slurm.md)"
 make -s -C native/spank
@@ -73,18 +74,27 @@ slurm_dir=$(mktemp -d /var/tmp/hpvc-demo-slurm.XXXXXX)
 chmod 755 "$slurm_dir"
 port=$($PY -c 'from hpvc.bench.slurm import free_base_port; print(free_base_port(7817))')
 slurm_env=(HPVC_SLURM_DIR="$slurm_dir/slurm" HPVC_SLURM_PORT="$port"
-  HPVC_SPANK_ARGS="binds=$slurm_dir")
+  HPVC_SLURM_HOST_STATE="$slurm_dir/slurm/hpvc/%h" HPVC_SPANK_ARGS="binds=$slurm_dir")
 slurm_stop() { env "${slurm_env[@]}" bash scripts/slurm/down.sh >/dev/null || true; rm -rf "$slurm_dir"; }
+# Slurm job shares recorded in the hosts' state directories, all hosts together.
+slurm_shares() {
+  local h n=0
+  for h in n1 n2 n3; do
+    n=$(( n + $(HPVC_STATE_DIR="$slurm_dir/slurm/hpvc/$h" $HPVC node ls --json | grep -c '"job"' || true) ))
+  done
+  echo "$n"
+}
 trap slurm_stop EXIT
 env "${slurm_env[@]}" bash scripts/slurm/up.sh | tail -n 1
 cp examples/slurm.toml "$slurm_dir/"
 (cd "$slurm_dir" && SLURM_CONF=$slurm_dir/slurm/slurm.conf srun -N2 -n2 --hpvc=slurm.toml \
-  sh -c 'echo "task $SLURM_PROCID on Slurm node $SLURMD_NODENAME runs in virtual node $(hostname)"' | sort)
+  sh -c 'echo "task $SLURM_PROCID on Slurm host $SLURMD_NODENAME runs in virtual node $(hostname)"' | sort)
 # The job epilog takes the virtual nodes down after srun returned: wait for it.
 for _ in $(seq 100); do
-  $HPVC node ls --json | grep -q '"job"' || break
+  compgen -G "$slurm_dir/slurm/hpvc/*/clusters/j*" >/dev/null || break
   sleep 0.3
 done
+left=$(slurm_shares)
 slurm_stop
 trap - EXIT
-echo "left on the host: $($HPVC node ls --json | grep -c '"job"' || true) Slurm job shares"
+echo "left on the host: $left Slurm job shares (over the state directories of hosts n1, n2, n3)"

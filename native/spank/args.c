@@ -1,9 +1,11 @@
-/* plugstack.conf arguments: strict key=value parsing, unknown keys refused. */
+/* plugstack.conf arguments: strict key=value parsing, unknown keys refused;
+ * %h in state_dir and image_dir is this host's short name. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hpvc_spank.h"
 
@@ -18,6 +20,61 @@ static int copy_value(char *dst, size_t size, const char *key, const char *value
 		return -1;
 	}
 	strcpy(dst, value);
+	return 0;
+}
+
+/* This host's short name (gethostname() up to the first dot), for %h. */
+static int short_hostname(char *name, size_t size)
+{
+	if (gethostname(name, size) < 0) {
+		slurm_error("hpvc: plugstack.conf: cannot read this host's name for %%h: %s",
+			    strerror(errno));
+		return -1;
+	}
+	name[size - 1] = '\0';
+	name[strcspn(name, ".")] = '\0';
+	if (name[0] == '\0' || strchr(name, '/') != NULL) {
+		slurm_error("hpvc: plugstack.conf: this host's name '%s' cannot name a directory (%%h)",
+			    name);
+		return -1;
+	}
+	return 0;
+}
+
+/* A directory argument: an absolute path in which %h stands for this host's
+ * short name (one state directory per host where several share a file
+ * system, or several slurmd share a machine) and %% for %. Any other %
+ * sequence is refused, so a typo cannot become a literal directory name. */
+static int copy_dir(char *dst, size_t size, const char *key, const char *value)
+{
+	char host[256] = "";
+	size_t k = 0;
+	if (value[0] != '/')
+		return copy_value(dst, size, key, value);
+	for (const char *p = value; *p; p++) {
+		const char *add = p;
+		size_t n = 1;
+		if (*p == '%') {
+			if (p[1] == 'h') {
+				if (host[0] == '\0' && short_hostname(host, sizeof(host)) < 0)
+					return -1;
+				add = host;
+				n = strlen(host);
+			} else if (p[1] != '%') {
+				slurm_error("hpvc: plugstack.conf: %s=%s: unknown sequence '%%%.1s' (known: %%h, this host's short name; %%%%, a %%)",
+					    key, value, p + 1);
+				return -1;
+			}
+			p++;
+		}
+		if (k + n >= size) {
+			slurm_error("hpvc: plugstack.conf: %s: path too long", key);
+			return -1;
+		}
+		memcpy(dst + k, add, n);
+		k += n;
+	}
+	dst[k] = '\0';
 	return 0;
 }
 
@@ -39,10 +96,10 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 			if (copy_value(cfg->hpvc, sizeof(cfg->hpvc), "hpvc", value) < 0)
 				return -1;
 		} else if (klen == 9 && strncmp(av[i], "state_dir", klen) == 0) {
-			if (copy_value(cfg->state_dir, sizeof(cfg->state_dir), "state_dir", value) < 0)
+			if (copy_dir(cfg->state_dir, sizeof(cfg->state_dir), "state_dir", value) < 0)
 				return -1;
 		} else if (klen == 9 && strncmp(av[i], "image_dir", klen) == 0) {
-			if (copy_value(cfg->image_dir, sizeof(cfg->image_dir), "image_dir", value) < 0)
+			if (copy_dir(cfg->image_dir, sizeof(cfg->image_dir), "image_dir", value) < 0)
 				return -1;
 		} else if (klen == 7 && strncmp(av[i], "timeout", klen) == 0) {
 			char *end = NULL;

@@ -23,8 +23,8 @@
 /* plugstack.conf arguments (args.c) */
 struct hpvc_config {
 	char hpvc[4096];      /* the hpvc executable */
-	char state_dir[4096]; /* HPVC_STATE_DIR for the node commands */
-	char image_dir[4096]; /* HPVC_IMAGE_DIR, "" = under the state directory */
+	char state_dir[4096]; /* HPVC_STATE_DIR for the node commands (%h expanded) */
+	char image_dir[4096]; /* HPVC_IMAGE_DIR, "" = under the state directory (%h expanded) */
 	char *site[HPVC_MAX_SITE]; /* policy passed on as --site key=value */
 	int nsite;
 	int timeout;          /* seconds `hpvc node up` may take */

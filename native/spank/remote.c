@@ -83,11 +83,13 @@ int hpvc_parse_joins(const char *text)
 
 /* This host's name (the step's node list at this node's id in the step: an
  * srun inside a batch script inherits the batch host's SLURMD_NODENAME, so
- * that variable cannot be trusted here), then its place in the job's list. */
-static int job_index(spank_t sp, uint32_t nodeid, int *index, int *hosts)
+ * that variable cannot be trusted here), then its place in the job's list
+ * job_nodes (SLURM_JOB_NODELIST, as Slurm writes it: n[1-3]). */
+static int job_index(spank_t sp, uint32_t nodeid, char *job_nodes, size_t size, int *index,
+		     int *hosts)
 {
-	char job_nodes[8192], step_nodes[8192], name[256] = "";
-	if (spank_getenv(sp, "SLURM_JOB_NODELIST", job_nodes, sizeof(job_nodes)) != ESPANK_SUCCESS ||
+	char step_nodes[8192], name[256] = "";
+	if (spank_getenv(sp, "SLURM_JOB_NODELIST", job_nodes, (int)size) != ESPANK_SUCCESS ||
 	    spank_getenv(sp, "SLURM_STEP_NODELIST", step_nodes, sizeof(step_nodes)) != ESPANK_SUCCESS) {
 		slurm_error("hpvc: the step has no SLURM_JOB_NODELIST or SLURM_STEP_NODELIST");
 		return -1;
@@ -201,7 +203,8 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 		return -1;
 	}
 	int index = 0, hosts = 0;
-	if (job_index(sp, nodeid, &index, &hosts) < 0)
+	static char job_nodes[8192];
+	if (job_index(sp, nodeid, job_nodes, sizeof(job_nodes), &index, &hosts) < 0)
 		return -1;
 	char *cores = NULL, mpi[64] = "";
 	if (spank_get_item(sp, S_JOB_ALLOC_CORES, &cores) != ESPANK_SUCCESS)
@@ -235,6 +238,11 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	if (mpi[0]) {
 		argv[k++] = "--mpi";
 		argv[k++] = mpi;
+	}
+	/* The job's hosts, for wiring this host's share to the others'. */
+	if (job_nodes[0]) {
+		argv[k++] = "--nodelist";
+		argv[k++] = job_nodes;
 	}
 	for (int i = 0; i < cfg->nsite; i++) {
 		argv[k++] = "--site";

@@ -1,16 +1,52 @@
-# Shared by up.sh and down.sh: where the local Slurm test cluster lives and
-# how to tell its processes from anybody else's. Sourced, not run.
+# Shared by up.sh, down.sh, host.sh and on.sh: where the local Slurm test
+# cluster lives, what it is called, and how to tell its processes from anybody
+# else's. Sourced, not run.
 # shellcheck shell=bash
 
-# Everything the cluster makes is under this one directory.
+# Everything the cluster writes is under this one directory.
 SLURM_DIR=${HPVC_SLURM_DIR:-/var/lib/hpvc/slurm}
 SLURM_DIR=${SLURM_DIR%/}
-# slurmctld listens on BASE_PORT, the slurmd of node nK on BASE_PORT+K.
+# slurmctld listens on BASE_PORT, every slurmd on BASE_PORT+1 (each in its own
+# network namespace, so the ports of two clusters never meet).
 BASE_PORT=${HPVC_SLURM_PORT:-6917}
 NODES=(n1 n2 n3)
 CLUSTER_NAME=hpvctest
+# The hostname of slurmctld's own UTS namespace (SlurmctldHost).
+CTL=ctl
+
+# The fabric: a bridge in the root namespace and one network namespace per
+# host (ctl, n1..n3), each wired to it by a veth pair. Names and subnet derive
+# from the port, so a second cluster (other HPVC_SLURM_DIR and HPVC_SLURM_PORT,
+# as the tests start) gets its own: port 6917 -> hpvcfab0, 10.250.0.0/24;
+# 6918 -> hpvcfab1, 10.250.1.0/24; ... (the port's distance from 6917, mod 256).
+FAB_ID=$(( ((BASE_PORT - 6917) % 256 + 256) % 256 ))
+FABRIC=${HPVC_SLURM_FABRIC:-hpvcfab$FAB_ID}  # bridge; netns and veths are $FABRIC-<host>
+SUBNET=${HPVC_SLURM_SUBNET:-10.250.$FAB_ID.0/24}
+FAB_MTU=9000
+FAB_IF=fab0  # a host's end of its veth, inside its network namespace
+NET3=${SUBNET%.0/24}  # the first three octets (the subnet must be A.B.C.0/24)
+# Addresses: nK = .K, slurmctld = .253, the root namespace (bridge) = .254.
+host_addr() {
+  case "$1" in
+    "$CTL") echo "$NET3.253" ;;
+    root) echo "$NET3.254" ;;
+    n*) echo "$NET3.${1#n}" ;;
+  esac
+}
+netns_name() { echo "$FABRIC-$1"; }
+netns_path() { echo "/run/netns/$FABRIC-$1"; }
+# cgroup v1 cpuset of each host when the machine has CPUs enough to give them apart.
+CPUSET_ROOT=/sys/fs/cgroup/cpuset
+cpuset_dir() { echo "$CPUSET_ROOT/$FABRIC/$1"; }
+
+# hpvc's state directory on each host, as the plugin's state_dir= argument:
+# %h is the host's short hostname (n1..n3), so what hpvc makes for one host is
+# invisible to the others. Images stay shared (image_dir=), as on a cluster
+# with a shared file system.
+HOST_STATE=${HPVC_SLURM_HOST_STATE:-$SLURM_DIR/hpvc/%h}
 
 CONF=$SLURM_DIR/slurm.conf
+FABRIC_ENV=$SLURM_DIR/fabric.env  # what up.sh made, for down.sh
 MUNGE_SOCKET=$SLURM_DIR/run/munge.socket
 MUNGE_KEY=$SLURM_DIR/munge/munge.key
 MUNGE_PID=$SLURM_DIR/run/munged.pid
@@ -29,4 +65,24 @@ ours_pid() {
     *"$binary"*"$SLURM_DIR/"*) echo "$pid" ;;
     *) return 1 ;;
   esac
+}
+
+# plugstack_arg KEY: the value of KEY= on hpvc's line of plugstack.conf, if any.
+plugstack_arg() {
+  local w
+  [ -r "$SLURM_DIR/plugstack.conf" ] || return 0
+  for w in $(grep -m1 '^required .*hpvc_spank' "$SLURM_DIR/plugstack.conf" || true); do
+    case "$w" in "$1="*) echo "${w#*=}" ;; esac
+  done
+}
+
+# host_state HOST: hpvc's state directory on HOST (the plugin's state_dir with
+# %h expanded), or the default pattern when no plugin is configured.
+host_state() {
+  local pattern
+  pattern=$(plugstack_arg state_dir)
+  pattern=${pattern:-$HOST_STATE}
+  pattern=${pattern//%%/$'\001'}
+  pattern=${pattern//%h/$1}
+  echo "${pattern//$'\001'/%}"
 }

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Stop the local Slurm test cluster started by up.sh and remove its state
-# directory (HPVC_SLURM_DIR, default /var/lib/hpvc/slurm). Safe to run twice.
-# Only processes named in the cluster's own pid files (checked against
-# /proc/PID/cmdline) and job steps holding files under the state directory
-# open are signalled.
+# Stop the local Slurm test cluster started by up.sh and remove everything it
+# made: daemons, the hosts' namespaces, the fabric bridge and veths, the
+# cpusets, the state directory (HPVC_SLURM_DIR, default /var/lib/hpvc/slurm).
+# Safe to run twice.
+#
+# Only these processes are signalled: the ones named in the cluster's own pid
+# files (checked against /proc/PID/cmdline), job steps holding files under the
+# state directory open, and processes left in the network namespaces or
+# cpusets this cluster made. hpvc shares a job left on a host are taken down
+# inside that host (`hpvc node down`) before its namespaces go.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scripts/slurm/common.sh
@@ -17,10 +22,13 @@ if [ ! -e "$SLURM_DIR" ]; then
   echo "slurm-down: nothing to do ($SLURM_DIR does not exist)"
   exit 0
 fi
-[ -e "$CONF" ] || [ -e "$SLURM_DIR/run" ] ||
+[ -e "$CONF" ] || [ -e "$SLURM_DIR/run" ] || [ -e "$FABRIC_ENV" ] ||
   die "$SLURM_DIR does not look like a test cluster made by up.sh; not touching it"
 
 export SLURM_CONF=$CONF
+# What up.sh made (names recorded before it made them).
+fabric=$(sed -n 's/^FABRIC=//p' "$FABRIC_ENV" 2>/dev/null | head -n1)
+mapfile -t netns < <(sed -n 's/^NETNS=//p' "$FABRIC_ENV" 2>/dev/null)
 
 # slurmstepd processes of this cluster (one that outlived its slurmd): they
 # hold its slurmd log under the state directory open. slurmd cleans their
@@ -39,6 +47,23 @@ steps() {
   return 0
 }
 
+# Processes in the network namespaces or cpusets of this cluster (its hosts).
+in_hosts() {
+  local ns ids=() p link
+  for ns in "${netns[@]}"; do
+    [ -e "/run/netns/$ns" ] && ids+=("net:[$(stat -L -c %i "/run/netns/$ns")]")
+  done
+  for p in /proc/[0-9]*; do
+    [ "${p#/proc/}" != $$ ] || continue
+    link=$(readlink "$p/ns/net" 2>/dev/null) || continue
+    for ns in "${ids[@]}"; do [ "$link" = "$ns" ] && echo "${p#/proc/}" && break; done
+  done
+  if [ -n "$fabric" ] && [ -d "$CPUSET_ROOT/$fabric" ]; then
+    cat "$CPUSET_ROOT/$fabric"/*/cgroup.procs 2>/dev/null || true
+  fi
+  return 0
+}
+
 # stop PID...: SIGTERM, wait up to 10 s, then SIGKILL.
 stop() {
   local pid left i
@@ -54,7 +79,8 @@ stop() {
   sleep 0.2
 }
 
-# Cancel the jobs first so their steps end through Slurm.
+# Cancel the jobs first so their steps end and their epilogs (hpvc node down)
+# run through Slurm.
 if ours_pid "$CTLD_PID" slurmctld >/dev/null && command -v scancel >/dev/null; then
   if [ -n "$(squeue -h -o %i 2>/dev/null)" ]; then
     scancel --full -u "$(id -un)" >/dev/null 2>&1 || true
@@ -62,6 +88,21 @@ if ours_pid "$CTLD_PID" slurmctld >/dev/null && command -v scancel >/dev/null; t
     for _ in $(seq 50); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2; done
   fi
 fi
+
+# hpvc shares an epilog did not take down: inside their host, while it lives.
+hpvc_bin=$(plugstack_arg hpvc)
+images=$(plugstack_arg image_dir)
+for n in "${NODES[@]}"; do
+  pid=$(ours_pid "$(slurmd_pid "$n")" slurmd) || continue
+  state=$(host_state "$n")
+  [ -n "$hpvc_bin" ] && [ -d "$state/clusters" ] || continue
+  for job in $(ls "$state/clusters" | sed -n 's/^j\([0-9]*\)-[0-9]*$/\1/p' | sort -u); do
+    echo "slurm-down: $n: hpvc node down --job $job (left by its job)"
+    nsenter -t "$pid" --net --uts --mount \
+      env HPVC_STATE_DIR="$state" ${images:+HPVC_IMAGE_DIR="$images"} "$hpvc_bin" node down --job "$job" ||
+      echo "slurm-down: $n: hpvc node down --job $job failed" >&2
+  done
+done
 
 pids=()
 for n in "${NODES[@]}"; do
@@ -71,8 +112,31 @@ stop "${pids[@]}"
 # Steps left over (a slurmd that died hard leaves its slurmstepd behind).
 mapfile -t left < <(steps)
 stop "${left[@]}"
-p=$(ours_pid "$CTLD_PID" slurmctld) && stop "$p"
-p=$(ours_pid "$MUNGE_PID" munged) && stop "$p"
+# slurmctld and munged together (each takes a second or two to stop).
+pids=()
+p=$(ours_pid "$CTLD_PID" slurmctld) && pids+=("$p")
+p=$(ours_pid "$MUNGE_PID" munged) && pids+=("$p")
+stop "${pids[@]}"
+# Anything else still running on a host (a task a step did not end).
+mapfile -t left < <(in_hosts | sort -u)
+if [ ${#left[@]} -gt 0 ]; then
+  echo "slurm-down: stopping processes left on the hosts: ${left[*]}"
+  stop "${left[@]}"
+fi
+
+# The fabric: deleting a veth deletes its peer; a namespace with no process
+# left goes with its name.
+for ns in "${netns[@]}"; do
+  ip link del "$ns" 2>/dev/null || true
+  [ ! -e "/run/netns/$ns" ] || ip netns del "$ns"
+done
+if [ -n "$fabric" ]; then
+  ip link del "$fabric" 2>/dev/null || true
+  if [ -d "$CPUSET_ROOT/$fabric" ]; then
+    rmdir "$CPUSET_ROOT/$fabric"/*/ 2>/dev/null || true
+    rmdir "$CPUSET_ROOT/$fabric" || echo "slurm-down: cpuset $CPUSET_ROOT/$fabric is still in use" >&2
+  fi
+fi
 
 rm -rf --one-file-system "$SLURM_DIR"
-echo "slurm-down: stopped and removed $SLURM_DIR"
+echo "slurm-down: stopped and removed $SLURM_DIR${fabric:+ and the fabric $fabric}"

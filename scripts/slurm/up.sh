@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Start the local Slurm test cluster: its own munged, slurmctld and three
-# slurmd ("nodes" n1..n3) on this machine, all on 127.0.0.1 with their own
-# ports, everything under one state directory (docs/slurm.md).
+# slurmd ("hosts" n1..n3) on this machine, each host in network, UTS and mount
+# namespaces of its own on a private fabric bridge, everything else under one
+# state directory (docs/slurm.md, "The local Slurm test cluster").
 #
-#   HPVC_SLURM_DIR   state directory (default /var/lib/hpvc/slurm)
-#   HPVC_SLURM_PORT  slurmctld port; the slurmd use the next three (default 6917)
+#   HPVC_SLURM_DIR         state directory (default /var/lib/hpvc/slurm)
+#   HPVC_SLURM_PORT        slurmctld port; every slurmd uses the next (default 6917);
+#                          also picks the fabric: 6917 -> bridge hpvcfab0, 10.250.0.0/24
+#   HPVC_SLURM_FABRIC      bridge name, at most 11 characters (default hpvcfab<N>)
+#   HPVC_SLURM_SUBNET      fabric subnet, A.B.C.0/24 (default 10.250.<N>.0/24)
+#   HPVC_SLURM_HOST_STATE  hpvc's state directory on each host, %h = host name
+#                          (default <dir>/hpvc/%h)
+#   HPVC_SLURM_CPUS_PER_HOST  CPUs of its own per host (default: a third of
+#                          this machine's, if that is at least 2; else shared)
 #
 # Idempotent: starts only what is not running. The last line of its output is
 # the `export SLURM_CONF=...` that points srun/sbatch/sinfo at the cluster.
@@ -14,12 +22,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
 
 die() { echo "slurm-up: $*" >&2; exit 1; }
+start=$(date +%s.%N)
 
-[ "$(id -u)" = 0 ] || die "needs root (slurmd runs jobs as any user)"
-for b in munged slurmctld slurmd sinfo; do
+[ "$(id -u)" = 0 ] || die "needs root (slurmd runs jobs as any user; namespaces, bridge)"
+for b in munged slurmctld slurmd sinfo ip nsenter unshare; do
   command -v "$b" >/dev/null || die "$b not installed (run 'make setup')"
 done
 case "$SLURM_DIR" in /*) ;; *) die "HPVC_SLURM_DIR must be an absolute path" ;; esac
+[ ${#FABRIC} -le 11 ] && [[ "$FABRIC" =~ ^[A-Za-z0-9_]+$ ]] ||
+  die "HPVC_SLURM_FABRIC=$FABRIC: give at most 11 letters, digits or '_' (veths are <fabric>-ctl)"
+[[ "$SUBNET" =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.0/24$ ]] &&
+  [ "${BASH_REMATCH[1]}" -le 255 ] && [ "${BASH_REMATCH[2]}" -le 255 ] && [ "${BASH_REMATCH[3]}" -le 255 ] ||
+  die "HPVC_SLURM_SUBNET=$SUBNET: give a /24 network, e.g. 10.250.7.0/24"
 # munged refuses a socket in a directory not searchable by everyone.
 d=$(dirname "$SLURM_DIR")
 while [ "$d" != / ]; do
@@ -55,17 +69,160 @@ log_tail() {
   done
 }
 
-port_busy() { ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }
+# ---- CPUs -------------------------------------------------------------------
+
+# A CPU list (0-3,8) one CPU per line.
+expand_cpus() {
+  local r
+  for r in ${1//,/ }; do
+    case "$r" in *-*) seq "${r%-*}" "${r#*-}" ;; *) echo "$r" ;; esac
+  done
+}
+
+# Sets HOST_CPUS (one comma list per node, empty when the hosts share every
+# CPU), HOST_SPEC (per node, the machine's CPUs that are not its own),
+# SLURM_CPUS (the CPUs each node declares) and CPU_NOTE (one line).
+#
+# A host with CPUs of its own runs its slurmd in a cpuset of them (its steps
+# and tasks inherit it). Slurm numbers a node's CPUs over what hwloc shows
+# slurmd, so host.sh lets hwloc show all of the machine's (HWLOC_ALLOW=all)
+# and every node declares them all with the other hosts' CPUs as its
+# CpuSpecList (reserved, never given to a job): the CPU ids Slurm gives a job
+# (S_JOB_ALLOC_CORES, which the plugin passes to `hpvc node up --cpus`) are
+# the machine's, and they are the host's own.
+plan_cpus() {
+  local cpus all k i j c list spec
+  mapfile -t cpus < <(expand_cpus "$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status)")
+  mapfile -t all < <(expand_cpus "$(cat /sys/devices/system/cpu/online)")
+  local n=${#cpus[@]}
+  k=${HPVC_SLURM_CPUS_PER_HOST:-$(( n / ${#NODES[@]} ))}
+  [[ "$k" =~ ^[0-9]+$ ]] || die "HPVC_SLURM_CPUS_PER_HOST=$k: give a number of CPUs"
+  [ -n "${HPVC_SLURM_CPUS_PER_HOST:-}" ] || [ "$k" -ge 2 ] || k=0
+  HOST_CPUS=()
+  HOST_SPEC=()
+  if [ "$k" -gt 0 ] && [ ! -w "$CPUSET_ROOT/cpuset.cpus" ]; then
+    CPU_NOTE="$n CPUs, but no cgroup v1 cpuset at $CPUSET_ROOT: the ${#NODES[@]} hosts share them"
+    k=0
+  fi
+  if [ "$k" -eq 0 ]; then
+    SLURM_CPUS=$n
+    if [ -n "${CPU_NOTE:-}" ]; then
+      :
+    elif [ -n "${HPVC_SLURM_CPUS_PER_HOST:-}" ]; then
+      CPU_NOTE="$n CPUs: the ${#NODES[@]} hosts share them (HPVC_SLURM_CPUS_PER_HOST=0)"
+    else
+      CPU_NOTE="$n CPUs, too few to give each of the ${#NODES[@]} hosts 2 of its own: they share them"
+    fi
+    return
+  fi
+  SLURM_CPUS=${#all[@]}
+  CPU_NOTE="CPUs of each host (its slurmd's cpuset):"
+  for i in "${!NODES[@]}"; do
+    list=()
+    # With more asked for than there are (HPVC_SLURM_CPUS_PER_HOST), hosts wrap around and overlap.
+    for ((j = 0; j < k; j++)); do list+=("${cpus[$(( (i * k + j) % n ))]}"); done
+    HOST_CPUS[$i]=$(IFS=,; echo "${list[*]}")
+    spec=()
+    for c in "${all[@]}"; do
+      case ",${HOST_CPUS[$i]}," in *",$c,"*) ;; *) spec+=("$c") ;; esac
+    done
+    HOST_SPEC[$i]=$(IFS=,; echo "${spec[*]}")
+    CPU_NOTE+=" ${NODES[$i]} ${HOST_CPUS[$i]};"
+  done
+  CPU_NOTE=${CPU_NOTE%;}
+  [ $(( k * ${#NODES[@]} )) -le "$n" ] || CPU_NOTE+=" (overlapping: only $n CPUs)"
+}
+
+make_cpusets() {
+  local i d=$CPUSET_ROOT/$FABRIC
+  if [ ${#HOST_CPUS[@]} -eq 0 ]; then
+    # One left by an earlier start that gave the hosts CPUs of their own.
+    [ ! -d "$d" ] || rmdir "$d"/*/ "$d"
+    return 0
+  fi
+  mkdir -p "$d"
+  cat "$CPUSET_ROOT/cpuset.mems" >"$d/cpuset.mems"
+  cat "$CPUSET_ROOT/cpuset.cpus" >"$d/cpuset.cpus"
+  for i in "${!NODES[@]}"; do
+    mkdir -p "$d/${NODES[$i]}"
+    cat "$d/cpuset.mems" >"$d/${NODES[$i]}/cpuset.mems"
+    echo "${HOST_CPUS[$i]}" >"$d/${NODES[$i]}/cpuset.cpus"
+  done
+}
+
+# ---- the fabric -------------------------------------------------------------
+
+no_ipv6() {  # no DAD, no router solicitations; fine where IPv6 is off
+  local f
+  for f in "$@"; do echo 1 >"/proc/sys/net/ipv6/conf/$f/disable_ipv6" 2>/dev/null || true; done
+}
+
+# The bridge (root namespace, .254) and, per host, a network namespace whose
+# end of a veth pair ($FAB_IF) has the host's address; lo up. Idempotent.
+make_fabric() {
+  local h ns
+  if ! ip link show dev "$FABRIC" >/dev/null 2>&1; then
+    ip link add "$FABRIC" type bridge
+  fi
+  ip link set "$FABRIC" mtu "$FAB_MTU"
+  no_ipv6 "$FABRIC"
+  ip addr replace "$(host_addr root)/24" dev "$FABRIC"
+  ip link set "$FABRIC" up
+  for h in "$CTL" "${NODES[@]}"; do
+    ns=$(netns_name "$h")
+    [ -e "/run/netns/$ns" ] || ip netns add "$ns"
+    if ! ip link show dev "$ns" >/dev/null 2>&1; then
+      ip link add "$ns" mtu "$FAB_MTU" type veth peer name "$FAB_IF" mtu "$FAB_MTU" netns "$ns"
+    fi
+    no_ipv6 "$ns"
+    ip link set "$ns" master "$FABRIC" up
+    nsenter --net="/run/netns/$ns" bash -c "
+      for f in all default $FAB_IF; do echo 1 >/proc/sys/net/ipv6/conf/\$f/disable_ipv6 2>/dev/null || true; done
+      ip link set lo up
+      ip addr replace $(host_addr "$h")/24 dev $FAB_IF
+      ip link set $FAB_IF up"
+  done
+}
+
+# Refuse names or a subnet someone else on this machine uses (another test
+# cluster with the same derived names, or a real network).
+check_fabric_free() {
+  local h
+  if ip link show dev "$FABRIC" >/dev/null 2>&1; then
+    die "a network interface $FABRIC exists already (another test cluster, or one whose directory was removed by hand: 'ip link del $FABRIC'): set HPVC_SLURM_PORT or HPVC_SLURM_FABRIC to another value"
+  fi
+  for h in "$CTL" "${NODES[@]}"; do
+    [ ! -e "$(netns_path "$h")" ] ||
+      die "network namespace $(netns_name "$h") exists already (another test cluster, or one whose directory was removed by hand: 'ip netns del $(netns_name "$h")'): set HPVC_SLURM_PORT or HPVC_SLURM_FABRIC"
+  done
+  if ip -o -4 addr show | awk '{print $4}' | grep -q "^${NET3//./\\.}\."; then
+    die "an address in $SUBNET is in use on this machine: set HPVC_SLURM_SUBNET or HPVC_SLURM_PORT"
+  fi
+}
+
+# What down.sh removes, written before anything is made.
+write_fabric_env() {
+  local h
+  {
+    echo "FABRIC=$FABRIC"
+    echo "SUBNET=$SUBNET"
+    for h in "$CTL" "${NODES[@]}"; do echo "NETNS=$(netns_name "$h")"; done
+    echo "CPU_NOTE=$CPU_NOTE"
+  } >"$FABRIC_ENV"
+}
+
+fabric_env() { sed -n "s/^$1=//p" "$FABRIC_ENV" 2>/dev/null | head -n1; }
+
+# ---- configuration ----------------------------------------------------------
 
 write_conf() {
-  local host cpus i
-  host=$(hostname -s)
-  cpus=$(nproc)
+  local i n
   cat >"$CONF" <<CONF
 # Local Slurm test cluster made by scripts/slurm/up.sh (docs/slurm.md).
 # Do not edit: 'make slurm-down' removes this directory.
 ClusterName=$CLUSTER_NAME
-SlurmctldHost=$host(127.0.0.1)
+# slurmctld runs in its own network namespace on the fabric ($SUBNET).
+SlurmctldHost=$CTL($(host_addr "$CTL"))
 SlurmctldPort=$BASE_PORT
 SlurmdPort=$((BASE_PORT + 1))
 SlurmUser=root
@@ -74,8 +231,13 @@ SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCKET
 CredType=cred/munge
-# Listen on 127.0.0.1 only, not on every address of the host.
-CommunicationParameters=NoInAddrAny
+# CommunicationParameters is left unset: slurmctld and every slurmd bind to
+# INADDR_ANY of a network namespace that holds only lo and its fabric address,
+# so nothing listens on this machine's real interfaces. NoInAddrAny would make
+# srun, run in the root namespace, bind to the address this machine's hostname
+# resolves to, which the hosts cannot reach: srun must listen on INADDR_ANY so
+# that slurmd and slurmstepd reach its callbacks at the root's fabric address
+# ($(host_addr root)), the source address of its requests.
 StateSaveLocation=$SLURM_DIR/state
 SlurmdSpoolDir=$SLURM_DIR/spool/%n
 SlurmctldPidFile=$CTLD_PID
@@ -85,7 +247,8 @@ SlurmdLogFile=$SLURM_DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$SLURM_DIR/plugstack.conf
-# No cgroups: nothing here touches the host's cgroup tree.
+# No cgroup plugin: nothing here changes the host's cgroup tree (a host's
+# CPUs, when it has its own, come from the cpuset its slurmd runs in).
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -94,54 +257,81 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
-# Per-node TmpFS: three slurmd on one machine must not share PMIx's client
-# directories (/tmp/spmix_appdir_<uid>_<job>.<step> would clash).
+# Per-node TmpFS: the hosts share this machine's /tmp (a shared file system),
+# and PMIx's client directories (/tmp/spmix_appdir_<uid>_<job>.<step>) would clash.
 TmpFS=$SLURM_DIR/tmp/%n
 SwitchType=switch/none
 ReturnToService=2
 KillWait=5
 MinJobAge=60
+# Job ids apart from those of other test clusters on this machine: the cgroups
+# hpvc makes for a job's share (/hpvc/j<job>-<host index>) are the machine's,
+# not a host's, and two clusters' job 6 would share them.
+FirstJobId=$((FAB_ID * 100000 + 1))
 CONF
   for i in "${!NODES[@]}"; do
-    echo "NodeName=${NODES[$i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=$((BASE_PORT + 1 + i)) CPUs=$cpus RealMemory=1024 State=UNKNOWN" >>"$CONF"
+    n=${NODES[$i]}
+    echo "NodeName=$n NodeHostname=$n NodeAddr=$(host_addr "$n") CPUs=$SLURM_CPUS${HOST_SPEC[$i]:+ CpuSpecList=${HOST_SPEC[$i]}} RealMemory=1024 State=UNKNOWN" >>"$CONF"
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
+  # Each host's /etc/hosts (host.sh binds it there): the fabric's names.
+  {
+    echo "127.0.0.1 localhost"
+    for i in "$CTL" "${NODES[@]}"; do echo "$(host_addr "$i") $i"; done
+  } >"$SLURM_DIR/etc-hosts"
 }
 
 # hpvc's SPANK plugin (srun --hpvc=SPEC, docs/slurm.md) when it is built:
 # HPVC_SPANK_SO names the .so, HPVC_BIN the hpvc command it runs, and
-# HPVC_SPANK_ARGS extra plugstack arguments (site policy).
+# HPVC_SPANK_ARGS extra plugstack arguments (site policy). Every host has its
+# own hpvc state directory (HOST_STATE, %h = its hostname); the image store is
+# shared: the one hpvc uses here (HPVC_IMAGE_DIR, else <HPVC_STATE_DIR>/images).
 write_plugstack() {
   local so=${HPVC_SPANK_SO:-$here/../../native/spank/hpvc_spank.so}
   local bin=${HPVC_BIN:-$here/../../.venv/bin/hpvc}
+  local images=${HPVC_IMAGE_DIR:-${HPVC_STATE_DIR:-/var/lib/hpvc}/images}
   {
     echo "# SPANK plugins of the hpvc test cluster (written by scripts/slurm/up.sh)"
     if [ -e "$so" ]; then
-      echo "required $(realpath "$so") hpvc=$(realpath "$bin") state_dir=${HPVC_STATE_DIR:-/var/lib/hpvc} ${HPVC_SPANK_ARGS:-}"
+      echo "required $(realpath "$so") hpvc=$(realpath "$bin") state_dir=$HOST_STATE image_dir=$images ${HPVC_SPANK_ARGS:-}"
     else
       echo "# $so is not built: 'make -C native/spank' adds srun --hpvc"
     fi
   } >"$SLURM_DIR/plugstack.conf"
 }
 
-start=$(date +%s.%N)
+# ---- start ------------------------------------------------------------------
+
 already=0
 started=()  # "PID:what" of the daemons started here, to fail fast if one exits
 if running; then
   already=1
+  CPU_NOTE=$(fabric_env CPU_NOTE)
 else
   if ! any_running; then
-    for p in $(seq "$BASE_PORT" $((BASE_PORT + ${#NODES[@]}))); do
-      port_busy "$p" && die "TCP port $p is in use (set HPVC_SLURM_PORT to another base port)"
-    done
-    mkdir -p "$SLURM_DIR"
-    chmod 755 "$SLURM_DIR"
+    if [ -e "$FABRIC_ENV" ]; then
+      # A cluster of this directory was started before (and stopped or died):
+      # its fabric must be the one asked for now.
+      [ "$(fabric_env FABRIC)" = "$FABRIC" ] && [ "$(fabric_env SUBNET)" = "$SUBNET" ] ||
+        die "$SLURM_DIR was made with fabric $(fabric_env FABRIC) $(fabric_env SUBNET): run 'make slurm-down' first"
+    else
+      check_fabric_free
+      mkdir -p "$SLURM_DIR"
+      chmod 755 "$SLURM_DIR"
+    fi
+    plan_cpus
+    write_fabric_env
     mkdir -p "$SLURM_DIR"/{state,run,log,munge,spool}
     chmod 700 "$SLURM_DIR/munge"
     for n in "${NODES[@]}"; do mkdir -p "$SLURM_DIR/spool/$n" "$SLURM_DIR/tmp/$n"; done
+    make_cpusets
     write_conf
     write_plugstack
+  else
+    CPU_NOTE=$(fabric_env CPU_NOTE)
   fi
+  make_fabric
+
   if [ ! -s "$MUNGE_KEY" ]; then
     (umask 077; dd if=/dev/urandom of="$MUNGE_KEY" bs=1024 count=1 status=none)
   fi
@@ -157,17 +347,17 @@ else
   [ -S "$MUNGE_SOCKET" ] || { log_tail; die "munged socket $MUNGE_SOCKET did not appear"; }
 
   # -D keeps the daemons in the foreground; setsid detaches them from this
-  # shell, and they write their own pid files (SlurmctldPidFile, SlurmdPidFile).
+  # shell; host.sh enters the host's namespaces and execs the daemon, which
+  # writes its own pid file (SlurmctldPidFile, SlurmdPidFile).
   if ! ours_pid "$CTLD_PID" slurmctld >/dev/null; then
-    setsid slurmctld -D -f "$CONF" </dev/null >>"$SLURM_DIR/log/slurmctld.out" 2>&1 &
+    clear=1
+    for n in "${NODES[@]}"; do ours_pid "$(slurmd_pid "$n")" slurmd >/dev/null && clear=; done
+    HPVC_SLURM_CLEAR=$clear setsid bash "$here/host.sh" "$CTL" </dev/null >>"$SLURM_DIR/log/slurmctld.out" 2>&1 &
     started+=("$!:slurmctld")
   fi
   for n in "${NODES[@]}"; do
     if ! ours_pid "$(slurmd_pid "$n")" slurmd >/dev/null; then
-      # Tasks in hpvc nodes live in other network namespaces: the step's PMIx
-      # server must accept connections from them, not only on loopback.
-      PMIX_MCA_ptl_tcp_remote_connections=1 \
-        setsid slurmd -D -f "$CONF" -N "$n" </dev/null >>"$SLURM_DIR/log/slurmd-$n.out" 2>&1 &
+      setsid bash "$here/host.sh" "$n" </dev/null >>"$SLURM_DIR/log/slurmd-$n.out" 2>&1 &
       started+=("$!:slurmd $n")
     fi
   done
@@ -189,11 +379,13 @@ while :; do
     log_tail
     die "timed out waiting for ${#NODES[@]} idle nodes; logs are in $SLURM_DIR/log ('make slurm-down' cleans up)"
   fi
-  sleep 0.2
+  sleep 0.1
 done
+echo "slurm-up: $CPU_NOTE"
+where="hosts ${NODES[*]} at $(host_addr n1)-${NODES[-1]#n} (netns $(netns_name 'n*')), slurmctld $(host_addr "$CTL"):$BASE_PORT, bridge $FABRIC $(host_addr root)/24, state in $SLURM_DIR"
 if [ "$already" = 1 ]; then
-  echo "slurm-up: already running: cluster $CLUSTER_NAME, nodes ${NODES[*]}, state in $SLURM_DIR"
+  echo "slurm-up: already running: cluster $CLUSTER_NAME, $where"
 else
-  echo "slurm-up: cluster $CLUSTER_NAME up in $(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}') s: nodes ${NODES[*]}, slurmctld 127.0.0.1:$BASE_PORT, state in $SLURM_DIR"
+  echo "slurm-up: cluster $CLUSTER_NAME up in $(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}') s: $where"
 fi
 echo "export SLURM_CONF=$CONF"

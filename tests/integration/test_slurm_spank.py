@@ -1,12 +1,15 @@
 """The SPANK plugin (native/spank) on the local Slurm test cluster, for real.
 
 One private Slurm cluster (scripts/slurm/up.sh in a temporary directory, its
-own ports) with the plugin in plugstack.conf and hpvc state in a temporary
-directory. Jobs run with ``--hpvc=SPEC``: tasks must run inside the virtual
-nodes (their hostnames, addresses and cgroups), MPI across two Slurm "hosts",
-sbatch and salloc allocations, and every way a job can end (done, failed,
-cancelled) must leave no container, namespace, cgroup or bridge behind.
-Refusals (a spec the site does not allow, an unknown plugstack key) must stop
+own fabric; three hosts apart in their own network, UTS and mount namespaces,
+each with its own hpvc state directory through the plugin's
+``state_dir=.../%h``) with the plugin in plugstack.conf. Jobs run with
+``--hpvc=SPEC``: tasks must run inside the virtual nodes (their hostnames,
+addresses and cgroups), nodes of different hosts reach each other (the plugin
+passes the job's node list), MPI across two Slurm hosts, sbatch and salloc
+allocations, and every way a job can end (done, failed, cancelled) must leave
+no container, namespace, cgroup or bridge behind on any host. Refusals (a spec
+the site does not allow, an unknown plugstack key or % sequence) must stop
 srun before a job exists.
 """
 
@@ -24,19 +27,21 @@ from pathlib import Path
 import pytest
 
 from hpvc.bench import slurm as bench_slurm
-from hpvc.cluster.state import Store
-from hpvc.slurm import node, policy
+from hpvc.slurm import node
 from tests.helpers import ROOT, requires
-from tests.integration.test_cluster import image_ready, leftovers
+from tests.integration.test_cluster import CGROUPS, image_ready
 from tests.integration.test_slurm_cluster import (
     requires_slurm,
     wait_state,
 )
 
+HOSTS = bench_slurm.HOSTS
+
 
 class Env:
-    def __init__(self, tmp: Path, env: dict[str, str], store: Store, work: Path) -> None:
-        self.tmp, self.env, self.store, self.work = tmp, env, store, work
+    def __init__(self, tmp: Path, cluster: bench_slurm.SlurmCluster, work: Path) -> None:
+        self.tmp, self.cluster, self.work = tmp, cluster, work
+        self.env = cluster.env
 
     def run(self, *argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -49,18 +54,58 @@ class Env:
             check=False,
         )
 
+    def on(self, host: str, script: str) -> str:
+        """``sh -c script`` on ``host``: in its namespaces, with its HPVC_STATE_DIR."""
+        return self.cluster.run_on(host, ["sh", "-c", script])
+
+    def shares(self, job: int) -> dict[str, list[str]]:
+        """The job's shares recorded on each host (its own state directory)."""
+        return {h: node.job_shares(self.cluster.store(h), job) for h in HOSTS}
+
+    def running(self, job: int) -> list[str]:
+        """The job's shares that are up: their join records (written last by
+        `hpvc node up`) in their hosts' state directories."""
+        return [
+            f"{h}: {p.name}"
+            for h in HOSTS
+            for p in (self.cluster.store(h).root / "jobs").glob(f"j{job}-*.join")
+        ]
+
+    def host_leftovers(self, host: str, job: int) -> list[str]:
+        """What the job's shares could have left on ``host``, looked at from
+        inside it: records, lock and join cache in its state directory; its
+        containers (crun in its /run), network namespaces, the job's bridge
+        and the overlay mounts in its mount namespace."""
+        store = self.cluster.store(host)
+        found = [f"{host}: record {n}" for n in node.job_shares(store, job)]
+        if (store.root / "jobs" / f"{job}.lock").exists():
+            found.append(f"{host}: lock of job {job}")
+        found += [f"{host}: {p}" for p in (store.root / "jobs").glob(f"j{job}-*.join")]
+        sep = "; echo --; "
+        view = self.on(
+            host, sep.join(["crun list -q", "ls /run/netns", "ip -o link", "cat /proc/mounts"])
+        )
+        containers, netns, links, mounts = view.split("--\n")
+        share = f"hpvc-j{job}-"
+        found += [f"{host}: container {c}" for c in containers.split() if c.startswith(share)]
+        found += [f"{host}: netns {n}" for n in netns.split() if n.startswith(share)]
+        if f" hpvc-j{job}:" in links or f" hpvc-j{job}@" in links:
+            found.append(f"{host}: bridge hpvc-j{job}")
+        found += [
+            f"{host}: mount {line.split()[1]}"
+            for line in mounts.splitlines()
+            if f"/clusters/j{job}-" in line
+        ]
+        return found
+
     def job_leftovers(self, job: int) -> list[str]:
-        """What the shares of ``job`` could have left: records, containers,
-        namespaces, cgroups, the job's bridge, mounts, lock file."""
-        found = [f"record {n}" for n in node.job_shares(self.store, job)]
-        for i in range(3):
-            found += leftovers(policy.share_name(job, i))
+        """What the job could have left on any host, or on this machine as a
+        whole (cgroups; a bridge in the root namespace)."""
+        found = [x for h in HOSTS for x in self.host_leftovers(h, job)]
+        found += [str(p) for p in CGROUPS.glob(f"*/hpvc/j{job}-*") if p.exists()]
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
         if f" hpvc-j{job}:" in links.stdout:
-            found.append(f"bridge hpvc-j{job}")
-        if (self.store.root / "jobs" / f"{job}.lock").exists():
-            found.append(f"lock of job {job}")
-        found += [str(p) for p in (self.store.root / "jobs").glob(f"j{job}-*.join")]
+            found.append(f"root namespace: bridge hpvc-j{job}")
         return found
 
     def wait_clean(self, job: int, timeout: float = 30) -> None:
@@ -96,20 +141,18 @@ def slurm() -> Iterator[Env]:
     os.chmod(tmp, 0o755)
     work = tmp / "work"
     work.mkdir()
-    store = Store(tmp / "hpvc")
+    left: list[tuple[str, str]] = []
     try:
         # The same private cluster `hpvc bench slurm` uses, sharing `work` with the nodes.
-        with bench_slurm.private_slurm(
-            tmp, store, "10.88.0.0/16", extra_args=f"binds={work}"
-        ) as env:
-            yield Env(tmp, env, store, work)
+        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=f"binds={work}") as c:
+            try:
+                yield Env(tmp, c, work)
+            finally:
+                # Whatever a failed test left, taken down inside its host.
+                left = c.sweep(c.env["HPVC_BIN"])
     finally:
-        # Whatever a failed test left: the hpvc state of this module, then the host.
-        for job in {p[0] for n in store.names() if (p := policy.parse_share_name(n))}:
-            node.down(job, store)
-        left = store.names()
         shutil.rmtree(tmp, ignore_errors=True)
-        assert left == [], f"shares left after the module: {left}"
+    assert left == [], f"shares left after the module: {left}"
 
 
 @pytest.fixture
@@ -149,6 +192,20 @@ def test_srun_tasks_run_in_the_virtual_nodes(slurm: Env, spec: Path) -> None:
     assert rows[0][3].endswith(f"/hpvc/j{job}-0/compute0"), rows[0]
     assert rows[1][3].endswith(f"/hpvc/j{job}-1/compute1"), rows[1]
     slurm.wait_clean(job)
+
+
+def test_nodes_on_different_hosts_reach_each_other(slurm: Env, spec: Path) -> None:
+    """The plugin passes the job's node list (--nodelist): each host's share
+    joins the job's cluster network over the fabric, so compute0 (first host)
+    and compute1 (second host) reach each other by name."""
+    r = slurm.run(
+        "srun", "-N2", "-n2", f"--hpvc={spec}", "sh", "-c",
+        "other=compute$((1 - SLURM_PROCID));"
+        " ping -c1 -W5 $other >/dev/null && echo $(hostname) $other",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["compute0 compute1", "compute1 compute0"], r.stdout
+    slurm.wait_clean(last_job(slurm))
 
 
 def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
@@ -194,7 +251,7 @@ def test_salloc_gives_a_virtual_cluster(slurm: Env, spec: Path) -> None:
     """The first step brings the nodes up; the second joins them from the
     plugin's cache of the running shares (no hpvc process), same nodes."""
     script = (
-        "srun -N2 -n2 hostname; ls $HPVC_STATE_DIR/jobs/; "
+        "srun -N2 -n2 hostname; ls $HPVC_SLURM_DIR/hpvc/*/jobs/; "
         "srun -N2 -n4 sh -c 'test -e /proc/self/status && echo $(hostname) in-pid-ns'"
     )
     r = slurm.run("salloc", "-N2", "-n4", f"--hpvc={spec}", "sh", "-c", script)
@@ -217,10 +274,22 @@ def test_scancel_mid_job_leaves_nothing(slurm: Env, spec: Path) -> None:
     assert r.returncode == 0, r.stderr
     job = int(r.stdout.strip().split(";")[0])
     deadline = time.monotonic() + 60
-    while len(node.job_shares(slurm.store, job)) < 2 and time.monotonic() < deadline:
+    while len(slurm.running(job)) < 2 and time.monotonic() < deadline:
         time.sleep(0.3)
-    shares = node.job_shares(slurm.store, job)
-    assert len(shares) == 2, f"job {job} shares: {shares}"
+    assert len(slurm.running(job)) == 2, f"job {job} shares: {slurm.shares(job)}"
+    shares = {h: names for h, names in slurm.shares(job).items() if names}
+    # One share per host, each recorded in its own host's state directory only.
+    assert sorted(map(len, shares.values())) == [1, 1], f"job {job} shares: {shares}"
+    assert sorted(n for names in shares.values() for n in names) == [f"j{job}-0", f"j{job}-1"]
+    for host, (name,) in shares.items():
+        # The share's bridge and containers exist inside its host, not elsewhere.
+        mine = slurm.on(host, f"ip -o link show hpvc-j{job}; crun list -q")
+        assert f"hpvc-{name}-" in mine, mine
+        for other in HOSTS:
+            if other != host:
+                assert f"hpvc-{name}-" not in slurm.on(other, "crun list -q"), other
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    assert f" hpvc-j{job}:" not in links.stdout, "the job's bridge is in the root namespace"
     cancel = slurm.run("scancel", str(job))
     assert cancel.returncode == 0, cancel.stderr
     slurm.wait_clean(job)
@@ -264,6 +333,29 @@ def test_unknown_plugstack_key_refuses(slurm: Env, spec: Path) -> None:
     )  # fmt: skip
     assert r.returncode != 0
     assert "hpvc: plugstack.conf: unknown argument 'colour'" in r.stderr, r.stderr
+    assert last_job(slurm) == before
+
+
+def test_unknown_state_dir_sequence_refuses(slurm: Env, spec: Path) -> None:
+    """state_dir=.../%h is this host's name; any other % sequence is refused."""
+    conf = Path(slurm.env["SLURM_CONF"])
+    plug = slurm.tmp / "bad-state-plugstack.conf"
+    line = next(
+        x for x in (conf.parent / "plugstack.conf").read_text().splitlines() if "required" in x
+    )
+    assert "state_dir=" in line and "/%h" in line, line
+    plug.write_text(line.replace("/%h", "/%q") + "\n")
+    bad_conf = slurm.tmp / "bad-state-slurm.conf"
+    bad_conf.write_text(conf.read_text().replace(str(conf.parent / "plugstack.conf"), str(plug)))
+    before = last_job(slurm)
+    r = subprocess.run(
+        ["srun", "-N1", f"--hpvc={spec}", "hostname"],
+        env=dict(slurm.env, SLURM_CONF=str(bad_conf)),
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "hpvc: plugstack.conf: state_dir=" in r.stderr, r.stderr
+    assert "unknown sequence '%q'" in r.stderr, r.stderr
     assert last_job(slurm) == before
 
 

@@ -163,3 +163,28 @@ def test_cache_path_only_for_plain_mpi_names(tmp_path: Path) -> None:
     assert node.cache_path(store, "j5-0", "") == tmp_path / "jobs" / "j5-0.none.join"
     assert node.cache_path(store, "j5-0", "pmix_v4") == tmp_path / "jobs" / "j5-0.pmix_v4.join"
     assert node.cache_path(store, "j5-0", "../../etc") is None
+
+
+def test_node_up_passes_the_job_node_list_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hpvc node up --nodelist` (what the plugin passes: SLURM_JOB_NODELIST)
+    reaches hpvc.slurm.node.up as Request.nodelist; without it, ""."""
+    from typer.testing import CliRunner
+
+    from hpvc.cli import app
+
+    seen: list[node.Request] = []
+    monkeypatch.setattr(node, "up", lambda req, *a, **k: seen.append(req) or [])
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    spec = tmp_path / "s.toml"
+    spec.write_text(spec_of(2))
+    base = ["node", "up", "--job", "7", "--index", "1", "--hosts", "2", "--spec", str(spec)]
+    r = CliRunner().invoke(app, [*base, "--nodelist", "n[1-2]"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 0, r.output
+    assert [(q.job, q.index, q.hosts, q.nodelist) for q in seen] == [
+        (7, 1, 2, "n[1-2]"),
+        (7, 1, 2, ""),
+    ]

@@ -2,9 +2,10 @@
 time to a usable virtual cluster inside an allocation.
 
 Runs on a private copy of the local Slurm test cluster (scripts/slurm/up.sh in
-a temporary directory, its own ports, the SPANK plugin of native/spank in its
-plugstack, hpvc state in the same temporary directory), so it never disturbs
-a cluster started with ``make slurm-up``. The virtual cluster is one head and
+a temporary directory, its own fabric, three hosts apart in their own
+namespaces, the SPANK plugin of native/spank in its plugstack, each host's
+hpvc state in the same temporary directory), so it never disturbs a cluster
+started with ``make slurm-up``. The virtual cluster is one head and
 two compute containers (floating CPUs, no hugepages).
 
 Per repetition, the order rotated:
@@ -22,32 +23,43 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
+from hpvc.bench.slurm_cluster import (  # the private test cluster the Slurm benchmarks run on
+    HOSTS as HOSTS,
+)
+from hpvc.bench.slurm_cluster import (
+    SlurmCluster as SlurmCluster,
+)
+from hpvc.bench.slurm_cluster import (
+    fabric_of as fabric_of,
+)
+from hpvc.bench.slurm_cluster import (
+    free_base_port as free_base_port,
+)
+from hpvc.bench.slurm_cluster import (
+    hpvc_command as hpvc_command,
+)
+from hpvc.bench.slurm_cluster import (
+    private_slurm as private_slurm,
+)
+from hpvc.bench.slurm_cluster import (
+    repo_dir as repo_dir,
+)
 from hpvc.bench.stats import summary
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.progress import Progress, quiet
-from hpvc.slurm import node
-from hpvc.slurm.policy import parse_share_name
 
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "make", "cc")
 SIZES = (1, 3)
 STEPS_IN_ALLOCATION = 4
 TIMEOUT_S = 120
-
-
-def repo_dir() -> Path:
-    return common.native_dir().parent.parent
 
 
 def preflight() -> None:
@@ -72,76 +84,6 @@ def spec_text(subnet: str) -> str:
     )
 
 
-def free_base_port(start: int = 7917) -> int:
-    """A base port with it and the next three free on 127.0.0.1 (slurmctld and
-    three slurmd; a `make slurm-up` cluster may hold the default 6917-6920)."""
-    for base in range(start, start + 1000, 10):
-        try:
-            for port in range(base, base + 4):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise HpvcError("bench slurm", f"no 4 free TCP ports in {start}-{start + 999}")
-
-
-@contextmanager
-def private_slurm(
-    tmp: Path, store: Store, subnets: str, progress: Progress = quiet, extra_args: str = ""
-) -> Iterator[dict[str, str]]:
-    """A local Slurm cluster with the hpvc plugin under ``tmp`` (hpvc state in
-    ``store``, jobs allowed ``subnets``); the environment to submit to it."""
-    repo = repo_dir()
-    progress("building the SPANK plugin")
-    b = subprocess.run(
-        ["make", "-s", "-C", str(repo / "native" / "spank")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if b.returncode != 0:
-        raise HpvcError("build native/spank", (b.stderr or b.stdout).strip()[-300:])
-    from hpvc.image import default_store
-
-    # The hpvc of this Python (the venv running the benchmark), else PATH's.
-    mine = Path(sys.executable).parent / "hpvc"
-    hpvc_bin = str(mine) if mine.exists() else shutil.which("hpvc") or "hpvc"
-    env = dict(
-        os.environ,
-        HPVC_SLURM_DIR=str(tmp / "slurm"),
-        HPVC_SLURM_PORT=str(free_base_port()),
-        HPVC_STATE_DIR=str(store.root),
-        HPVC_SPANK_SO=str(repo / "native" / "spank" / "hpvc_spank.so"),
-        HPVC_BIN=hpvc_bin,
-        HPVC_SPANK_ARGS=f"image_dir={default_store()} subnets={subnets} {extra_args}".strip(),
-    )
-    scripts = repo / "scripts" / "slurm"
-    progress("starting a private Slurm cluster (3 slurmd)")
-    try:
-        r = subprocess.run(
-            ["bash", str(scripts / "up.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=False,
-        )
-        if r.returncode != 0:
-            raise HpvcError("bench slurm: up.sh", (r.stderr or r.stdout).strip()[-300:])
-        env["SLURM_CONF"] = str(tmp / "slurm" / "slurm.conf")
-        yield env
-    finally:
-        progress("stopping the private Slurm cluster")
-        subprocess.run(
-            ["bash", str(scripts / "down.sh")],
-            env=env,
-            capture_output=True,
-            timeout=90,
-            check=False,
-        )
-
-
 def _timed(env: dict[str, str], cwd: Path, argv: list[str]) -> tuple[float, str]:
     t0 = time.perf_counter()
     r = subprocess.run(
@@ -153,13 +95,13 @@ def _timed(env: dict[str, str], cwd: Path, argv: list[str]) -> tuple[float, str]
     return wall, r.stdout
 
 
-def _wait_clean(store: Store, timeout: float = 60) -> None:
-    """The previous job's epilog takes its nodes down after srun returned."""
+def _wait_clean(cluster: SlurmCluster, timeout: float = 60) -> None:
+    """The previous job's epilogs take its nodes down after srun returned."""
     deadline = time.monotonic() + timeout
-    while store.names() and time.monotonic() < deadline:
+    while cluster.shares() and time.monotonic() < deadline:
         time.sleep(0.1)
-    if store.names():
-        raise HpvcError("bench slurm", f"job nodes still up after {timeout} s: {store.names()}")
+    if cluster.shares():
+        raise HpvcError("bench slurm", f"job nodes still up after {timeout} s: {cluster.shares()}")
 
 
 ALLOC_SCRIPT = """
@@ -182,8 +124,9 @@ def _allocation(env: dict[str, str], cwd: Path, spec: Path | None) -> list[float
 
 
 def one_rep(
-    env: dict[str, str], cwd: Path, store: Store, spec: Path, rep: int, progress: Progress
+    cluster: SlurmCluster, cwd: Path, spec: Path, rep: int, progress: Progress
 ) -> list[dict[str, Any]]:
+    env = cluster.env
     runs: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
     for n in SIZES:
         for hp in (False, True):
@@ -192,7 +135,7 @@ def one_rep(
             def srun(n: int = n, hp: bool = hp, config: str = config) -> list[dict[str, Any]]:
                 argv = ["srun", f"-N{n}"] + ([f"--hpvc={spec}"] if hp else []) + ["true"]
                 wall, _ = _timed(env, cwd, argv)
-                _wait_clean(store)
+                _wait_clean(cluster)
                 return [{"what": f"srun_N{n}", "config": config, "seconds": wall}]
 
             runs.append((f"srun -N{n} {config}", srun))
@@ -201,7 +144,7 @@ def one_rep(
 
         def alloc(hp: bool = hp, config: str = config) -> list[dict[str, Any]]:
             steps = _allocation(env, cwd, spec if hp else None)
-            _wait_clean(store)
+            _wait_clean(cluster)
             return [
                 {"what": "alloc_first_step_N3", "config": config, "seconds": steps[0]},
                 *(
@@ -281,29 +224,27 @@ def run(repeat: int = 5, progress: Progress = quiet) -> dict[str, Any]:
     facts = common.host_facts(mpi=False)
     tmp = Path(tempfile.mkdtemp(prefix="hpvc-bench-slurm-"))
     os.chmod(tmp, 0o755)  # munged wants its socket's directories searchable by all
-    store = Store(tmp / "hpvc")
     work = tmp / "work"
     work.mkdir()
     spec = work / "cluster.toml"
     subnet = common.free_subnets(1)[0]
     spec.write_text(spec_text(subnet))
     rows: list[dict[str, Any]] = []
+    left: list[tuple[str, str]] = []
     try:
-        with private_slurm(tmp, store, subnet, progress) as env:
+        with private_slurm(tmp, subnet, progress) as cluster:
             # srun needs a configuration even for --version
-            r = subprocess.run(["srun", "--version"], env=env, capture_output=True, text=True)
+            r = subprocess.run(
+                ["srun", "--version"], env=cluster.env, capture_output=True, text=True
+            )
             version = r.stdout.strip() or "unknown"
             for rep in range(repeat):
-                rows += one_rep(env, work, store, spec, rep, progress)
+                rows += one_rep(cluster, work, spec, rep, progress)
+            left = cluster.sweep(cluster.env["HPVC_BIN"])
     finally:
-        for job in {p[0] for n in store.names() if (p := parse_share_name(n))}:
-            node.down(job, store)
-        left = store.names()
-        if not left:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     if left:
-        fix = f"HPVC_STATE_DIR={store.root} hpvc node ls"
-        raise HpvcError("bench slurm", f"shares left: {left}", fix)
+        raise HpvcError("bench slurm", f"shares left after the runs: {left}", "")
     return document(facts, rows, repeat, version)
 
 

@@ -70,7 +70,7 @@ Examples:
 
   hpvc node up --job 42 --index 0 --hosts 2 --spec examples/slurm.toml
 
-  HPVC_SPEC_B64=... hpvc node up --job 42 --index 1 --hosts 2 --mpi pmix
+  HPVC_SPEC_B64=... hpvc node up --job 42 --index 1 --hosts 2 --mpi pmix --nodelist 'n[1-2]'
 """
 
 
@@ -81,6 +81,9 @@ def up_cmd(
     hosts: int = typer.Option(..., min=1, help="The job's node count."),
     cpus: str = typer.Option("", help="The job's CPUs on this host (e.g. 0-3); default all."),
     mpi: str = typer.Option("", help="The step's MPI plugin (SLURM_MPI_TYPE)."),
+    nodelist: str = typer.Option(
+        "", help="The job's hosts, as Slurm writes them (SLURM_JOB_NODELIST)."
+    ),
     spec: Path | None = typer.Option(None, help="Spec file (default: $HPVC_SPEC_B64)."),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
@@ -90,7 +93,10 @@ def up_cmd(
     if os.geteuid() != 0:
         raise InputError("hpvc node up", "needs root", "it is run by the SPANK plugin as root")
     if spec is not None:
-        text = spec.read_text()
+        try:
+            text = spec.read_text()
+        except OSError as e:
+            raise InputError(f"--spec {spec}", e.strerror or str(e), "give a spec file") from None
     else:
         value = os.environ.get(policy.SPEC_ENV)
         if not value:
@@ -104,6 +110,7 @@ def up_cmd(
         hosts=hosts,
         cpus=cpus,
         mpi=mpi,
+        nodelist=nodelist,
     )
     joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)
     for j in joins:

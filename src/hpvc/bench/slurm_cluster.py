@@ -1,0 +1,178 @@
+"""A private copy of the local Slurm test cluster, for the Slurm benchmarks and tests.
+
+scripts/slurm/up.sh in a temporary directory, on a fabric no one else uses:
+three hosts apart in their own namespaces, the SPANK plugin of native/spank in
+its plugstack, each host's hpvc state in the same temporary directory, images
+shared; scripts/slurm/down.sh on the way out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpvc.bench import common
+from hpvc.cluster.state import Store
+from hpvc.errors import HpvcError
+from hpvc.progress import Progress, quiet
+from hpvc.slurm.policy import parse_share_name
+
+TIMEOUT_S = 120
+
+
+def repo_dir() -> Path:
+    return common.native_dir().parent.parent
+
+
+HOSTS = ("n1", "n2", "n3")
+
+
+def fabric_of(port: int) -> tuple[str, str]:
+    """The fabric bridge and subnet scripts/slurm/common.sh derives from a
+    cluster's base port: 6917 -> hpvcfab0, 10.250.0.0/24; 6918 -> hpvcfab1 ..."""
+    n = (port - 6917) % 256
+    return f"hpvcfab{n}", f"10.250.{n}.0/24"
+
+
+def free_base_port(start: int = 7917) -> int:
+    """A base port for a private test cluster whose fabric (bridge, network
+    namespaces, subnet; ``fabric_of``) no one on this machine uses: the
+    daemons listen inside their own network namespaces, so only the fabric
+    can collide (a `make slurm-up` cluster holds 6917's)."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+    addrs = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    if links.returncode != 0 or addrs.returncode != 0:
+        raise HpvcError("bench slurm", "cannot list network interfaces", "is `ip` installed?")
+    names = {line.split(": ")[1].split("@")[0] for line in links.stdout.splitlines()}
+    netns_dir = Path("/run/netns")
+    netns = [p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else []
+    words = addrs.stdout.split()
+    for base in range(start, start + 256):
+        bridge, subnet = fabric_of(base)
+        prefix = subnet.removesuffix("0/24")
+        if (
+            bridge not in names
+            and not any(n.startswith(f"{bridge}-") for n in netns)
+            and not any(w.startswith(prefix) for w in words)
+        ):
+            return base
+    raise HpvcError("bench slurm", f"no free test cluster fabric for ports {start}-{start + 255}")
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """A private Slurm test cluster: its directory, the environment to submit
+    to it, and a way into each of its hosts (namespaces, hpvc state)."""
+
+    dir: Path  # HPVC_SLURM_DIR
+    env: dict[str, str]  # SLURM_CONF and the HPVC_SLURM_* of the cluster
+
+    def store(self, host: str) -> Store:
+        """hpvc's state on ``host`` (the plugin's state_dir, %h = host)."""
+        return Store(self.dir / "hpvc" / host)
+
+    def shares(self) -> list[tuple[str, str]]:
+        """(host, share) of every Slurm job share on any host, half-made ones too."""
+        out = []
+        for h in HOSTS:
+            base = self.store(h).root / "clusters"
+            names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+            out += [(h, n) for n in names if parse_share_name(n)]
+        return out
+
+    def on(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` run on ``host``: in its network, UTS and mount namespaces,
+        with its HPVC_STATE_DIR (scripts/slurm/on.sh)."""
+        return ["bash", str(repo_dir() / "scripts" / "slurm" / "on.sh"), host, *argv]
+
+    def run_on(self, host: str, argv: list[str], timeout: float = 60) -> str:
+        r = subprocess.run(
+            self.on(host, argv),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if r.returncode != 0:
+            why = (r.stderr or r.stdout).strip()[-300:]
+            raise HpvcError(f"on {host}: {' '.join(argv)}", why or f"exit code {r.returncode}")
+        return r.stdout
+
+    def sweep(self, hpvc_bin: str) -> list[tuple[str, str]]:
+        """Take every share left on any host down inside its host; return them."""
+        left = self.shares()
+        for host, job in sorted({(h, p[0]) for h, n in left if (p := parse_share_name(n))}):
+            self.run_on(host, [hpvc_bin, "node", "down", "--job", str(job)], timeout=TIMEOUT_S)
+        return left
+
+
+def hpvc_command() -> str:
+    """The hpvc of this Python (the venv running the benchmark), else PATH's."""
+    mine = Path(sys.executable).parent / "hpvc"
+    return str(mine) if mine.exists() else shutil.which("hpvc") or "hpvc"
+
+
+@contextmanager
+def private_slurm(
+    tmp: Path, subnets: str, progress: Progress = quiet, extra_args: str = ""
+) -> Iterator[SlurmCluster]:
+    """A local Slurm test cluster with the hpvc plugin under ``tmp``/slurm: three
+    hosts apart (namespaces, hpvc state each), jobs allowed ``subnets``. On the
+    way out scripts/slurm/down.sh takes shares a job left down inside their
+    hosts, stops the cluster and removes its fabric and directory."""
+    repo = repo_dir()
+    progress("building the SPANK plugin")
+    b = subprocess.run(
+        ["make", "-s", "-C", str(repo / "native" / "spank")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if b.returncode != 0:
+        raise HpvcError("build native/spank", (b.stderr or b.stdout).strip()[-300:])
+    from hpvc.image import default_store
+
+    slurm_dir = tmp / "slurm"
+    env = dict(
+        os.environ,
+        HPVC_SLURM_DIR=str(slurm_dir),
+        HPVC_SLURM_PORT=str(free_base_port()),
+        HPVC_SLURM_HOST_STATE=str(slurm_dir / "hpvc" / "%h"),
+        HPVC_IMAGE_DIR=str(default_store()),  # shared by the hosts, like a cluster file system
+        HPVC_SPANK_SO=str(repo / "native" / "spank" / "hpvc_spank.so"),
+        HPVC_BIN=hpvc_command(),
+        HPVC_SPANK_ARGS=f"subnets={subnets} {extra_args}".strip(),
+    )
+    scripts = repo / "scripts" / "slurm"
+    progress("starting a private Slurm cluster (3 hosts)")
+    cluster = SlurmCluster(slurm_dir, env)
+    try:
+        r = subprocess.run(
+            ["bash", str(scripts / "up.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        if r.returncode != 0:
+            raise HpvcError("bench slurm: up.sh", (r.stderr or r.stdout).strip()[-300:])
+        env["SLURM_CONF"] = str(slurm_dir / "slurm.conf")
+        yield cluster
+    finally:
+        # down.sh takes shares a job left down inside their hosts first.
+        progress("stopping the private Slurm cluster")
+        subprocess.run(
+            ["bash", str(scripts / "down.sh")],
+            env=env,
+            capture_output=True,
+            timeout=90,
+            check=False,
+        )
