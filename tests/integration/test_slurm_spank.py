@@ -15,19 +15,25 @@ srun before a job exists.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hpvc.bench import slurm as bench_slurm
-from hpvc.slurm import node
+from hpvc.plan.addresses import node_ip, node_mac
+from hpvc.plan.network import filter_table, vxlan_link_name
+from hpvc.plan.overlay import vni_for
+from hpvc.slurm import node, policy
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import CGROUPS, image_ready
 from tests.integration.test_slurm_cluster import (
@@ -36,6 +42,7 @@ from tests.integration.test_slurm_cluster import (
 )
 
 HOSTS = bench_slurm.HOSTS
+NFT_TABLES = "nft list tables | awk '{print $3}'"
 
 
 class Env:
@@ -83,9 +90,12 @@ class Env:
         found += [f"{host}: {p}" for p in (store.root / "jobs").glob(f"j{job}-*.join")]
         sep = "; echo --; "
         view = self.on(
-            host, sep.join(["crun list -q", "ls /run/netns", "ip -o link", "cat /proc/mounts"])
+            host,
+            sep.join(
+                ["crun list -q", "ls /run/netns", "ip -o link", "cat /proc/mounts", NFT_TABLES]
+            ),
         )
-        containers, netns, links, mounts = view.split("--\n")
+        containers, netns, links, mounts, tables = view.split("--\n")
         share = f"hpvc-j{job}-"
         found += [f"{host}: container {c}" for c in containers.split() if c.startswith(share)]
         found += [f"{host}: netns {n}" for n in netns.split() if n.startswith(share)]
@@ -96,6 +106,11 @@ class Env:
             for line in mounts.splitlines()
             if f"/clusters/j{job}-" in line
         ]
+        vx = [vxlan_link_name(policy.share_name(job, i)) for i in range(len(HOSTS))]
+        found += [f"{host}: VXLAN {v}" for v in vx if f" {v}:" in links or f" {v}@" in links]
+        table = filter_table(vni_for(f"slurm-job-{job}"))
+        if table in tables.split():
+            found.append(f"{host}: nftables table {table}")
         return found
 
     def job_leftovers(self, job: int) -> list[str]:
@@ -206,6 +221,107 @@ def test_nodes_on_different_hosts_reach_each_other(slurm: Env, spec: Path) -> No
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.splitlines()) == ["compute0 compute1", "compute1 compute0"], r.stdout
     slurm.wait_clean(last_job(slurm))
+
+
+def dropped(slurm: Env, host: str, vni: int) -> int:
+    """Packets the job's VNI filter on ``host`` has dropped so far."""
+    out = json.loads(slurm.on(host, f"nft -j list table inet {filter_table(vni)}"))
+    counters = [
+        e["counter"]["packets"]
+        for item in out["nftables"]
+        for e in item.get("rule", {}).get("expr", [])
+        if "counter" in e
+    ]
+    assert len(counters) == 1, out
+    return int(counters[0])
+
+
+VXLAN_SEND = (
+    "import socket, sys\n"
+    "vni = int(sys.argv[2])\n"
+    "hdr = bytes([8, 0, 0, 0]) + (vni << 8).to_bytes(4, 'big')\n"
+    "frame = b'\\xff' * 6 + b'\\x02' + b'\\x00' * 5 + b'\\x08\\x06' + b'\\x00' * 28\n"
+    "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(hdr + frame, (sys.argv[1], 4789))\n"
+)
+ECHO_ONCE = (
+    "import socket\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', 7777)); s.listen(1); s.settimeout(60)\n"
+    "c, _ = s.accept(); c.sendall(c.recv(100)); c.close()\n"
+)
+
+
+def test_the_job_network_is_one_vxlan_only_its_hosts_send_into(slurm: Env, spec: Path) -> None:
+    """The shares' bridges are joined by VXLAN (the job's VNI, learning off, static
+    forwarding entries for the other host's nodes); head0 on the first host reaches
+    compute1 on the second by name, ping and TCP, over the cluster subnet and through
+    the VXLAN link; a VXLAN packet into the VNI from the fabric address of a machine
+    that is not one of the job's hosts is dropped; scancel leaves nothing."""
+    r = slurm.run(
+        "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "/dev/null", "--wrap",
+        "srun sleep 300",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + 60
+    while len(slurm.running(job)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert len(slurm.running(job)) == 2, f"job {job} shares: {slurm.shares(job)}"
+    where = {names[0]: h for h, names in slurm.shares(job).items() if names}
+    first, second = where[f"j{job}-0"], where[f"j{job}-1"]
+    fabric = {h: slurm.on(first, f"getent ahostsv4 {h}").split()[0] for h in (first, second)}
+    vni = vni_for(f"slurm-job-{job}")
+    net = ipaddress.ip_network(tomllib.loads(spec.read_text())["network"]["subnet"])
+    vx = vxlan_link_name(f"j{job}-0")
+    try:
+        info = json.loads(slurm.on(first, f"ip -d -j link show {vx}"))[0]["linkinfo"]
+        assert info["info_data"]["id"] == vni and info["info_data"]["learning"] is False
+        fdb = json.loads(slurm.on(first, f"bridge -j fdb show dev {vx}"))
+        entries = {(e["mac"], e.get("dst")) for e in fdb if e.get("dst")}
+        # compute1 (third node of the spec) runs on the second host, with its share's MAC.
+        assert (node_mac(f"j{job}-1", net, 2), fabric[second]) in entries, entries
+        assert ("00:00:00:00:00:00", fabric[second]) in entries, entries
+        before_tx = json.loads(slurm.on(first, f"ip -s -j link show {vx}"))[0]["stats64"]
+        head0 = f"hpvc-j{job}-0-head0"
+        ping = slurm.on(first, f"crun exec {head0} ping -c 2 -W 5 compute1")
+        assert f"from compute1 ({node_ip(net, 2)})" in ping and " 2 received" in ping, ping
+        server = subprocess.Popen(
+            slurm.cluster.on(
+                second,
+                ["nsenter", f"--net=/run/netns/hpvc-j{job}-1-compute1", "python3", "-c", ECHO_ONCE],
+            ),
+            env=slurm.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            said = ""
+            talk = "exec 3<>/dev/tcp/compute1/7777 && echo over-vxlan >&3 && head -1 <&3"
+            client = slurm.cluster.on(first, ["crun", "exec", head0, "bash", "-c", talk])
+            for _ in range(50):  # until the server listens
+                said = subprocess.run(
+                    client, env=slurm.env, capture_output=True, text=True, timeout=30, check=False
+                ).stdout.strip()
+                if said:
+                    break
+                time.sleep(0.2)
+            assert said == "over-vxlan"
+        finally:
+            server.kill()
+            server.wait()
+        after_tx = json.loads(slurm.on(first, f"ip -s -j link show {vx}"))[0]["stats64"]
+        assert after_tx["tx"]["packets"] >= before_tx["tx"]["packets"] + 4  # 2 pings, TCP
+        # This machine's root namespace is on the fabric but is no host of the job.
+        before = dropped(slurm, first, vni)
+        sent = subprocess.run(
+            [sys.executable, "-c", VXLAN_SEND, fabric[first], str(vni)], check=False
+        )
+        assert sent.returncode == 0
+        assert dropped(slurm, first, vni) == before + 1
+    finally:
+        cancel = slurm.run("scancel", str(job))
+        assert cancel.returncode == 0, cancel.stderr
+    slurm.wait_clean(job)
 
 
 def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
