@@ -325,6 +325,10 @@ def test_the_job_network_is_one_vxlan_only_its_hosts_send_into(slurm: Env, spec:
 
 
 def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
+    """An MPI ping-pong between compute0 (first host) and compute1 (second host)
+    under PMIx: the ranks run in the nodes, and their data goes over the cluster
+    network (the hosts' addresses on the job's bridge, joined by VXLAN), not the
+    fabric directly: the VXLAN link carries at least what the ping-pong sent."""
     out = slurm.work / "bin"
     out.mkdir(exist_ok=True)
     b = subprocess.run(
@@ -334,16 +338,36 @@ def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
         check=False,
     )
     assert b.returncode == 0, b.stderr
+    size, reps = 65536, 20
     r = slurm.run(
-        "srun", "-N2", "-n2", "--mpi=pmix", f"--hpvc={spec}",
-        str(out / "pingpong"), "65536", "20",
+        "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", str(slurm.work / "pp.out"),
+        "--wrap",
+        f"srun -N2 -n2 --mpi=pmix {out / 'pingpong'} {size} {reps}"
+        f" && echo done > {slurm.work / 'pp.done'}; sleep 300",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-    assert rows and rows[-1]["bytes"] == 65536, r.stdout
-    assert {x["rank0"] for x in rows} == {"compute0"}  # rank 0 ran inside node compute0
-    assert all(x["latency_us"] > 0 for x in rows)
-    slurm.wait_clean(last_job(slurm))
+    job = int(r.stdout.strip().split(";")[0])
+    try:
+        deadline = time.monotonic() + 90
+        while not (slurm.work / "pp.done").exists() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        text = (slurm.work / "pp.out").read_text()
+        assert (slurm.work / "pp.done").exists(), text
+        rows = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+        assert rows and rows[-1]["bytes"] == size, text
+        assert {x["rank0"] for x in rows} == {"compute0"}  # rank 0 ran inside node compute0
+        assert all(x["latency_us"] > 0 for x in rows)
+        first = {names[0]: h for h, names in slurm.shares(job).items() if names}[f"j{job}-0"]
+        vx = vxlan_link_name(f"j{job}-0")
+        stats = json.loads(slurm.on(first, f"ip -s -j link show {vx}"))[0]["stats64"]
+        sent = sum(x["bytes"] * x["iterations"] for x in rows)  # rank 0 sends each once
+        assert stats["tx"]["bytes"] >= sent, (stats, sent)
+        assert stats["rx"]["bytes"] >= sent, (stats, sent)
+    finally:
+        (slurm.work / "pp.done").unlink(missing_ok=True)
+        cancel = slurm.run("scancel", str(job))
+        assert cancel.returncode == 0, cancel.stderr
+    slurm.wait_clean(job)
 
 
 def test_sbatch_steps_run_in_nodes_and_script_on_host(slurm: Env, spec: Path) -> None:

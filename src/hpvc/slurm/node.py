@@ -94,6 +94,8 @@ def joins(
     name = share_name(job, index)
     pmix = mpi.startswith("pmix")
     namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
+    rec = store.get(name)
+    subnet = rec.the_plan().network.subnet
     out = []
     for t, node in enumerate(task_pool(share, roles)):
         pid, cgroups = ops.node_cgroups(name, node, store)
@@ -102,6 +104,10 @@ def joins(
             # The PMIx server's shared-memory store lives in the host's spool
             # directory, which tasks in the node do not see: ask it over the socket.
             env.append("PMIX_MCA_gds=hash")
+            # Tasks keep the host's network (the PMIx server is on its loopback),
+            # but MPI's data goes over the cluster network: the host's own address
+            # on the cluster bridge, joined to the other hosts' by VXLAN.
+            env.append(f"OMPI_MCA_btl_tcp_if_include={subnet}")
         out.append(Join(t, node, pid, namespaces, cgroups, tuple(env)))
     return out
 
