@@ -318,6 +318,14 @@ def test_the_job_network_is_one_vxlan_only_its_hosts_send_into(slurm: Env, spec:
         )
         assert sent.returncode == 0
         assert dropped(slurm, first, vni) == before + 1
+        # hpvc status on the host reads the same back from the kernel.
+        hpvc = slurm.env["HPVC_BIN"]
+        st = json.loads(slurm.cluster.run_on(first, [hpvc, "status", f"j{job}-0", "--json"]))
+        across = st["across_hosts"]
+        assert across["vni"] == vni and across["hosts"] == [fabric[second]], across
+        kernel = across["kernel"]
+        assert kernel["learning"] is False and kernel["peers"] == [fabric[second]], kernel
+        assert kernel["forwarding"] >= 2 and kernel["dropped_from_outside"] == before + 1, kernel
     finally:
         cancel = slurm.run("scancel", str(job))
         assert cancel.returncode == 0, cancel.stderr

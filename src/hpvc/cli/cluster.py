@@ -101,6 +101,22 @@ def show_status(st: dict[str, Any]) -> None:
             _limits(lim),
         )
     console.print(t)
+    _across_hosts(st.get("across_hosts"))
+
+
+def _across_hosts(x: dict[str, Any] | None) -> None:
+    if not x:
+        return
+    k = x["kernel"]
+    if "error" in k:
+        console.print(f"[red]network across hosts: VXLAN {x['vni']}: {k['error']}[/red]")
+        return
+    console.print(
+        f"network across hosts: VXLAN {k['vni']} on {k['link']} from {x['local']}"
+        f" to {', '.join(x['hosts'])}, learning {'on' if k['learning'] else 'off'},"
+        f" {k['forwarding']} forwarding entries, {k['dropped_from_outside']} packet(s)"
+        " dropped from outside"
+    )
 
 
 def _vm_rows(t: Table, st: dict[str, Any]) -> None:

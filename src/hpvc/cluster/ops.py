@@ -12,7 +12,7 @@ from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
-from hpvc.host import hugepages, probe
+from hpvc.host import hugepages, probe, vxlan
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render.files import mpi_nodes
 
@@ -54,6 +54,22 @@ def _pools(plan: Plan) -> list[dict[str, Any]]:
     return out
 
 
+def _across_hosts(name: str, overlay: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cluster network across hosts: as planned, and as the kernel has it."""
+    if not overlay or not overlay.get("remotes"):
+        return None
+    try:
+        kernel = vxlan.read_back(name, int(overlay["vni"]))
+    except (OSError, HpvcError) as e:
+        kernel = {"error": str(e)}
+    return {
+        "vni": overlay["vni"],
+        "local": overlay["local"],
+        "hosts": [r["address"] for r in overlay["remotes"]],
+        "kernel": kernel,
+    }
+
+
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
     store = store or Store()
@@ -76,6 +92,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "accelerator": None,
         "accelerator_warning": None,
         **backend.summary(env),
+        "across_hosts": _across_hosts(rec.name, rec.overlay),
         "nodes": [_node_status(backend, env, plan, n) for n in plan.nodes],
     }
 

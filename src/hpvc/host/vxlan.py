@@ -131,6 +131,34 @@ def forwarding_entries(name: str) -> list[tuple[str, str]]:
     return sorted(out)
 
 
+def read_back(cluster: str, vni: int) -> dict[str, Any]:
+    """The cluster's VXLAN link as the kernel has it: VNI, learning, forwarding
+    entries, and what the VNI's filter dropped (for ``hpvc status``)."""
+    name = link_name(cluster)
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if not found:
+            return {"link": name, "error": "no such link"}
+        link = ipr.link("get", index=found[0])[0]
+        data = ("IFLA_LINKINFO", "IFLA_INFO_DATA")
+        stats = link.get_attr("IFLA_STATS64") or {}
+        out: dict[str, Any] = {
+            "link": name,
+            "vni": int(link.get_nested(*data, "IFLA_VXLAN_ID") or 0),
+            "learning": bool(link.get_nested(*data, "IFLA_VXLAN_LEARNING")),
+            "mtu": int(link.get_attr("IFLA_MTU")),
+            "tx_bytes": int(stats.get("tx_bytes", 0)),
+            "rx_bytes": int(stats.get("rx_bytes", 0)),
+        }
+    entries = forwarding_entries(name)
+    out["forwarding"] = len(entries)
+    out["peers"] = sorted({dst for mac, dst in entries if mac == _ZERO_MAC})
+    out["dropped_from_outside"] = dropped(vni)
+    if out["vni"] != vni:
+        out["error"] = f"carries VNI {out['vni']}, not {vni}"
+    return out
+
+
 # --- the filter ----------------------------------------------------------------------
 
 
