@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,4 +22,26 @@ def file_lock(path: Path, mode: int = 0o600) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        os.close(fd)
+
+
+@contextmanager
+def owned_lock(path: Path, owner: str, on_wait: Callable[[str], None]) -> Iterator[None]:
+    """``file_lock`` that says who holds it: the holder writes ``owner`` (e.g.
+    ``PID 123 hpvc up``) into the file; a second caller is told who it waits
+    for (``on_wait``), then waits."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another command"
+            on_wait(holder)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # still ours: nobody else can hold it yet
         os.close(fd)

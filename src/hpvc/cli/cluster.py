@@ -226,7 +226,7 @@ def down_cmd(name: str = typer.Argument(..., help="Cluster name.")) -> None:
     Example: hpvc down small
     """
     t0 = time.perf_counter()
-    lifecycle.down(name, progress=lambda m: None)
+    lifecycle.down(name, progress=lambda m: None, on_wait=_progress)
     console.print(f"cluster {name} down in {time.perf_counter() - t0:.2f} s")
 
 

@@ -129,11 +129,33 @@ def up_spec(
     the site's shared directories (``binds``), and join this host's part to the
     cluster's other hosts (``overlay``, VXLAN)."""
     backend = preflight(spec)
+    store = store or Store()
+    with store.cluster_lock(spec.name, "hpvc up", _waiting(spec.name, progress)):
+        return _up_locked(backend, spec, doc, spec_path, store, progress, planner,
+                          hosts=hosts, binds=binds, overlay=overlay)  # fmt: skip
+
+
+def _waiting(name: str, progress: Progress) -> Callable[[str], None]:
+    return lambda holder: progress(f"cluster {name} is busy: waiting for {holder} to finish")
+
+
+def _up_locked(
+    backend: Backend,
+    spec: Spec,
+    doc: dict[str, Any],
+    spec_path: str,
+    store: Store,
+    progress: Progress,
+    planner: Planner,
+    *,
+    hosts: str | None,
+    binds: tuple[str, ...],
+    overlay: Overlay | None,
+) -> ClusterRecord:
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
     backend.build_image(spec, progress)
     phases["image"] = time.perf_counter() - t0
-    store = store or Store()
     rec, plan = _book(store, spec, doc, spec_path, planner, backend)
     phases["plan"] = time.perf_counter() - t0 - sum(phases.values())
     rec.phases = phases
@@ -226,8 +248,26 @@ def teardown(store: Store, name: str, progress: Progress = quiet) -> list[str]:
     return errors
 
 
-def down(name: str, store: Store | None = None, progress: Progress = quiet) -> None:
+def down(
+    name: str,
+    store: Store | None = None,
+    progress: Progress = quiet,
+    on_wait: Progress | None = None,
+) -> None:
+    """Take a cluster down; waits for an up, scale or down of it that is under way
+    (``on_wait``, default ``progress``, is told whom it waits for)."""
     store = store or Store()
+    with store.cluster_lock(name, "hpvc down", _waiting(name, on_wait or progress)):
+        _down_locked(store, name, progress)
+
+
+def teardown_locked(store: Store, name: str, progress: Progress = quiet) -> list[str]:
+    """``teardown`` under the cluster's lock (callers that hold no other)."""
+    with store.cluster_lock(name, "teardown", _waiting(name, progress)):
+        return teardown(store, name, progress)
+
+
+def _down_locked(store: Store, name: str, progress: Progress) -> None:
     rec = store.get(name)
     rec.status = "deleting"
     store.save(rec)
@@ -243,6 +283,13 @@ def scale(
 ) -> ClusterRecord:
     """Set node counts per role on a running cluster; add or remove nodes."""
     store = store or Store()
+    with store.cluster_lock(name, "hpvc scale", _waiting(name, progress)):
+        return _scale_locked(name, changes, store, progress)
+
+
+def _scale_locked(
+    name: str, changes: dict[str, int], store: Store, progress: Progress
+) -> ClusterRecord:
     with store.lock():
         rec = store.get(name)
         if rec.status != "running":

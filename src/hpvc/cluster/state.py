@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,7 +28,7 @@ from typing import Any
 
 from hpvc.errors import InputError
 from hpvc.host.journal import Journal
-from hpvc.locks import file_lock
+from hpvc.locks import file_lock, owned_lock
 from hpvc.paths import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
 from hpvc.paths import state_dir as state_dir
 from hpvc.plan.model import Plan, Reservations, plan_from_json
@@ -79,6 +79,17 @@ class Store:
         """Exclusive lock over planning and record changes on this host."""
         self.root.mkdir(parents=True, exist_ok=True)
         with file_lock(self.root / "state.lock"):
+            yield
+
+    @contextmanager
+    def cluster_lock(self, name: str, what: str, on_wait: Callable[[str], None]) -> Iterator[None]:
+        """One cluster's lock, held by up, scale and down (and the Slurm node
+        commands) for their whole run: a second caller waits, told who holds it.
+        Outside the cluster's folder, which ``down`` removes. Take it before
+        ``lock()``, never inside it."""
+        d = self.root / "locks"
+        d.mkdir(parents=True, exist_ok=True)
+        with owned_lock(d / f"{name}.lock", f"PID {os.getpid()} ({what})", on_wait):
             yield
 
     def cluster_dir(self, name: str) -> Path:

@@ -276,7 +276,7 @@ def _overlay(spec: Spec, req: Request) -> Overlay | None:
 
 
 def _teardown(store: Store, name: str, progress: Progress) -> None:
-    errors = lifecycle.teardown(store, name, progress)
+    errors = lifecycle.teardown_locked(store, name, progress)
     if errors:
         raise HpvcError(f"share {name}", f"teardown failed: {errors[0]}", "hpvc node down again")
 
