@@ -43,3 +43,16 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err_console.print(f"hpvc: {e.line()}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except PermissionError as e:
+        # A command that changes the host, run by a user who may not (hpvc's
+        # state and the kernel objects it changes are root's): one line, exit 2.
+        if state.debug:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        err_console.print(
+            f"hpvc: {' '.join(args[:1]) or 'hpvc'}: permission denied{where} (run as root)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(2)

@@ -204,6 +204,10 @@ def run(
         raise InputError(f"cluster {name!r}", f"is {rec.status}", "wait for it, or hpvc up")
     if not argv:
         raise InputError("hpvc run", "no command given", "hpvc run NAME -n 2 -- CMD")
+    if n is not None and n < 1:
+        raise InputError(
+            f"-n {n}", "a job needs at least one rank", "leave -n out for one per vCPU"
+        )
     plan = rec.the_plan()
     backend, env = open_env(store, rec)
     launch = backend.mpi_launch(env, plan)
