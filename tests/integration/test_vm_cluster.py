@@ -27,6 +27,8 @@ def vm_leftovers(name: str, store: Store) -> list[str]:
     found += bridge_and_mounts(name)
     if (store.root / "clusters" / name).exists():
         found.append("state directory")
+    if (store.root / "run" / name).exists():
+        found.append(f"run directory {store.root / 'run' / name}")
     return found
 
 

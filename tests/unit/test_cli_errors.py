@@ -37,3 +37,18 @@ def test_run_refuses_fewer_than_one_rank(
         main(["run", "c", "-n", n, "--", "hostname"])
     assert e.value.code == 2
     assert f"hpvc: -n {n}: a job needs at least one rank" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (KeyboardInterrupt(), "interrupted (Ctrl-C)"),
+        (SystemExit(143), "interrupted (signal 15)"),
+        (SystemExit(0), "interrupted"),
+        (RuntimeError("disk full"), "failed (disk full)"),
+    ],
+)
+def test_an_up_that_stops_says_why(error: BaseException, said: str) -> None:
+    from hpvc.cluster.lifecycle import stopped_by
+
+    assert stopped_by(error) == said

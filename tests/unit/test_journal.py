@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 
@@ -42,3 +44,29 @@ def test_a_kind_nobody_registers_is_kept_and_reported(tmp_path: Path) -> None:
     out = _py(f"from hpvc.host.journal import Journal\nprint(Journal({str(path)!r}).undo_all())")
     assert "no undo for 'martian'" in out
     assert json.loads(path.read_text())["kind"] == "martian"
+
+
+def test_recording_a_kind_nobody_can_undo_is_refused(tmp_path: Path) -> None:
+    from hpvc.host.journal import Journal
+
+    with pytest.raises(RuntimeError, match="no @undoer registered for 'martian'"):
+        Journal(tmp_path / "j.jsonl").record("martian", x=1)
+    assert not (tmp_path / "j.jsonl").exists()
+
+
+def test_a_vm_node_folder_is_undone_by_a_process_that_loaded_no_backend(tmp_path: Path) -> None:
+    """VM backends record their node folders too ("tree"): the module that undoes
+    them must be named in the journal, whichever backend wrote it."""
+    node = tmp_path / "clusters" / "c" / "nodes" / "n0"
+    path = tmp_path / "journal.jsonl"
+    registered = _py(
+        "from pathlib import Path\n"
+        "from hpvc.backends import guest  # what a VM up imports, and no container code\n"
+        "from hpvc.host.journal import _UNDO, Journal\n"
+        "print('tree' in _UNDO)\n"
+        f"Path({str(node)!r}).mkdir(parents=True)\n"
+        f"guest.tree.record(Journal({str(path)!r}), Path({str(node)!r}))"
+    )
+    assert registered == "True"
+    out = _py(f"from hpvc.host.journal import Journal\nprint(Journal({str(path)!r}).undo_all())")
+    assert out == "[]" and not node.exists()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import cgroups, net, procfs
+from hpvc.host import cgroups, net, procfs, tree
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.orphans import HOLDER_ENV
 from hpvc.plan.model import Plan, PlannedNode
@@ -68,29 +68,14 @@ def _undo_container(args: Args) -> None:
     cgroups.remove_empty(str(args.get("cgroup", "")))
 
 
-def _umount(path: str) -> None:
-    if os.path.ismount(path):
-        subprocess.run(["umount", "-l", path], capture_output=True, check=False)
-
-
 @undoer("overlay")
 def _undo_overlay(args: Args) -> None:
-    _umount(args["path"])
+    tree.umount(args["path"])
 
 
 @undoer("tmpfs")
 def _undo_tmpfs(args: Args) -> None:
-    _umount(args["path"])
-
-
-@undoer("tree")
-def _undo_tree(args: Args) -> None:
-    path = Path(args["path"])
-    if "clusters" not in path.parts:  # only ever a cluster's own state directory
-        raise HpvcError(f"refusing to remove {path}", "not under a cluster's state directory")
-    for sub in ("rootfs", "shm"):
-        _umount(str(path / sub))
-    shutil.rmtree(path, ignore_errors=True)
+    tree.umount(args["path"])
 
 
 @undoer("holder")

@@ -18,7 +18,7 @@ from hpvc.backends import container as ct
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
 from hpvc.errors import HpvcError
 from hpvc.faults import inject
-from hpvc.host import blkio, cgroups, net
+from hpvc.host import blkio, cgroups, net, tree
 from hpvc.image import resolve_image
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
@@ -138,7 +138,7 @@ class CrunBackend:
             node = plan.node(name)
             j = env.node_journal(name)
             node_dir = env.node_dir(name)
-            j.record("tree", path=str(node_dir))
+            tree.record(j, node_dir)
             ct.mount_overlay(j, rootfs, node_dir)
             ct.wire_node(j, plan, node, remote_arp(env))
             ct.start_container(j, plan, node, ctx, node_dir)

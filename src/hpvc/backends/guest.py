@@ -18,7 +18,7 @@ from pathlib import Path
 from hpvc.backends import vm_qemu
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import ivshmem
+from hpvc.host import ivshmem, tree
 from hpvc.host.journal import Journal
 from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
 from hpvc.plan import Plan, PlannedNode
@@ -114,7 +114,7 @@ def node_context(
     node's tree) and a kernel command line with its address and the cluster key."""
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
-    j.record("tree", path=str(node_dir))
+    tree.record(j, node_dir)
     node_dir.mkdir(parents=True, exist_ok=True)
     disk = node_disk(guest.disk, node_dir / f"disk.{DISK_MODE}", DISK_MODE)
     pub = (store.cluster_dir(plan.cluster) / "id_ed25519.pub").read_text().strip()

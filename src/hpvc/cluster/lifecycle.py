@@ -174,7 +174,7 @@ def _up_locked(
         rec.up_seconds = time.perf_counter() - t0
         env.save()
     except BaseException as e:
-        progress(f"failed ({e}); undoing")
+        progress(f"{stopped_by(e)}; undoing")
         errors = teardown(store, spec.name)
         if errors:
             raise HpvcError(
@@ -184,6 +184,16 @@ def _up_locked(
     finally:
         signal.signal(signal.SIGTERM, previous)
     return rec
+
+
+def stopped_by(e: BaseException) -> str:
+    """What stopped an ``up``, as the user should read it."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(e, SystemExit):
+        code = e.code if isinstance(e.code, int) else 0
+        return f"interrupted (signal {code - 128})" if code > 128 else "interrupted"
+    return f"failed ({e})"
 
 
 def _terminated(owner: int) -> Callable[[int, object], None]:

@@ -135,8 +135,10 @@ class Store:
         os.replace(tmp, d / "cluster.json")
 
     def remove(self, name: str) -> None:
-        """Delete the cluster's state directory (after its journals are undone)."""
+        """Delete the cluster's state directory and its run directory (sockets,
+        pid files, consoles of its nodes), after its journals are undone."""
         shutil.rmtree(self.cluster_dir(name), ignore_errors=True)
+        shutil.rmtree(self.root / "run" / name, ignore_errors=True)
 
     def reservations(self, exclude: str | None = None) -> Reservations:
         """What every other cluster on this host holds, for the planner."""

@@ -69,11 +69,11 @@ class Journal:
         ``undo_all`` in a process that never imported it (``hpvc down`` loads
         no backend) still finds it.
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        entry: dict[str, Any] = {"kind": kind, "args": args}
         fn = _UNDO.get(kind)
-        if fn is not None:
-            entry["module"] = fn.__module__
+        if fn is None:  # a change nobody could undo must never be made
+            raise RuntimeError(f"journal: no @undoer registered for {kind!r}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        entry: dict[str, Any] = {"kind": kind, "args": args, "module": fn.__module__}
         line = json.dumps(entry, sort_keys=True) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
