@@ -87,3 +87,17 @@ def prefix_leftovers(prefix: str) -> list[str]:
     found += [w.rstrip(":") for w in links.stdout.split() if w.startswith(ours)]
     found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/hpvc/{prefix}*")]
     return found
+
+
+def build_pingpong(out: os.PathLike[str] | str) -> str:
+    """Build native/bench's MPI ping-pong into ``out``; the binary's path."""
+    import subprocess
+
+    b = subprocess.run(
+        ["make", "-s", "-C", os.path.join(ROOT, "native", "bench"), f"OUT={out}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert b.returncode == 0, b.stderr
+    return os.path.join(str(out), "pingpong")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench import slurm as bench_slurm
-from tests.helpers import ROOT, requires
+from hpvc.bench import slurm_cluster as bench_slurm
+from tests.helpers import ROOT, build_pingpong, requires
 
 UP = os.path.join(ROOT, "scripts", "slurm", "up.sh")
 DOWN = os.path.join(ROOT, "scripts", "slurm", "down.sh")
@@ -240,13 +240,7 @@ def test_mpi_between_hosts_over_the_fabric(cluster: Cluster) -> None:
     requires("mpi")
     out = Path(cluster.tmp) / "bin"
     out.mkdir(exist_ok=True)
-    b = subprocess.run(
-        ["make", "-s", "-C", str(Path(ROOT) / "native" / "bench"), f"OUT={out}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert b.returncode == 0, b.stderr
+    build_pingpong(out)
     text = slurm(
         cluster.env, "srun", "-N2", "-n2", "--mpi=pmix", f"--chdir={cluster.tmp}",
         str(out / "pingpong"), "4096", "10",

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench import slurm as bench_slurm
+from hpvc.bench import slurm_cluster as bench_slurm
 from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import vni_for
 from hpvc.slurm import node, policy
-from tests.helpers import ROOT, requires
+from tests.helpers import build_pingpong, requires
 from tests.integration.test_cluster import CGROUPS, image_ready
 from tests.integration.test_slurm_cluster import (
     requires_slurm,
@@ -77,6 +77,20 @@ class Env:
             for h in HOSTS
             for p in (self.cluster.store(h).root / "jobs").glob(f"j{job}-*.join")
         ]
+
+    def sleeping_job(self, spec: Path) -> int:
+        """A two-host job whose step sleeps; returns once both shares are up."""
+        r = self.run(
+            "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "/dev/null", "--wrap",
+            "srun sleep 300",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        job = int(r.stdout.strip().split(";")[0])
+        deadline = time.monotonic() + 60
+        while len(self.running(job)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert len(self.running(job)) == 2, f"job {job} shares: {self.shares(job)}"
+        return job
 
     def host_leftovers(self, host: str, job: int) -> list[str]:
         """What the job's shares could have left on ``host``, looked at from
@@ -257,16 +271,7 @@ def test_the_job_network_is_one_vxlan_only_its_hosts_send_into(slurm: Env, spec:
     compute1 on the second by name, ping and TCP, over the cluster subnet and through
     the VXLAN link; a VXLAN packet into the VNI from the fabric address of a machine
     that is not one of the job's hosts is dropped; scancel leaves nothing."""
-    r = slurm.run(
-        "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "/dev/null", "--wrap",
-        "srun sleep 300",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    job = int(r.stdout.strip().split(";")[0])
-    deadline = time.monotonic() + 60
-    while len(slurm.running(job)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert len(slurm.running(job)) == 2, f"job {job} shares: {slurm.shares(job)}"
+    job = slurm.sleeping_job(spec)
     where = {names[0]: h for h, names in slurm.shares(job).items() if names}
     first, second = where[f"j{job}-0"], where[f"j{job}-1"]
     fabric = {h: slurm.on(first, f"getent ahostsv4 {h}").split()[0] for h in (first, second)}
@@ -339,13 +344,7 @@ def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
     fabric directly: the VXLAN link carries at least what the ping-pong sent."""
     out = slurm.work / "bin"
     out.mkdir(exist_ok=True)
-    b = subprocess.run(
-        ["make", "-s", "-C", str(Path(ROOT) / "native" / "bench"), f"OUT={out}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert b.returncode == 0, b.stderr
+    build_pingpong(out)
     size, reps = 65536, 20
     r = slurm.run(
         "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", str(slurm.work / "pp.out"),
@@ -415,16 +414,7 @@ def test_salloc_gives_a_virtual_cluster(slurm: Env, spec: Path) -> None:
 
 
 def test_scancel_mid_job_leaves_nothing(slurm: Env, spec: Path) -> None:
-    r = slurm.run(
-        "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "/dev/null", "--wrap",
-        "srun sleep 300",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    job = int(r.stdout.strip().split(";")[0])
-    deadline = time.monotonic() + 60
-    while len(slurm.running(job)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert len(slurm.running(job)) == 2, f"job {job} shares: {slurm.shares(job)}"
+    job = slurm.sleeping_job(spec)
     shares = {h: names for h, names in slurm.shares(job).items() if names}
     # One share per host, each recorded in its own host's state directory only.
     assert sorted(map(len, shares.values())) == [1, 1], f"job {job} shares: {shares}"

@@ -181,12 +181,13 @@ def teardown_all(store: Store, progress: Progress = quiet) -> list[str]:
     return errors
 
 
-def _version(argv: list[str]) -> str:
+def tool_version(argv: list[str]) -> str:
+    """The first line a tool's ``--version`` prints (stdout, else stderr), or "unknown"."""
     try:
         r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    lines = [x.strip() for x in r.stdout.splitlines() if x.strip()]
+    lines = [x.strip() for x in (r.stdout + r.stderr).splitlines() if x.strip()]
     return lines[0] if lines else "unknown"
 
 
@@ -200,12 +201,12 @@ def host_facts(mpi: bool = True) -> dict[str, Any]:
         "cpu_model": inspect.cpu_model(),
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
-        "crun": _version(["crun", "--version"]),
+        "crun": tool_version(["crun", "--version"]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": list(os.getloadavg()),  # a shared machine: how busy it was
     }
     if mpi:
-        facts["open_mpi"] = _version(["ompi_info", "--version"])
+        facts["open_mpi"] = tool_version(["ompi_info", "--version"])
     return facts
 
 

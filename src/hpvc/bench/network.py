@@ -230,22 +230,13 @@ def repetitions(
     return samples
 
 
-def _version(argv: list[str]) -> str:
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    lines = [x.strip() for x in (r.stdout + r.stderr).splitlines() if x.strip()]
-    return lines[0] if lines else "unknown"
-
-
 def run(repeat: int, seconds: int, progress: Progress = quiet) -> dict[str, Any]:
     """Build the test bed, measure both pairs ``repeat`` times, undo it all; the document."""
     preflight(repeat, seconds)
     facts = common.host_facts(mpi=False)
     tools = {
-        "iperf3": _version(["iperf3", "--version"]),
-        "sockperf": _version(["sockperf", "--version"]).replace(",", ""),
+        "iperf3": common.tool_version(["iperf3", "--version"]),
+        "sockperf": common.tool_version(["sockperf", "--version"]).replace(",", ""),
     }
     logdir = Path(tempfile.mkdtemp(prefix="hpvc-bench-network-"))
     try:

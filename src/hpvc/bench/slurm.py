@@ -31,26 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.slurm_cluster import (  # the private test cluster the Slurm benchmarks run on
-    HOSTS as HOSTS,
-)
 from hpvc.bench.slurm_cluster import (
-    SlurmCluster as SlurmCluster,
-)
-from hpvc.bench.slurm_cluster import (
-    fabric_of as fabric_of,
-)
-from hpvc.bench.slurm_cluster import (
-    free_base_port as free_base_port,
-)
-from hpvc.bench.slurm_cluster import (
-    hpvc_command as hpvc_command,
-)
-from hpvc.bench.slurm_cluster import (
-    private_slurm as private_slurm,
-)
-from hpvc.bench.slurm_cluster import (
-    repo_dir as repo_dir,
+    SlurmCluster,
+    private_slurm,
 )
 from hpvc.bench.stats import summary
 from hpvc.errors import HpvcError, InputError, MissingDependency

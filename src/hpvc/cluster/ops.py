@@ -72,10 +72,8 @@ def _across_hosts(name: str, overlay: dict[str, Any] | None) -> dict[str, Any] |
 
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
-    store = store or Store()
-    rec = store.get(name)
-    plan = rec.the_plan()
-    backend, env = open_env(store, rec)
+    backend, env, plan = _open(name, store)
+    rec = env.rec
     return {
         "cluster": name,
         "status": rec.status,
@@ -87,7 +85,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
         "up_seconds": rec.up_seconds,
         "phases": rec.phases,
-        "shared_dir": {"host": str(store.cluster_dir(name) / "shared"), "node": "/shared"},
+        "shared_dir": {"host": str(env.dir / "shared"), "node": "/shared"},
         "hugepages": _pools(plan),
         "accelerator": None,
         "accelerator_warning": None,
@@ -119,6 +117,13 @@ def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def _open(name: str, store: Store | None) -> tuple[Backend, ClusterEnv, Plan]:
+    """A cluster's backend, its typed state on this host and its plan."""
+    store = store or Store()
+    backend, env = open_env(store, store.get(name))
+    return backend, env, env.rec.the_plan()
+
+
 def _node(plan: Plan, name: str, node: str) -> PlannedNode:
     try:
         return plan.node(node)
@@ -129,10 +134,7 @@ def _node(plan: Plan, name: str, node: str) -> PlannedNode:
 
 def exec_argv(name: str, node: str, argv: list[str], store: Store | None = None) -> list[str]:
     """The command that runs ``argv`` inside one node of a cluster, stdio passed through."""
-    store = store or Store()
-    rec = store.get(name)
-    plan = rec.the_plan()
-    backend, env = open_env(store, rec)
+    backend, env, plan = _open(name, store)
     return backend.exec_argv(env, plan, _node(plan, name, node), argv)
 
 
@@ -152,10 +154,7 @@ def node_cgroups(name: str, node: str, store: Store | None = None) -> tuple[int,
 
 def node_pid(name: str, node: str, store: Store | None = None) -> int:
     """The host PID of a running node's main process (container init, QEMU)."""
-    store = store or Store()
-    rec = store.get(name)
-    plan = rec.the_plan()
-    backend, env = open_env(store, rec)
+    backend, env, plan = _open(name, store)
     return backend.node_pid(env, plan, _node(plan, name, node))
 
 
