@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 HPVC := $(VENV)/bin/hpvc
-SNAPSHOT := $(CURDIR)/../shared/topologies/64amd64-4s2n4ca2co.tar.bz2
+SNAPSHOT := $(CURDIR)/tests/data/topologies/64amd64-4s2n4ca2co.tar.bz2
 
 .PHONY: setup demo test lint unit bench clean slurm-up slurm-down
 

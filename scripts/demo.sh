@@ -50,7 +50,7 @@ trap - EXIT
 echo "left on the host: $(crun list -q | grep -c '^hpvc-demo-' || true) containers," \
   "$(ls /run/netns 2>/dev/null | grep -c '^hpvc-demo-' || true) network namespaces"
 
-topo_src=../shared/topologies/40intel64-4n10c+pci-conflicts.tar.bz2
+topo_src=tests/data/topologies/40intel64-4n10c+pci-conflicts.tar.bz2
 if [ -f "$topo_src" ]; then
   tmp=$(mktemp -d)
   tar xjf "$topo_src" -C "$tmp"

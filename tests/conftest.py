@@ -1,6 +1,6 @@
 """Shared fixtures: the real-machine topology snapshots, extracted once per machine.
 
-Each ``../shared/topologies/NAME.tar.bz2`` is extracted with the system ``tar``
+Each ``tests/data/topologies/NAME.tar.bz2`` is extracted with the system ``tar``
 (Python's ``tarfile`` is several times slower on bzip2), all of them at once,
 into a cache keyed by the tarball's SHA-256:
 ``$HPVC_TEST_CACHE`` or ``$XDG_CACHE_HOME/hpvc-tests`` or ``~/.cache/hpvc-tests``.
@@ -126,7 +126,7 @@ def _root(where: Path, name: str) -> Path:
 
 @pytest.fixture(scope="session")
 def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Name -> extracted root of every snapshot in ../shared/topologies."""
+    """Name -> extracted root of every snapshot in tests/data/topologies."""
     requires("topologies")
     names = [n for n in snapshot_names() if os.path.isfile(os.path.join(TOPOLOGIES, n + SUFFIX))]
     if not names:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared")
-TOPOLOGIES = os.path.join(SHARED, "topologies")
+# Real machines' /sys snapshots, vendored (tests/data/topologies/README.md).
+TOPOLOGIES = os.path.join(ROOT, "tests", "data", "topologies")
 
 
 def _kvm() -> str | None:

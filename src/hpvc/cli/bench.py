@@ -54,7 +54,7 @@ def _default_topologies() -> Path:
     env = os.environ.get("HPVC_TOPOLOGIES")
     candidates = [Path(env)] if env else []
     repo = Path(__file__).resolve().parents[3]
-    candidates += [repo.parent / "shared" / "topologies", Path.cwd().parent / "shared/topologies"]
+    candidates += [repo / "tests" / "data" / "topologies", repo.parent / "shared" / "topologies"]
     for c in candidates:
         if c.is_dir():
             return c
