@@ -36,6 +36,7 @@ bench: setup
 # `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.
 slurm-up: setup
 	@$(MAKE) -s -C native/spank
+	@bash scripts/slurm/install.sh >/dev/null
 	@bash scripts/slurm/up.sh
 
 slurm-down:

@@ -45,6 +45,10 @@ cpuset_dir() { echo "$CPUSET_ROOT/$FABRIC/$1"; }
 # with a shared file system.
 HOST_STATE=${HPVC_SLURM_HOST_STATE:-$SLURM_DIR/hpvc/%h}
 
+# Where scripts/slurm/install.sh put hpvc and its plugin for every user.
+SITE_PREFIX=${HPVC_SITE_PREFIX:-/opt/hpvc}
+SITE_PREFIX=${SITE_PREFIX%/}
+
 CONF=$SLURM_DIR/slurm.conf
 FABRIC_ENV=$SLURM_DIR/fabric.env  # what up.sh made, for down.sh
 MUNGE_SOCKET=$SLURM_DIR/run/munge.socket

@@ -13,6 +13,8 @@
 #                          (default <dir>/hpvc/%h)
 #   HPVC_SLURM_CPUS_PER_HOST  CPUs of its own per host (default: a third of
 #                          this machine's, if that is at least 2; else shared)
+#   HPVC_SITE_PREFIX       where scripts/slurm/install.sh put hpvc and the
+#                          plugin for every user (default /opt/hpvc)
 #
 # Idempotent: starts only what is not running. The last line of its output is
 # the `export SLURM_CONF=...` that points srun/sbatch/sinfo at the cluster.
@@ -215,8 +217,19 @@ fabric_env() { sed -n "s/^$1=//p" "$FABRIC_ENV" 2>/dev/null | head -n1; }
 
 # ---- configuration ----------------------------------------------------------
 
+# Each host declares a third of this machine's memory (at most 16 GiB); a job
+# that does not say --mem gets DEF_MEM MiB on each of its hosts.
+plan_memory() {
+  local total
+  total=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
+  HOST_MEM=$(( total / ${#NODES[@]} ))
+  [ "$HOST_MEM" -le 16384 ] || HOST_MEM=16384
+  DEF_MEM=$(( HOST_MEM < 1024 ? HOST_MEM : 1024 ))
+}
+
 write_conf() {
   local i n
+  plan_memory
   cat >"$CONF" <<CONF
 # Local Slurm test cluster made by scripts/slurm/up.sh (docs/slurm.md).
 # Do not edit: 'make slurm-down' removes this directory.
@@ -255,7 +268,10 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# Memory is allocated like CPUs: hpvc caps each job's virtual nodes on a host
+# at what Slurm gave the job there (S_JOB_ALLOC_MEM); --mem asks for more.
+SelectTypeParameters=CR_Core_Memory
+DefMemPerNode=$DEF_MEM
 MpiDefault=none
 # Per-node TmpFS: the hosts share this machine's /tmp (a shared file system),
 # and PMIx's client directories (/tmp/spmix_appdir_<uid>_<job>.<step>) would clash.
@@ -271,7 +287,7 @@ FirstJobId=$((FAB_ID * 100000 + 1))
 CONF
   for i in "${!NODES[@]}"; do
     n=${NODES[$i]}
-    echo "NodeName=$n NodeHostname=$n NodeAddr=$(host_addr "$n") CPUs=$SLURM_CPUS${HOST_SPEC[$i]:+ CpuSpecList=${HOST_SPEC[$i]}} RealMemory=1024 State=UNKNOWN" >>"$CONF"
+    echo "NodeName=$n NodeHostname=$n NodeAddr=$(host_addr "$n") CPUs=$SLURM_CPUS${HOST_SPEC[$i]:+ CpuSpecList=${HOST_SPEC[$i]}} RealMemory=$HOST_MEM State=UNKNOWN" >>"$CONF"
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP" >>"$CONF"
   # Each host's /etc/hosts (host.sh binds it there): the fabric's names.
@@ -281,21 +297,22 @@ CONF
   } >"$SLURM_DIR/etc-hosts"
 }
 
-# hpvc's SPANK plugin (srun --hpvc=SPEC, docs/slurm.md) when it is built:
-# HPVC_SPANK_SO names the .so, HPVC_BIN the hpvc command it runs, and
+# hpvc's SPANK plugin (srun --hpvc=SPEC, docs/slurm.md) when it is installed
+# (scripts/slurm/install.sh, into HPVC_SITE_PREFIX, where every user can run
+# it): HPVC_SPANK_SO names the .so, HPVC_BIN the hpvc command it runs, and
 # HPVC_SPANK_ARGS extra plugstack arguments (site policy). Every host has its
 # own hpvc state directory (HOST_STATE, %h = its hostname); the image store is
 # shared: the one hpvc uses here (HPVC_IMAGE_DIR, else <HPVC_STATE_DIR>/images).
 write_plugstack() {
-  local so=${HPVC_SPANK_SO:-$here/../../native/spank/hpvc_spank.so}
-  local bin=${HPVC_BIN:-$here/../../.venv/bin/hpvc}
+  local so=${HPVC_SPANK_SO:-$SITE_PREFIX/lib/hpvc_spank.so}
+  local bin=${HPVC_BIN:-$SITE_PREFIX/venv/bin/hpvc}
   local images=${HPVC_IMAGE_DIR:-${HPVC_STATE_DIR:-/var/lib/hpvc}/images}
   {
     echo "# SPANK plugins of the hpvc test cluster (written by scripts/slurm/up.sh)"
     if [ -e "$so" ]; then
       echo "required $(realpath "$so") hpvc=$(realpath "$bin") state_dir=$HOST_STATE image_dir=$images ${HPVC_SPANK_ARGS:-}"
     else
-      echo "# $so is not built: 'make -C native/spank' adds srun --hpvc"
+      echo "# $so is not installed: 'make slurm-up' (scripts/slurm/install.sh) adds srun --hpvc"
     fi
   } >"$SLURM_DIR/plugstack.conf"
 }
@@ -324,6 +341,8 @@ else
     mkdir -p "$SLURM_DIR"/{state,run,log,munge,spool}
     chmod 700 "$SLURM_DIR/munge"
     for n in "${NODES[@]}"; do mkdir -p "$SLURM_DIR/spool/$n" "$SLURM_DIR/tmp/$n"; done
+    # Every user's steps make their PMIx directories in TmpFS, as in /tmp.
+    chmod 1777 "$SLURM_DIR"/tmp/*
     make_cpusets
     write_conf
     write_plugstack

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.bench import slurm_cluster as bench_slurm
+from hpvc.bench.slurm_cluster import Submitter
 from tests.helpers import ROOT, build_pingpong, requires
 
 UP = os.path.join(ROOT, "scripts", "slurm", "up.sh")
@@ -84,14 +85,26 @@ class Cluster:
     bridge: str
     subnet: str
     up_out: str
+    user: Submitter  # who submits: an ordinary user, never root
+    home: str  # the user's directory (on the "shared file system", tmp)
 
     def on(self, host: str, *argv: str) -> str:
         """Run ``argv`` on ``host`` (its namespaces, scripts/slurm/on.sh)."""
         return slurm(self.env, "bash", ON, host, *argv)
 
+    def submit(self, *argv: str) -> str:
+        """srun, sbatch, squeue ... as the user, from their directory."""
+        r = subprocess.run(
+            argv, env={"PATH": "/usr/bin:/bin", "SLURM_CONF": self.env["SLURM_CONF"]},
+            cwd=self.home, user=self.user.uid, group=self.user.gid, extra_groups=[],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert r.returncode == 0, f"{' '.join(argv)} as {self.user.name} failed:\n{r.stderr}"
+        return r.stdout
+
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(tenants: tuple[Submitter, Submitter]) -> Iterator[Cluster]:
     requires("root", "ip")
     requires_slurm()
     tmp = tempfile.mkdtemp(prefix="hpvc-slurm-test-")
@@ -110,7 +123,11 @@ def cluster() -> Iterator[Cluster]:
         lines = r.stdout.strip().splitlines()
         assert lines[-1] == f"export SLURM_CONF={state}/slurm.conf", r.stdout
         env["SLURM_CONF"] = f"{state}/slurm.conf"
-        yield Cluster(tmp, env, bridge, subnet, r.stdout)
+        user = tenants[0]
+        home = os.path.join(tmp, user.name)
+        os.mkdir(home)
+        os.chown(home, user.uid, user.gid)
+        yield Cluster(tmp, env, bridge, subnet, r.stdout, user, home)
     finally:
         d = subprocess.run(
             ["bash", DOWN], env=env, capture_output=True, text=True, timeout=60, check=False
@@ -166,9 +183,9 @@ def test_up_again_is_a_no_op(cluster: Cluster) -> None:
 
 
 def test_srun_spans_three_hosts(cluster: Cluster) -> None:
-    out = slurm(cluster.env, "srun", "-N3", "-l", "hostname")
+    out = cluster.submit("srun", "-N3", "-l", "hostname")
     assert {t: rows[0] for t, rows in per_task(out).items()} == dict(enumerate(NODES)), out
-    out = slurm(cluster.env, "srun", "-N3", "-l", "printenv", "SLURMD_NODENAME")
+    out = cluster.submit("srun", "-N3", "-l", "printenv", "SLURMD_NODENAME")
     assert sorted(line.split(": ")[1] for line in out.splitlines()) == list(NODES), out
 
 
@@ -176,8 +193,8 @@ def test_hosts_are_apart(cluster: Cluster) -> None:
     """Each host has its own hostname, fabric address (and no other), name
     resolution of the fabric, network devices and /run."""
     net3 = cluster.subnet.removesuffix(".0/24")
-    out = slurm(
-        cluster.env, "srun", "-N3", "-l", "sh", "-c",
+    out = cluster.submit(
+        "srun", "-N3", "-l", "sh", "-c",
         "echo host $(hostname); ip -o -4 addr show | awk '{print \"addr\", $2, $4}';"
         " getent hosts n1 n2 n3 ctl | sed 's/^/name /'; ls /sys/class/net | sed 's/^/dev /'",
     )  # fmt: skip
@@ -220,7 +237,7 @@ def test_each_host_runs_on_its_own_cpus(cluster: Cluster) -> None:
     assert m, cluster.up_out
     cpus = dict(part.split() for part in m.group(1).split("; "))
     assert set(cpus) == set(NODES), cluster.up_out
-    out = slurm(cluster.env, "srun", "-N3", "-l", "grep", "Cpus_allowed_list", "/proc/self/status")
+    out = cluster.submit("srun", "-N3", "-l", "grep", "Cpus_allowed_list", "/proc/self/status")
     for task, rows in per_task(out).items():
         assert rows[0].split()[-1] == cpus[NODES[task]], out
     for host in NODES:
@@ -228,8 +245,8 @@ def test_each_host_runs_on_its_own_cpus(cluster: Cluster) -> None:
         assert got == cpus[host], host
     # The CPU ids Slurm gives a job (what the plugin passes to `hpvc node up
     # --cpus`) are the machine's, among the host's own.
-    job = max(int(x) for x in slurm(cluster.env, "squeue", "-h", "-t", "all", "-o", "%i").split())
-    detail = slurm(cluster.env, "scontrol", "show", "job", "-d", str(job))
+    job = max(int(x) for x in cluster.submit("squeue", "-h", "-t", "all", "-o", "%i").split())
+    detail = cluster.submit("scontrol", "show", "job", "-d", str(job))
     given = dict(re.findall(r"Nodes=(n\d) CPU_IDs=(\S+)", detail))
     assert given == cpus, detail
 
@@ -241,8 +258,8 @@ def test_mpi_between_hosts_over_the_fabric(cluster: Cluster) -> None:
     out = Path(cluster.tmp) / "bin"
     out.mkdir(exist_ok=True)
     build_pingpong(out)
-    text = slurm(
-        cluster.env, "srun", "-N2", "-n2", "--mpi=pmix", f"--chdir={cluster.tmp}",
+    text = cluster.submit(
+        "srun", "-N2", "-n2", "--mpi=pmix", f"--chdir={cluster.tmp}",
         str(out / "pingpong"), "4096", "10",
     )  # fmt: skip
     rows = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
@@ -251,9 +268,9 @@ def test_mpi_between_hosts_over_the_fabric(cluster: Cluster) -> None:
 
 
 def test_sbatch_job_writes_its_output(cluster: Cluster) -> None:
-    tmp, env = cluster.tmp, cluster.env
-    job = slurm(
-        env, "sbatch", "--parsable", "-D", tmp, "-o", f"{tmp}/out-%j.txt", "--wrap", "hostname"
+    tmp, env = cluster.home, cluster.env
+    job = cluster.submit(
+        "sbatch", "--parsable", "-D", tmp, "-o", f"{tmp}/out-%j.txt", "--wrap", "hostname"
     )
     job = job.strip().split(";")[0]
     assert wait_state(env, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}) == "COMPLETED"
@@ -261,12 +278,12 @@ def test_sbatch_job_writes_its_output(cluster: Cluster) -> None:
 
 
 def test_scancel_ends_a_running_job(cluster: Cluster) -> None:
-    tmp, env = cluster.tmp, cluster.env
+    tmp, env = cluster.home, cluster.env
     sleep = f"sleep 60.{os.getpid()}"  # a command line no one else runs
-    job = slurm(env, "sbatch", "--parsable", "-D", tmp, "-o", "/dev/null", "--wrap", sleep)
+    job = cluster.submit("sbatch", "--parsable", "-D", tmp, "-o", "/dev/null", "--wrap", sleep)
     job = job.strip().split(";")[0]
     wait_state(env, job, {"RUNNING"})
-    slurm(env, "scancel", job)
+    cluster.submit("scancel", job)
     assert wait_state(env, job, {"CANCELLED", "COMPLETED", "FAILED"}) == "CANCELLED"
     deadline = time.monotonic() + 10
     while subprocess.run(["pgrep", "-xf", sleep], capture_output=True).returncode == 0:

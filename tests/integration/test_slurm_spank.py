@@ -18,191 +18,20 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from hpvc.bench import slurm_cluster as bench_slurm
+from hpvc.bench.slurm_cluster import Submitter
 from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import vni_for
-from hpvc.slurm import node, policy
 from tests.helpers import build_pingpong, requires
-from tests.integration.test_cluster import CGROUPS, image_ready
-from tests.integration.test_slurm_cluster import (
-    requires_slurm,
-    wait_state,
-)
-
-HOSTS = bench_slurm.HOSTS
-NFT_TABLES = "nft list tables | awk '{print $3}'"
-
-
-class Env:
-    def __init__(self, tmp: Path, cluster: bench_slurm.SlurmCluster, work: Path) -> None:
-        self.tmp, self.cluster, self.work = tmp, cluster, work
-        self.env = cluster.env
-
-    def run(self, *argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            argv,
-            env=self.env,
-            cwd=self.work,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def on(self, host: str, script: str) -> str:
-        """``sh -c script`` on ``host``: in its namespaces, with its HPVC_STATE_DIR."""
-        return self.cluster.run_on(host, ["sh", "-c", script])
-
-    def shares(self, job: int) -> dict[str, list[str]]:
-        """The job's shares recorded on each host (its own state directory)."""
-        return {h: node.job_shares(self.cluster.store(h), job) for h in HOSTS}
-
-    def running(self, job: int) -> list[str]:
-        """The job's shares that are up: their join records (written last by
-        `hpvc node up`) in their hosts' state directories."""
-        return [
-            f"{h}: {p.name}"
-            for h in HOSTS
-            for p in (self.cluster.store(h).root / "jobs").glob(f"j{job}-*.join")
-        ]
-
-    def sleeping_job(self, spec: Path) -> int:
-        """A two-host job whose step sleeps; returns once both shares are up."""
-        r = self.run(
-            "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", "/dev/null", "--wrap",
-            "srun sleep 300",
-        )  # fmt: skip
-        assert r.returncode == 0, r.stderr
-        job = int(r.stdout.strip().split(";")[0])
-        deadline = time.monotonic() + 60
-        while len(self.running(job)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert len(self.running(job)) == 2, f"job {job} shares: {self.shares(job)}"
-        return job
-
-    def host_leftovers(self, host: str, job: int) -> list[str]:
-        """What the job's shares could have left on ``host``, looked at from
-        inside it: records, lock and join cache in its state directory; its
-        containers (crun in its /run), network namespaces, the job's bridge
-        and the overlay mounts in its mount namespace."""
-        store = self.cluster.store(host)
-        found = [f"{host}: record {n}" for n in node.job_shares(store, job)]
-        if (store.root / "jobs" / f"{job}.lock").exists():
-            found.append(f"{host}: lock of job {job}")
-        found += [f"{host}: {p}" for p in (store.root / "jobs").glob(f"j{job}-*.join")]
-        sep = "; echo --; "
-        view = self.on(
-            host,
-            sep.join(
-                ["crun list -q", "ls /run/netns", "ip -o link", "cat /proc/mounts", NFT_TABLES]
-            ),
-        )
-        containers, netns, links, mounts, tables = view.split("--\n")
-        share = f"hpvc-j{job}-"
-        found += [f"{host}: container {c}" for c in containers.split() if c.startswith(share)]
-        found += [f"{host}: netns {n}" for n in netns.split() if n.startswith(share)]
-        if f" hpvc-j{job}:" in links or f" hpvc-j{job}@" in links:
-            found.append(f"{host}: bridge hpvc-j{job}")
-        found += [
-            f"{host}: mount {line.split()[1]}"
-            for line in mounts.splitlines()
-            if f"/clusters/j{job}-" in line
-        ]
-        vx = [vxlan_link_name(policy.share_name(job, i)) for i in range(len(HOSTS))]
-        found += [f"{host}: VXLAN {v}" for v in vx if f" {v}:" in links or f" {v}@" in links]
-        table = filter_table(vni_for(f"slurm-job-{job}"))
-        if table in tables.split():
-            found.append(f"{host}: nftables table {table}")
-        return found
-
-    def job_leftovers(self, job: int) -> list[str]:
-        """What the job could have left on any host, or on this machine as a
-        whole (cgroups; a bridge in the root namespace)."""
-        found = [x for h in HOSTS for x in self.host_leftovers(h, job)]
-        found += [str(p) for p in CGROUPS.glob(f"*/hpvc/j{job}-*") if p.exists()]
-        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-        if f" hpvc-j{job}:" in links.stdout:
-            found.append(f"root namespace: bridge hpvc-j{job}")
-        return found
-
-    def wait_clean(self, job: int, timeout: float = 30) -> None:
-        """The epilog runs after the job ends: wait for it to have cleaned up."""
-        deadline = time.monotonic() + timeout
-        left = self.job_leftovers(job)
-        while left and time.monotonic() < deadline:
-            time.sleep(0.3)
-            left = self.job_leftovers(job)
-        assert left == [], f"job {job} left behind: {left}"
-
-
-def spec_text(subnet: str, computes: int = 2) -> str:
-    return (
-        f'name = "sl"\nkind = "container"\nimage = "hpc"\n'
-        f'[network]\nsubnet = "{subnet}"\n'
-        '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
-        '[[nodes]]\nrole = "head"\nmemory = "128MiB"\n'
-        f'[[nodes]]\nrole = "compute"\ncount = {computes}\nmemory = "256MiB"\n'
-    )
-
-
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[Env]:
-    requires("root", "crun", "ip", "mpi")
-    requires_slurm()
-    image_ready()
-    if not Path("/usr/include/slurm/spank.h").exists():
-        if os.environ.get("HPVC_REQUIRE_ALL") == "1":
-            pytest.fail("slurm/spank.h missing (apt-get install libslurm-dev)")
-        pytest.skip("slurm/spank.h missing (apt-get install libslurm-dev)")
-    tmp = Path(tempfile.mkdtemp(prefix="hpvc-spank-test-"))
-    os.chmod(tmp, 0o755)
-    work = tmp / "work"
-    work.mkdir()
-    left: list[tuple[str, str]] = []
-    try:
-        # The same private cluster `hpvc bench slurm` uses, sharing `work` with the nodes.
-        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=f"binds={work}") as c:
-            try:
-                yield Env(tmp, c, work)
-            finally:
-                # Whatever a failed test left, taken down inside its host.
-                left = c.sweep(c.env["HPVC_BIN"])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    assert left == [], f"shares left after the module: {left}"
-
-
-@pytest.fixture
-def spec(slurm: Env) -> Path:
-    p = slurm.work / "cluster.toml"
-    p.write_text(spec_text(f"10.88.{100 + os.getpid() % 100}.0/24"))
-    return p
-
-
-def job_id(stderr_or_out: str) -> int:
-    for word in stderr_or_out.replace(":", " ").split():
-        if word.isdigit():
-            return int(word)
-    raise AssertionError(f"no job id in {stderr_or_out!r}")
-
-
-def last_job(slurm: Env) -> int:
-    r = slurm.run("squeue", "-h", "-t", "all", "-o", "%i")
-    ids = [int(x) for x in r.stdout.split() if x.isdigit()]
-    assert ids, f"no job known to slurmctld: {r.stdout} {r.stderr}"
-    return max(ids)
+from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
+from tests.integration.test_cluster import image_ready
+from tests.integration.test_slurm_cluster import requires_slurm, wait_state
 
 
 def test_srun_tasks_run_in_the_virtual_nodes(slurm: Env, spec: Path) -> None:
@@ -397,19 +226,42 @@ def test_sbatch_steps_run_in_nodes_and_script_on_host(slurm: Env, spec: Path) ->
 def test_salloc_gives_a_virtual_cluster(slurm: Env, spec: Path) -> None:
     """The first step brings the nodes up; the second joins them from the
     plugin's cache of the running shares (no hpvc process), same nodes."""
+    step1, go = slurm.work / "step1", slurm.work / "go"
     script = (
-        "srun -N2 -n2 hostname; ls $HPVC_SLURM_DIR/hpvc/*/jobs/; "
+        f"srun -N2 -n2 hostname; touch {step1}; while [ ! -e {go} ]; do sleep 0.1; done; "
         "srun -N2 -n4 sh -c 'test -e /proc/self/status && echo $(hostname) in-pid-ns'"
     )
-    r = slurm.run("salloc", "-N2", "-n4", f"--hpvc={spec}", "sh", "-c", script)
-    assert r.returncode == 0, r.stderr
-    job = job_id(r.stderr)
-    lines = r.stdout.split("\n")
-    assert sorted(lines[:2]) == ["compute0", "compute1"], r.stdout
-    assert f"j{job}-0.none.join" in r.stdout and f"j{job}-1.none.join" in r.stdout, r.stdout
+    argv = ["salloc", "-N2", "-n4", f"--hpvc={spec}", "sh", "-c", script]
+    user = slurm.cluster.user_env(slurm.user)
+    proc = subprocess.Popen(
+        argv, env=user, cwd=slurm.work, user=slurm.user.uid, group=slurm.user.gid,
+        extra_groups=[], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not step1.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert step1.exists(), "the first step did not finish"
+        job = last_job(slurm)
+        # The join records of the running shares, in their hosts' state (root's).
+        cached = sorted(
+            p.name
+            for h in HOSTS
+            for p in (slurm.cluster.store(h).root / "jobs").glob(f"j{job}-*.join")
+        )
+        assert cached == [f"j{job}-0.none.join", f"j{job}-1.none.join"], cached
+        go.touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    lines = out.split("\n")
+    assert sorted(lines[:2]) == ["compute0", "compute1"], out
     second = sorted(x for x in lines if x.startswith("compute") and " " in x)
     # 4 tasks on 2 hosts, each in its host's compute node, inside its PID namespace
-    assert second == ["compute0 in-pid-ns"] * 2 + ["compute1 in-pid-ns"] * 2, r.stdout
+    assert second == ["compute0 in-pid-ns"] * 2 + ["compute1 in-pid-ns"] * 2, out
     slurm.wait_clean(job)
 
 
@@ -463,12 +315,9 @@ def test_unknown_plugstack_key_refuses(slurm: Env, spec: Path) -> None:
     bad_conf = slurm.tmp / "bad-slurm.conf"
     text = conf.read_text().replace(str(conf.parent / "plugstack.conf"), str(plug))
     bad_conf.write_text(text)
-    env = dict(slurm.env, SLURM_CONF=str(bad_conf))
+    env = {"SLURM_CONF": str(bad_conf)}
     before = last_job(slurm)
-    r = subprocess.run(
-        ["srun", "-N1", f"--hpvc={spec}", "hostname"],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    r = slurm.run("srun", "-N1", f"--hpvc={spec}", "hostname", timeout=30, env=env)
     assert r.returncode != 0
     assert "hpvc: plugstack.conf: unknown argument 'colour'" in r.stderr, r.stderr
     assert last_job(slurm) == before
@@ -486,10 +335,9 @@ def test_unknown_state_dir_sequence_refuses(slurm: Env, spec: Path) -> None:
     bad_conf = slurm.tmp / "bad-state-slurm.conf"
     bad_conf.write_text(conf.read_text().replace(str(conf.parent / "plugstack.conf"), str(plug)))
     before = last_job(slurm)
-    r = subprocess.run(
-        ["srun", "-N1", f"--hpvc={spec}", "hostname"],
-        env=dict(slurm.env, SLURM_CONF=str(bad_conf)),
-        capture_output=True, text=True, timeout=30, check=False,
+    r = slurm.run(
+        "srun", "-N1", f"--hpvc={spec}", "hostname", timeout=30,
+        env={"SLURM_CONF": str(bad_conf)},
     )  # fmt: skip
     assert r.returncode != 0
     assert "hpvc: plugstack.conf: state_dir=" in r.stderr, r.stderr
@@ -508,14 +356,16 @@ def test_remote_failure_reaches_the_user(slurm: Env, spec: Path) -> None:
     slurm.wait_clean(last_job(slurm))
 
 
-def test_bench_slurm_measures_both_paths() -> None:
-    """`hpvc bench slurm` on its own private Slurm cluster, one repetition."""
+def test_bench_slurm_measures_both_paths(tenants: tuple[Submitter, Submitter]) -> None:
+    """`hpvc bench slurm` on its own private Slurm cluster, one repetition,
+    every job submitted by a tenant."""
     requires("root", "crun", "ip")
     requires_slurm()
     image_ready()
     from hpvc.bench import slurm as bench
 
-    doc = bench.run(1)
+    doc = bench.run(1, user=tenants[0].name)
+    assert doc["submitted_by"] == tenants[0].name
     rows = {t["what"]: t for t in doc["table"]}
     assert set(rows) == set(bench.WHAT)
     for t in rows.values():

@@ -9,9 +9,8 @@ shared; scripts/slurm/down.sh on the way out.
 from __future__ import annotations
 
 import os
-import shutil
+import pwd
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from hpvc.bench import common
 from hpvc.cluster.state import Store
-from hpvc.errors import HpvcError
+from hpvc.errors import HpvcError, InputError
 from hpvc.progress import Progress, quiet
 from hpvc.slurm.policy import parse_share_name
 
@@ -66,6 +65,30 @@ def free_base_port(start: int = 7917) -> int:
 
 
 @dataclass(frozen=True)
+class Submitter:
+    """An ordinary user who submits jobs: Slurm runs their tasks with their ids,
+    and hpvc must hold their job to what Slurm gave it."""
+
+    name: str
+    uid: int
+    gid: int
+
+    @classmethod
+    def named(cls, name: str) -> Submitter:
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise InputError(
+                f"user {name!r}", "no such user on this machine", "give an existing user"
+            ) from None
+        if pw.pw_uid == 0:
+            raise InputError(
+                f"user {name!r}", "is root", "submit as an ordinary user, as a site's users do"
+            )
+        return cls(name, pw.pw_uid, pw.pw_gid)
+
+
+@dataclass(frozen=True)
 class SlurmCluster:
     """A private Slurm test cluster: its directory, the environment to submit
     to it, and a way into each of its hosts (namespaces, hpvc state)."""
@@ -105,6 +128,40 @@ class SlurmCluster:
             raise HpvcError(f"on {host}: {' '.join(argv)}", why or f"exit code {r.returncode}")
         return r.stdout
 
+    def user_env(self, user: Submitter) -> dict[str, str]:
+        """What a user's login shell would give srun: nothing of root's."""
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/",
+            "USER": user.name,
+            "LOGNAME": user.name,
+            "LANG": "C.UTF-8",
+            "SLURM_CONF": self.env["SLURM_CONF"],
+        }
+
+    def submit(
+        self,
+        user: Submitter,
+        argv: list[str],
+        cwd: Path,
+        timeout: float = TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` (srun, sbatch, salloc, squeue, scancel ...) run as ``user``:
+        their ids, no supplementary groups, their environment (plus ``env``)."""
+        return subprocess.run(
+            argv,
+            env={**self.user_env(user), **(env or {})},
+            cwd=cwd,
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def sweep(self, hpvc_bin: str) -> list[tuple[str, str]]:
         """Take every share left on any host down inside its host; return them."""
         left = self.shares()
@@ -113,10 +170,20 @@ class SlurmCluster:
         return left
 
 
-def hpvc_command() -> str:
-    """The hpvc of this Python (the venv running the benchmark), else PATH's."""
-    mine = Path(sys.executable).parent / "hpvc"
-    return str(mine) if mine.exists() else shutil.which("hpvc") or "hpvc"
+def site_install() -> Path:
+    """hpvc and the SPANK plugin installed where every user can run them
+    (scripts/slurm/install.sh, HPVC_SITE_PREFIX or /opt/hpvc), up to date with
+    this checkout; returns the prefix."""
+    r = subprocess.run(
+        ["bash", str(repo_dir() / "scripts" / "slurm" / "install.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise HpvcError("scripts/slurm/install.sh", (r.stderr or r.stdout).strip()[-300:])
+    return Path(r.stdout.strip().splitlines()[-1])
 
 
 @contextmanager
@@ -137,6 +204,8 @@ def private_slurm(
     )
     if b.returncode != 0:
         raise HpvcError("build native/spank", (b.stderr or b.stdout).strip()[-300:])
+    progress("installing hpvc and the plugin for every user (scripts/slurm/install.sh)")
+    prefix = site_install()
     from hpvc.image import default_store
 
     slurm_dir = tmp / "slurm"
@@ -146,8 +215,8 @@ def private_slurm(
         HPVC_SLURM_PORT=str(free_base_port()),
         HPVC_SLURM_HOST_STATE=str(slurm_dir / "hpvc" / "%h"),
         HPVC_IMAGE_DIR=str(default_store()),  # shared by the hosts, like a cluster file system
-        HPVC_SPANK_SO=str(repo / "native" / "spank" / "hpvc_spank.so"),
-        HPVC_BIN=hpvc_command(),
+        HPVC_SPANK_SO=str(prefix / "lib" / "hpvc_spank.so"),
+        HPVC_BIN=str(prefix / "venv" / "bin" / "hpvc"),
         HPVC_SPANK_ARGS=f"subnets={subnets} {extra_args}".strip(),
     )
     scripts = repo / "scripts" / "slurm"

@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> None:
     lets every other exception through; ours become one line, no traceback.
     """
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:
+        from importlib.metadata import version
+
+        print(f"hpvc {version('hpvc')}")
+        return
     try:
         if args[:1] == ["node"]:
             from hpvc.cli.node import node_app

@@ -191,13 +191,14 @@ the SPANK plugin of native/spank) and measures, alternated every repetition:
 virtual nodes come up inside the measured srun), and four `srun -N3 true`
 steps in one `salloc -N3` allocation with and without --hpvc (the first step
 is the time to a usable virtual cluster, the later ones what every further
-step costs). About 1 minute for 5 repetitions.
+step costs). Every job is submitted by an ordinary user (--user, default
+nobody), as on a site. About 1 minute for 5 repetitions.
 
 Examples:
 
   hpvc bench slurm
 
-  hpvc bench slurm --repeat 10 --out /tmp/slurmbench --json
+  hpvc bench slurm --repeat 10 --user alice --out /tmp/slurmbench --json
 """
 
 
@@ -205,9 +206,10 @@ Examples:
 def slurm_cmd(
     repeat: int = typer.Option(5, min=1, help="Repetitions."),
     out: Path = typer.Option(Path("bench/results/slurm"), help="Where results go."),
+    user: str = typer.Option("nobody", help="The ordinary user who submits the jobs."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
-    doc = slurm_bench.run(repeat, progress=_progress)
+    doc = slurm_bench.run(repeat, progress=_progress, user=user)
     if _written(out, doc, slurm_bench.report_md(doc), as_json):
         return
     t = Table(title=f"srun --hpvc vs plain srun, {repeat} repetitions (seconds)")
