@@ -12,7 +12,7 @@ import pytest
 from hpvc.cli import main
 from hpvc.errors import TopologyError
 from hpvc.topology import Topology, offline_cpus, read_topology
-from hpvc.topology.sysfs import parse_cpumask
+from hpvc.topology.files import parse_cpumask
 from hpvc.units import parse_cpulist
 from tests.conftest import snapshot_names
 from tests.helpers import TOPOLOGIES, requires
@@ -543,7 +543,15 @@ def test_cli_json_matches_read_topology(
     assert run_cli(["topology", "--root", str(root), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out == read_topology(root).to_json()
-    assert list(out) == ["packages", "numa_nodes", "online_cpus", "notes"]
+    assert list(out) == [
+        "packages",
+        "numa_nodes",
+        "online_cpus",
+        "allowed_cpus",
+        "allowed_mems",
+        "whole_system",
+        "notes",
+    ]
 
 
 def test_cli_table(snapshots: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,10 +17,14 @@ from hpvc.units import format_cpulist, format_mib
 HELP = (
     "Show the host's topology as hpvc sees it: packages (sockets), NUMA nodes with their"
     " CPUs, memory, free memory and hugepage pools, cores and online CPUs, plus every"
-    " assumption made where sysfs said nothing. Read-only.\n\n"
+    " assumption made where sysfs said nothing. Like hwloc, only the CPUs and NUMA"
+    " nodes this process may use (its cpuset: taskset, cgroup), which is all hpvc plan"
+    " and hpvc up place nodes on; --whole-system shows every one, marking the rest."
+    " Read-only.\n\n"
     "Examples:\n\n"
     "  hpvc topology\n\n"
     "  hpvc topology --json\n\n"
+    "  hpvc topology --whole-system\n\n"
     "  hpvc topology --root /tmp/t/16amd64-8n2c   # an extracted hwloc snapshot"
 )
 
@@ -28,6 +32,17 @@ HELP = (
 def _pools(node: NumaNode) -> str:
     """``2048kB: free/total`` per hugepage size, or ``-``."""
     return ", ".join(f"{p.size_kib}kB: {p.free}/{p.total}" for p in node.hugepages) or "-"
+
+
+def _cpus(topo: Topology, node: NumaNode) -> str:
+    """The node's CPUs; ``(allowed: ...)`` when this process may not use them all."""
+    if not node.cpus:
+        return "- (memory only)"
+    text = format_cpulist(node.cpus)
+    allowed = [c for c in node.cpus if c in set(topo.allowed_cpus)]
+    if len(allowed) < len(node.cpus):
+        text += f" (allowed: {format_cpulist(allowed) or 'none'})"
+    return text
 
 
 def render_table(topo: Topology) -> Table:
@@ -38,11 +53,12 @@ def render_table(topo: Topology) -> Table:
     owners = topo.cpu_package()
     for node in topo.numa_nodes:
         packages = sorted({owners[c] for c in node.cpus if c in owners})
+        barred = "" if node.id in topo.allowed_mems else " (not allowed)"
         table.add_row(
             Text(str(node.id)),
             Text(",".join(map(str, packages)) or "-"),
-            Text(format_cpulist(node.cpus) or "-"),
-            Text(format_mib(node.memory_mib)),
+            Text(_cpus(topo, node)),
+            Text(format_mib(node.memory_mib) + barred),
             Text(format_mib(node.free_mib)),
             Text(_pools(node)),
         )
@@ -76,10 +92,16 @@ def topology(
     json_out: bool = typer.Option(
         False, "--json", help="Print the topology as JSON (hpvc's Topology). Example: --json"
     ),
+    whole_system: bool = typer.Option(
+        False,
+        "--whole-system",
+        help="Show every online CPU and NUMA node, also those this process may not use"
+        " (marked; JSON: allowed_cpus, allowed_mems). Example: --whole-system",
+    ),
 ) -> None:
     """Show packages, NUMA nodes, cores, memory and hugepages of a host."""
     host = SysRoot(root)
-    topo = read_topology(host)
+    topo = read_topology(host, whole_system=whole_system)
     if json_out:
         print_json(topo.to_json())
         return

@@ -59,12 +59,38 @@ class Package:
 
 @dataclass(frozen=True)
 class Topology:
-    """Sockets, NUMA nodes, cores and online CPUs of one host."""
+    """Sockets, NUMA nodes, cores and online CPUs of one host.
+
+    ``allowed_cpus`` and ``allowed_mems`` are the online CPUs and NUMA nodes the
+    process that read the topology may use (its cpuset, see
+    ``hpvc.topology.allowed``); left empty they mean every online CPU and every
+    node. ``whole_system`` is False for a view cut down to them
+    (``read_topology`` without ``whole_system=True`` on a restricted process):
+    such a view holds only the allowed CPUs, and the nodes that are allowed or
+    hold an allowed CPU.
+    """
 
     packages: tuple[Package, ...]
     numa_nodes: tuple[NumaNode, ...]
     online_cpus: tuple[int, ...]
     notes: tuple[str, ...] = field(default=(), compare=False)
+    allowed_cpus: tuple[int, ...] = ()
+    allowed_mems: tuple[int, ...] = ()
+    whole_system: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.allowed_cpus:
+            object.__setattr__(self, "allowed_cpus", tuple(self.online_cpus))
+        if not self.allowed_mems:
+            object.__setattr__(self, "allowed_mems", tuple(n.id for n in self.numa_nodes))
+
+    @property
+    def restricted(self) -> bool:
+        """True when an online CPU or a NUMA node of the host is not allowed here."""
+        return not self.whole_system or (
+            set(self.online_cpus) > set(self.allowed_cpus)
+            or {n.id for n in self.numa_nodes} > set(self.allowed_mems)
+        )
 
     def node(self, node_id: int) -> NumaNode:
         for n in self.numa_nodes:
@@ -104,6 +130,9 @@ class Topology:
                 for n in self.numa_nodes
             ],
             "online_cpus": list(self.online_cpus),
+            "allowed_cpus": list(self.allowed_cpus),
+            "allowed_mems": list(self.allowed_mems),
+            "whole_system": self.whole_system,
             "notes": list(self.notes),
         }
 
@@ -132,4 +161,7 @@ class Topology:
             ),
             online_cpus=tuple(data["online_cpus"]),
             notes=tuple(data.get("notes", ())),
+            allowed_cpus=tuple(data.get("allowed_cpus", ())),
+            allowed_mems=tuple(data.get("allowed_mems", ())),
+            whole_system=bool(data.get("whole_system", True)),
         )

@@ -11,24 +11,28 @@ siblings reporting different ``core_id`` values (AMD compute units) are one
 core each; NUMA nodes are those in ``node/online`` (else the ``nodeN`` folders).
 Packages follow ``physical_package_id``.
 
-Long because hwloc's counting rules (thread siblings, AMD compute units,
-offline CPUs, CPU-less and memory-less nodes, hugepage pools per node) are one
-reading of one tree: split, each part would re-derive the others' facts.
+Like hwloc without ``--whole-system``, the topology holds only what this
+process may use (its cpuset, ``hpvc.topology.allowed``) unless asked for the
+whole system; either way ``allowed_cpus``/``allowed_mems`` say what that is.
+
+hwloc's counting rules (thread siblings, AMD compute units, offline CPUs,
+CPU-less and memory-less nodes, hugepage pools per node) are one reading of one
+tree, so they stay in this one module; the file reader is ``files.py``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hpvc.errors import TopologyError
-from hpvc.sysroot import HOST, RootLike, SysRoot, as_root
+from hpvc.sysroot import HOST, RootLike, as_root
+from hpvc.topology.allowed import allowed_sets, allowed_view
+from hpvc.topology.files import Reader
 from hpvc.topology.model import Core, HugePool, NumaNode, Package, Topology
-from hpvc.units import format_cpulist, parse_cpulist
+from hpvc.units import format_cpulist
 
 _CPU = "sys/devices/system/cpu"
 _NODE = "sys/devices/system/node"
@@ -39,120 +43,6 @@ _HUGE_DIR = re.compile(r"^hugepages-(\d+)kB$")
 _FREE_FIELDS = ("MemFree", "Inactive(file)", "SReclaimable")
 _THREAD_FILES = ("core_cpus_list", "thread_siblings_list", "core_cpus", "thread_siblings")
 _PACKAGE_FILES = ("package_cpus_list", "core_siblings_list", "package_cpus", "core_siblings")
-
-
-def parse_cpumask(text: str) -> list[int]:
-    """Parse a sysfs CPU mask (comma-separated 32-bit hex words, highest first).
-
-    >>> parse_cpumask("00000000,00000011")
-    [0, 4]
-    """
-    words = [w.strip() for w in text.strip().split(",")]
-    if not words or any(not w for w in words):
-        raise ValueError(f"bad CPU mask {text!r}")
-    cpus: list[int] = []
-    for index, word in enumerate(reversed(words)):
-        value = int(word, 16)
-        cpus.extend(index * 32 + bit for bit in range(32) if value >> bit & 1)
-    return cpus
-
-
-class _Reader:
-    """Reads files under one root and collects what had to be assumed."""
-
-    def __init__(self, root: SysRoot) -> None:
-        self.root = root.path
-        resolved = self.root.resolve()
-        self._guard = None if resolved == Path("/") else resolved
-        self.notes: list[str] = []
-        self._grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
-        self._cpuinfo: dict[int, dict[str, str]] | None = None
-
-    def path(self, rel: str) -> Path:
-        return self.root / rel
-
-    def _inside(self, p: Path) -> bool:
-        """False for a path that links out of the root: never read the host by accident."""
-        return self._guard is None or p.resolve().is_relative_to(self._guard)
-
-    def text(self, rel: str) -> str | None:
-        """Stripped content of ``root/rel``; None when absent, unreadable or outside root."""
-        p = self.path(rel)
-        try:
-            if not self._inside(p):
-                return None
-            return p.read_text(errors="replace").replace("\0", "").strip()
-        except (OSError, ValueError):
-            return None
-
-    def listdir(self, rel: str) -> list[str]:
-        """Names in ``root/rel``; empty when absent or outside root."""
-        p = self.path(rel)
-        try:
-            return os.listdir(p) if self._inside(p) else []
-        except (OSError, ValueError):
-            return []
-
-    def integer(self, rel: str) -> int | None:
-        text = self.text(rel)
-        try:
-            return int(text) if text is not None else None
-        except ValueError:
-            self.note(f"{rel}: {text!r} is not a number; ignored")
-            return None
-
-    def cpuset(self, rel: str) -> set[int] | None:
-        """A CPU list file (``*list``, ``online``, ``present``) or hex mask file as a set."""
-        text = self.text(rel)
-        if text is None:
-            return None
-        name = rel.rsplit("/", 1)[-1]
-        try:
-            listed = name.endswith("list") or name in ("online", "present")
-            return set(parse_cpulist(text) if listed else parse_cpumask(text))
-        except ValueError:
-            self.note(f"{rel}: cannot parse {text!r}; ignored")
-            return None
-
-    def entries(self, rel: str, pattern: re.Pattern[str]) -> list[int]:
-        """Sorted numbers N of the folders under ``rel`` whose names match ``pattern``."""
-        found = (pattern.match(n) for n in self.listdir(rel))
-        return sorted(int(m.group(1)) for m in found if m and self.path(f"{rel}/{m[0]}").is_dir())
-
-    def note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
-
-    def assume(self, reason: str, kind: str, item: int) -> None:
-        """Record ``reason`` for one "CPU" or "node"; items with one reason share a note."""
-        self._grouped[(reason, kind)].append(item)
-
-    def all_notes(self) -> tuple[str, ...]:
-        grouped = [
-            f"{reason} ({kind}{'s' if len(items) > 1 else ''} {format_cpulist(items)})"
-            for (reason, kind), items in self._grouped.items()
-        ]
-        return (*self.notes, *grouped)
-
-    def cpuinfo(self, cpu: int, key: str) -> int | None:
-        """A numeric field of ``cpu``'s block in /proc/cpuinfo, if any."""
-        if self._cpuinfo is None:
-            self._cpuinfo = _parse_cpuinfo(self.text("proc/cpuinfo") or "")
-        value = self._cpuinfo.get(cpu, {}).get(key)
-        return int(value) if value is not None and value.isdigit() else None
-
-
-def _parse_cpuinfo(text: str) -> dict[int, dict[str, str]]:
-    blocks: dict[int, dict[str, str]] = {}
-    for block in text.split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in block.splitlines():
-            key, sep, value = line.partition(":")
-            if sep:
-                fields[key.strip()] = value.strip()
-        if fields.get("processor", "").isdigit():
-            blocks[int(fields["processor"])] = fields
-    return blocks
 
 
 def _parse_meminfo(text: str) -> dict[str, int]:
@@ -180,12 +70,12 @@ class _Cpu:
 # ---------------------------------------------------------------- CPUs
 
 
-def _present_cpus(r: _Reader) -> list[int]:
+def _present_cpus(r: Reader) -> list[int]:
     present = r.cpuset(f"{_CPU}/present")
     return sorted(present) if present is not None else r.entries(_CPU, _CPU_DIR)
 
 
-def _online_cpus(r: _Reader) -> list[int]:
+def _online_cpus(r: Reader) -> list[int]:
     online = r.cpuset(f"{_CPU}/online")
     if online is not None:
         return sorted(online)
@@ -202,7 +92,7 @@ def _online_cpus(r: _Reader) -> list[int]:
     return dirs
 
 
-def _read_cpu(r: _Reader, cpu: int) -> _Cpu:
+def _read_cpu(r: Reader, cpu: int) -> _Cpu:
     topo = f"{_CPU}/cpu{cpu}/topology"
     if not r.path(topo).is_dir():
         r.assume("online but without a topology folder", "CPU", cpu)
@@ -222,7 +112,7 @@ def _read_cpu(r: _Reader, cpu: int) -> _Cpu:
     return _Cpu(cpu, package, core_id, threads, package_sets)
 
 
-def _resolve_packages(r: _Reader, cpus: dict[int, _Cpu]) -> None:
+def _resolve_packages(r: Reader, cpus: dict[int, _Cpu]) -> None:
     """Give CPUs without a package id one, from their package sibling set, else 0."""
     known = [c.package for c in cpus.values() if c.package is not None]
     next_id = max(known, default=-1) + 1
@@ -241,7 +131,7 @@ def _resolve_packages(r: _Reader, cpus: dict[int, _Cpu]) -> None:
             r.assume("no package information; assumed package 0", "CPU", c.id)
 
 
-def _check_packages(r: _Reader, cpus: dict[int, _Cpu]) -> None:
+def _check_packages(r: Reader, cpus: dict[int, _Cpu]) -> None:
     """Note where a package sibling file disagrees with the package ids (id wins)."""
     members: dict[int | None, set[int]] = defaultdict(set)
     for c in cpus.values():
@@ -257,7 +147,7 @@ def _check_packages(r: _Reader, cpus: dict[int, _Cpu]) -> None:
                 )
 
 
-def _core_members(r: _Reader, c: _Cpu, cpus: dict[int, _Cpu]) -> set[int]:
+def _core_members(r: Reader, c: _Cpu, cpus: dict[int, _Cpu]) -> set[int]:
     """The online CPUs sharing ``c``'s core (always including ``c``)."""
     if c.threads is not None:
         group = {t for t in c.threads if t in cpus and cpus[t].package == c.package} | {c.id}
@@ -277,7 +167,7 @@ def _core_members(r: _Reader, c: _Cpu, cpus: dict[int, _Cpu]) -> set[int]:
     return {c.id}
 
 
-def _cores(r: _Reader, cpus: dict[int, _Cpu]) -> dict[int, list[Core]]:
+def _cores(r: Reader, cpus: dict[int, _Cpu]) -> dict[int, list[Core]]:
     """Package id -> its cores; every online CPU lands in exactly one core."""
     out: dict[int, list[Core]] = defaultdict(list)
     taken: set[int] = set()
@@ -298,7 +188,7 @@ def _cores(r: _Reader, cpus: dict[int, _Cpu]) -> dict[int, list[Core]]:
 # ---------------------------------------------------------------- memory
 
 
-def _memory(r: _Reader, info: dict[str, int], node: int) -> tuple[int, int]:
+def _memory(r: Reader, info: dict[str, int], node: int) -> tuple[int, int]:
     """(memory_mib, free_mib) from one meminfo; free = MemFree+Inactive(file)+SReclaimable."""
     if "MemTotal" not in info:
         r.assume("no MemTotal in meminfo; memory and free taken as 0", "node", node)
@@ -313,7 +203,7 @@ def _memory(r: _Reader, info: dict[str, int], node: int) -> tuple[int, int]:
     return total, min(total, sum(info[f] for f in fields) // 1024)
 
 
-def _pools(r: _Reader, rel: str) -> list[HugePool] | None:
+def _pools(r: Reader, rel: str) -> list[HugePool] | None:
     """Hugepage pools from a ``hugepages/hugepages-<size>kB`` folder; None if absent."""
     sizes = r.entries(rel, _HUGE_DIR)
     if not sizes:
@@ -331,7 +221,7 @@ def _pools(r: _Reader, rel: str) -> list[HugePool] | None:
     return pools
 
 
-def _meminfo_pool(r: _Reader, info: dict[str, int], node: int) -> list[HugePool]:
+def _meminfo_pool(r: Reader, info: dict[str, int], node: int) -> list[HugePool]:
     """The default-size pool from meminfo's HugePages_* lines, when its size is known."""
     size = _parse_meminfo(r.text("proc/meminfo") or "").get("Hugepagesize")
     if size is None or "HugePages_Total" not in info:
@@ -341,7 +231,7 @@ def _meminfo_pool(r: _Reader, info: dict[str, int], node: int) -> list[HugePool]
     return [HugePool(size, info["HugePages_Total"], info.get("HugePages_Free", 0))]
 
 
-def _hugepages(r: _Reader, node: int, info: dict[str, int], alone: bool) -> list[HugePool]:
+def _hugepages(r: Reader, node: int, info: dict[str, int], alone: bool) -> list[HugePool]:
     """A node's pools: its own folder, else (sole node) the system-wide one, else meminfo."""
     pools = _pools(r, f"{_NODE}/node{node}/hugepages")
     if pools is None and alone:
@@ -356,7 +246,7 @@ def _hugepages(r: _Reader, node: int, info: dict[str, int], alone: bool) -> list
 # ---------------------------------------------------------------- NUMA nodes
 
 
-def _node_ids(r: _Reader) -> list[int]:
+def _node_ids(r: Reader) -> list[int]:
     """Online NUMA node ids (``node/online``, else the ``nodeN`` folders)."""
     dirs = r.entries(_NODE, _NODE_DIR)
     online = r.cpuset(f"{_NODE}/online")
@@ -369,7 +259,7 @@ def _node_ids(r: _Reader) -> list[int]:
     return sorted(online)
 
 
-def _node_cpus(r: _Reader, node: int) -> set[int]:
+def _node_cpus(r: Reader, node: int) -> set[int]:
     base = f"{_NODE}/node{node}"
     for name in ("cpulist", "cpumap"):
         found = r.cpuset(f"{base}/{name}")
@@ -379,7 +269,7 @@ def _node_cpus(r: _Reader, node: int) -> set[int]:
     return {int(m.group(1)) for m in map(_CPU_DIR.match, r.listdir(base)) if m}
 
 
-def _read_node(r: _Reader, node: int, online: set[int], alone: bool) -> NumaNode:
+def _read_node(r: Reader, node: int, online: set[int], alone: bool) -> NumaNode:
     info = _parse_meminfo(r.text(f"{_NODE}/node{node}/meminfo") or "")
     memory, free = _memory(r, info, node)
     cpus = tuple(sorted(_node_cpus(r, node) & online))
@@ -387,7 +277,7 @@ def _read_node(r: _Reader, node: int, online: set[int], alone: bool) -> NumaNode
     return NumaNode(node, cpus, memory, free, tuple(sorted(pools, key=lambda p: p.size_kib)))
 
 
-def _whole_host_node(r: _Reader, online: list[int]) -> NumaNode:
+def _whole_host_node(r: Reader, online: list[int]) -> NumaNode:
     """Node 0 holding every CPU, for roots without NUMA information."""
     r.note(f"no NUMA nodes under {_NODE}; assumed one node 0 with all CPUs and /proc/meminfo")
     info = _parse_meminfo(r.text("proc/meminfo") or "")
@@ -398,7 +288,7 @@ def _whole_host_node(r: _Reader, online: list[int]) -> NumaNode:
     return NumaNode(0, tuple(online), memory, free, tuple(sorted(pools, key=lambda p: p.size_kib)))
 
 
-def _numa_nodes(r: _Reader, online: list[int]) -> list[NumaNode]:
+def _numa_nodes(r: Reader, online: list[int]) -> list[NumaNode]:
     ids = _node_ids(r)
     if not ids:
         return [_whole_host_node(r, online)]
@@ -414,7 +304,7 @@ def _numa_nodes(r: _Reader, online: list[int]) -> list[NumaNode]:
     return nodes
 
 
-def _linked_nodes(r: _Reader, cpus: Iterable[int]) -> set[int]:
+def _linked_nodes(r: Reader, cpus: Iterable[int]) -> set[int]:
     """Node ids named by ``cpuN/nodeM`` entries (links are not followed)."""
     found: set[int] = set()
     for cpu in cpus:
@@ -436,7 +326,7 @@ def _packages(cores: dict[int, list[Core]], nodes: Iterable[NumaNode]) -> tuple[
     return tuple(out)
 
 
-def _open(root: RootLike) -> _Reader:
+def _open(root: RootLike) -> Reader:
     r = as_root(root)
     path = r.path
     if not path.is_dir():
@@ -445,11 +335,15 @@ def _open(root: RootLike) -> _Reader:
             f"{path} is not a directory",
             "pass --root a folder holding sys/ and proc/, or leave it out for /",
         )
-    return _Reader(r)
+    return Reader(r)
 
 
-def read_topology(root: RootLike = HOST) -> Topology:
-    """Read packages, NUMA nodes, cores and online CPUs of the host at ``root``."""
+def read_topology(root: RootLike = HOST, whole_system: bool = False) -> Topology:
+    """Read packages, NUMA nodes, cores and online CPUs of the host at ``root``.
+
+    Only the CPUs and NUMA nodes this process may use (``hpvc.topology.allowed``),
+    unless ``whole_system``: then every online CPU and node, with what is allowed
+    in ``allowed_cpus``/``allowed_mems``."""
     r = _open(root)
     online = _online_cpus(r)
     if not online:
@@ -465,13 +359,17 @@ def read_topology(root: RootLike = HOST) -> Topology:
     _resolve_packages(r, cpus)
     _check_packages(r, cpus)
     cores = _cores(r, cpus)
-    nodes = _numa_nodes(r, online)
-    return Topology(
+    nodes = sorted(_numa_nodes(r, online), key=lambda n: n.id)
+    allowed_cpus, allowed_mems = allowed_sets(r, online, [n.id for n in nodes])
+    whole = Topology(
         packages=_packages(cores, nodes),
-        numa_nodes=tuple(sorted(nodes, key=lambda n: n.id)),
+        numa_nodes=tuple(nodes),
         online_cpus=tuple(online),
         notes=r.all_notes(),
+        allowed_cpus=allowed_cpus,
+        allowed_mems=allowed_mems,
     )
+    return whole if whole_system else allowed_view(whole)
 
 
 def offline_cpus(root: RootLike = HOST) -> tuple[int, ...]:
