@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)\s*(/s)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)(B?)\s*(/s)?\s*", re.IGNORECASE)
 _POW = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
 
 
@@ -23,7 +23,7 @@ def parse_size(text: str | int) -> int:
         if text < 0:
             raise ValueError("a size cannot be negative")
         return text
-    m = _SIZE_RE.match(text)
+    m = _SIZE_RE.fullmatch(text)
     if not m:
         raise ValueError(f"{text!r} is not a size (write e.g. '2GiB', '512MiB', '50MB')")
     number, prefix, binary, byte, _rate = m.groups()

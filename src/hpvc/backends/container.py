@@ -19,15 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import cgroups, net, procfs, tree
+from hpvc.host import cgroups, mountns, net, procfs, tree
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.orphans import HOLDER_ENV
+from hpvc.paths import private_dir
 from hpvc.plan.model import Plan, PlannedNode
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
 from hpvc.render.oci import dumps, render_oci_config
 
 RUNTIME = "crun"
+# What a tenant's (Slurm share's) nodes get on every host mount a user can use.
+USER_MOUNT_OPTS = "nosuid,nodev"
 # PID 1 of a node: reaps children, exits on SIGTERM, costs nothing while idle.
 INIT = ("/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done")
 
@@ -122,11 +125,14 @@ def start_holder(journal: Journal, pidfile: Path, cluster: str) -> int:
     raise HpvcError("namespace holder", "unshare did not start (is util-linux installed?)")
 
 
-def mount_tmpfs(journal: Journal, path: Path, size_mib: int) -> None:
-    path.mkdir(parents=True, exist_ok=True)
+def mount_tmpfs(journal: Journal, path: Path, size_mib: int, *, tenant: bool = False) -> None:
+    """A tmpfs the nodes share as /dev/shm (1777 inside them; on the host only
+    root reaches it, through the cluster's private folder). ``tenant``: nosuid,nodev."""
+    private_dir(path)
     journal.record("tmpfs", path=str(path))
+    opts = f"{USER_MOUNT_OPTS}," if tenant else ""
     _run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=1777", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", f"{opts}size={size_mib}m,mode=1777", "tmpfs", str(path)],
         f"tmpfs {path}",
     )
 
@@ -149,12 +155,28 @@ class NodeHandle:
     host_ifname: str
 
 
-def mount_overlay(journal: Journal, lower: Path, node_dir: Path) -> Path:
+def mount_overlay(journal: Journal, lower: Path, node_dir: Path, *, tenant: bool = False) -> Path:
+    """The node's root: an overlay of the image (``lower``) at ``node_dir``/rootfs.
+
+    ``node_dir`` is root's alone (0700): that, not the root's own mode, keeps
+    other users out. The upper folder gets the image root's mode, because the
+    overlay's root takes it: inside the node "/" stays 0755 for its users.
+    ``tenant``: mounted nosuid,nodev, so a setuid binary of the image (su,
+    mount, passwd) or a device node made inside gives a user nothing (crun's
+    bind of the root drops the flags: ``start_container`` sets them again in
+    the node's mount namespace).
+    """
     upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "rootfs"
-    for d in (upper, work, merged):
-        d.mkdir(parents=True, exist_ok=True)
+    private_dir(node_dir)
+    for d in (work, merged):
+        private_dir(d)
+    if not upper.is_dir():
+        os.mkdir(upper, 0o700)
+        os.chmod(upper, lower.stat().st_mode & 0o7777)  # widened inside the private node_dir
     journal.record("overlay", path=str(merged))
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    if tenant:
+        opts = f"{USER_MOUNT_OPTS},{opts}"
     _run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], f"overlay {merged}")
     return merged
 
@@ -185,7 +207,11 @@ def wire_node(
 def start_container(
     journal: Journal, plan: Plan, node: PlannedNode, ctx: RenderContext, node_dir: Path
 ) -> str:
-    """Write config.json into the node's bundle and run it detached with crun."""
+    """Write config.json into the node's bundle and run it detached with crun.
+
+    A tenant's node (``ctx.tenant``) is created, its root made nosuid,nodev,
+    then started: nothing runs in it before its root is hardened.
+    """
     cid = container_id(plan.cluster, node.name)
     config = render_oci_config(plan, node, ctx)
     (node_dir / "config.json").write_text(dumps(config))
@@ -193,17 +219,22 @@ def start_container(
     # The node's init inherits crun's stdio: give it a log file, not our pipes
     # (a pipe would stay open for the container's life and block us forever).
     log = node_dir / "console.log"
-    with open(log, "ab") as out:
-        r = subprocess.run(
-            [runtime(), "run", "--detach", "--bundle", str(node_dir), cid],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            check=False,
-        )
-    if r.returncode != 0:
-        lines = log.read_text(errors="replace").strip().splitlines()
-        raise HpvcError(f"container {cid}", lines[-1] if lines else f"crun exit {r.returncode}")
+    steps = [["create"], ["start"]] if ctx.tenant else [["run", "--detach"]]
+    for step in steps:
+        bundle = ["--bundle", str(node_dir)] if step[0] != "start" else []
+        with open(log, "ab") as out:
+            r = subprocess.run(
+                [runtime(), *step, *bundle, cid],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                check=False,
+            )
+        if r.returncode != 0:
+            lines = log.read_text(errors="replace").strip().splitlines()
+            raise HpvcError(f"container {cid}", lines[-1] if lines else f"crun exit {r.returncode}")
+        if step == ["create"]:
+            mountns.harden_root(container_pid(cid))
     return cid
 
 

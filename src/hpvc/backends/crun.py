@@ -6,6 +6,12 @@ co-resident nodes talk through shared memory, bfq on the state disk when a
 node has an I/O weight. Per node: an overlay root over the image, its own
 network namespace with a veth on the cluster bridge, and the container
 itself (``hpvc.backends.container`` holds those crun and mount primitives).
+
+A tenant's cluster (``ClusterRecord.tenant``: a Slurm share, run for an
+ordinary user) gets every mount a user can reach nosuid,nodev: the node's
+root, its /dev/shm and the folders bound into it, so the image's setuid
+binaries (su, mount, passwd) give a user inside nothing. Root's own clusters
+(``hpvc up``) keep the image as it is: root runs them for itself.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ def render_context(env: ClusterEnv) -> RenderContext:
             *((p, p, False) for p in env.rec.binds),
         ),
         block_device=(int(dev[0]), int(dev[1])) if dev else None,
+        tenant=env.rec.tenant,
     )
 
 
@@ -121,7 +128,7 @@ class CrunBackend:
         inject("cgroup")
         (env.dir / "shared").mkdir(parents=True, exist_ok=True)
         if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
-            ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB)
+            ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB, tenant=env.rec.tenant)
             st.shm = str(env.dir / "shm")
             st.holder_pid = ct.start_holder(j, env.dir / "holder.pid", env.name)
         dev = blkio.block_device(env.store.root)
@@ -139,7 +146,7 @@ class CrunBackend:
             j = env.node_journal(name)
             node_dir = env.node_dir(name)
             tree.record(j, node_dir)
-            ct.mount_overlay(j, rootfs, node_dir)
+            ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant)
             ct.wire_node(j, plan, node, remote_arp(env))
             ct.start_container(j, plan, node, ctx, node_dir)
             if node.io is not None:  # bfq weight (crun cannot), and a check of the throttles

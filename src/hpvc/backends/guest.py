@@ -21,6 +21,7 @@ from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem, tree
 from hpvc.host.journal import Journal
 from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
+from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
@@ -115,7 +116,7 @@ def node_context(
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
     tree.record(j, node_dir)
-    node_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(node_dir)
     disk = node_disk(guest.disk, node_dir / f"disk.{DISK_MODE}", DISK_MODE)
     pub = (store.cluster_dir(plan.cluster) / "id_ed25519.pub").read_text().strip()
     cmdline = kernel_cmdline(

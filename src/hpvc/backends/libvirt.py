@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from hpvc.backends import vm_libvirt
 from hpvc.backends.base import Capabilities, ClusterEnv
 from hpvc.backends.qemu import QemuBackend, vm_state
+from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
 from hpvc.render.context import RenderContext
@@ -48,7 +49,7 @@ class LibvirtBackend(QemuBackend):
 
     def start_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode, ctx: RenderContext) -> int:
         """Define and start the node's domain; QEMU's PID (the guest not yet booted)."""
-        Path(ctx.node_run_dir(plan.cluster, node.name)).mkdir(parents=True, exist_ok=True)
+        private_dir(Path(ctx.node_run_dir(plan.cluster, node.name)))
         xml = render_domain_xml(plan, node, ctx)
         (env.node_dir(node.name) / "domain.xml").write_text(xml)
         conn = vm_libvirt.connect(self._uri(env))

@@ -103,6 +103,7 @@ class QemuBackend:
         """The cluster's ssh key, and the accelerator its guests run on."""
         st = vm_state(env)
         g.ssh_key(env.dir)
+        env.store.run_dir(env.name)  # QMP and console sockets: root's alone
         choice = accelerator()
         st.accel, st.accel_warning = choice.name, choice.warning
         if choice.warning:

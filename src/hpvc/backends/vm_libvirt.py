@@ -78,7 +78,7 @@ def _basic_undefine(lv: Any) -> int:
 _STATES = (
     "nostate", "running", "blocked", "paused", "shutdown", "shutoff", "crashed", "pmsuspended",
 )  # fmt: skip
-_VCPU_THREAD = re.compile(r"^CPU (\d+)/(KVM|TCG)$")  # with -name ...,debug-threads=on
+_VCPU_THREAD = re.compile(r"CPU (\d+)/(KVM|TCG)")  # with -name ...,debug-threads=on
 _URIS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
@@ -377,7 +377,7 @@ def vcpu_threads(pid: int, proc: Path = PROC) -> dict[int, int]:
     """vCPU index -> host thread ID, from the thread names (``CPU 0/TCG``) of a QEMU."""
     out: dict[int, int] = {}
     for tid, comm in procfs.thread_names(pid, proc).items():
-        m = _VCPU_THREAD.match(comm)
+        m = _VCPU_THREAD.fullmatch(comm)
         if m:
             out[int(m.group(1))] = tid
     return out

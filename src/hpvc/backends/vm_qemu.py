@@ -64,6 +64,7 @@ from hpvc.host.procfs import is_qemu as is_qemu
 from hpvc.host.procfs import running as running
 from hpvc.host.procfs import task_ids as task_ids
 from hpvc.host.procfs import thread_affinity
+from hpvc.paths import private_dir
 from hpvc.render.qemu import QemuLaunch, QemuPinning
 from hpvc.units import format_cpulist
 
@@ -159,7 +160,7 @@ def start_qemu(
         raise HpvcError(what, f"already running as PID {already[0]}", "run 'hpvc down' first")
     files = launch_files(launch.argv)
     for path in (*files.sockets, *files.logs, launch.pidfile, str(log)):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        private_dir(Path(path).parent)  # in hpvc's state: root's alone
     sockets = list(dict.fromkeys([launch.qmp_socket, *files.sockets]))
     journal.record(
         "qemu", name=name, pidfile=launch.pidfile, qmp=launch.qmp_socket, sockets=sockets

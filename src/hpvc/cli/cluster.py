@@ -10,7 +10,7 @@ from rich.table import Table
 
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.cluster import lifecycle, ops
-from hpvc.errors import HpvcError, InputError
+from hpvc.errors import HpvcError, InputError, SpecError
 from hpvc.units import format_cpulist
 
 UP_HELP = """Bring a cluster up on this host: plan, then start every node.
@@ -33,11 +33,29 @@ def _progress(msg: str) -> None:
     err_console.print(f"[dim]{msg}[/dim]")
 
 
+def refuse_reserved_name(spec_path: str) -> None:
+    """A user's cluster may not take a name of the shape Slurm's shares have
+    (``j<job>-<index>``, hpvc.slurm.policy): ``hpvc node down`` of that job
+    would take it down, and the job's share could not come up."""
+    from hpvc.slurm.policy import parse_share_name
+    from hpvc.spec import load_spec
+
+    name = load_spec(spec_path).name
+    if parse_share_name(name) is not None:
+        raise SpecError(
+            spec_path,
+            "name",
+            f"{name!r} has the shape of a Slurm job's share (j<job>-<index>), kept for them",
+            "give the cluster another name",
+        )
+
+
 def up_cmd(
     spec: str = typer.Argument(..., help="Cluster spec (TOML)."),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster's status as JSON."),
 ) -> None:
     t0 = time.perf_counter()
+    refuse_reserved_name(spec)
     with err_console.status("bringing the cluster up"):
         rec = lifecycle.up(spec, progress=_progress)
     if as_json:

@@ -123,16 +123,20 @@ def up_spec(
     hosts: str | None = None,
     binds: tuple[str, ...] = (),
     overlay: Overlay | None = None,
+    tenant: bool = False,
 ) -> ClusterRecord:
     """``up`` of an already loaded spec. Slurm shares plan part of a cluster
     (``planner``), give every node the whole cluster's /etc/hosts (``hosts``),
-    the site's shared directories (``binds``), and join this host's part to the
-    cluster's other hosts (``overlay``, VXLAN)."""
+    the site's shared directories (``binds``), join this host's part to the
+    cluster's other hosts (``overlay``, VXLAN), and are run for an ordinary
+    user (``tenant``: the backend hardens what a user can reach of the nodes,
+    e.g. container roots mounted nosuid,nodev; kept in the record, so a later
+    scale does the same). ``hpvc up`` is root's own cluster: not a tenant."""
     backend = preflight(spec)
     store = store or Store()
     with store.cluster_lock(spec.name, "hpvc up", _waiting(spec.name, progress)):
         return _up_locked(backend, spec, doc, spec_path, store, progress, planner,
-                          hosts=hosts, binds=binds, overlay=overlay)  # fmt: skip
+                          hosts=hosts, binds=binds, overlay=overlay, tenant=tenant)  # fmt: skip
 
 
 def _waiting(name: str, progress: Progress) -> Callable[[str], None]:
@@ -151,6 +155,7 @@ def _up_locked(
     hosts: str | None,
     binds: tuple[str, ...],
     overlay: Overlay | None,
+    tenant: bool,
 ) -> ClusterRecord:
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
@@ -161,6 +166,7 @@ def _up_locked(
     rec.phases = phases
     rec.overlay = overlay.to_json() if overlay is not None else None
     rec.binds = list(binds)
+    rec.tenant = tenant
     # A killed `up` still rolls back (only in this process: see _terminated).
     previous = signal.signal(signal.SIGTERM, _terminated(os.getpid()))
     env = ClusterEnv(store, rec, backend.new_state())

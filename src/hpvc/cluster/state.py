@@ -7,6 +7,14 @@ Layout under the state directory (``$HPVC_STATE_DIR``, default /var/lib/hpvc):
     clusters/<name>/cluster.json  spec, plan, status, what the cluster holds
     clusters/<name>/journal.jsonl cluster-wide host changes, undone last
     clusters/<name>/nodes/<node>/journal.jsonl   one node's host changes
+    locks/<name>.lock             one cluster's lock (up, scale, down)
+    run/<name>/<node>/            sockets and pid files of a node (VMs)
+
+Only root may enter it: every folder hpvc makes here is 0700 from the start
+(``hpvc.paths.private_dir``), so no other user reaches a node's root, its
+shared memory or the state of anyone's cluster, nor lists who runs what
+(under Slurm the clusters are other users' jobs). ``clusters``, ``locks`` and
+``run`` left open by an older hpvc are closed when next used.
 
 Records are written atomically (temp file + rename), so a crash of the CLI
 leaves either the old or the new record, never half of one; the journals
@@ -30,6 +38,7 @@ from hpvc.errors import InputError
 from hpvc.host.journal import Journal
 from hpvc.locks import file_lock, owned_lock
 from hpvc.paths import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
+from hpvc.paths import private_dir
 from hpvc.paths import state_dir as state_dir
 from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
@@ -56,6 +65,9 @@ class ClusterRecord:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of `up`
     up_seconds: float | None = None
     overlay: dict[str, Any] | None = None  # hpvc.plan.overlay.Overlay: the network across hosts
+    # Run for an ordinary user (a Slurm share), not by root for root: what a user
+    # can reach of the nodes is hardened (container roots nosuid,nodev).
+    tenant: bool = False
 
     def the_plan(self) -> Plan:
         return plan_from_json(self.plan)
@@ -77,7 +89,7 @@ class Store:
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive lock over planning and record changes on this host."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         with file_lock(self.root / "state.lock"):
             yield
 
@@ -87,8 +99,7 @@ class Store:
         commands) for their whole run: a second caller waits, told who holds it.
         Outside the cluster's folder, which ``down`` removes. Take it before
         ``lock()``, never inside it."""
-        d = self.root / "locks"
-        d.mkdir(parents=True, exist_ok=True)
+        d = private_dir(self.root / "locks", tighten=True)
         with owned_lock(d / f"{name}.lock", f"PID {os.getpid()} ({what})", on_wait):
             yield
 
@@ -97,6 +108,10 @@ class Store:
 
     def node_dir(self, name: str, node: str) -> Path:
         return self.cluster_dir(name) / "nodes" / node
+
+    def run_dir(self, name: str) -> Path:
+        """The cluster's folder of sockets and pid files, made (privately) if missing."""
+        return private_dir(private_dir(self.root / "run", tighten=True) / name)
 
     def journal(self, name: str) -> Journal:
         return Journal(self.cluster_dir(name) / "journal.jsonl")
@@ -128,10 +143,12 @@ class Store:
 
     def save(self, rec: ClusterRecord) -> None:
         rec.updated = time.time()
-        d = self.cluster_dir(rec.name)
-        d.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root / "clusters", tighten=True)
+        d = private_dir(self.cluster_dir(rec.name))
         tmp = d / "cluster.json.tmp"
-        tmp.write_text(json.dumps(rec.to_json(), indent=1) + "\n")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(rec.to_json(), indent=1) + "\n")
         os.replace(tmp, d / "cluster.json")
 
     def remove(self, name: str) -> None:

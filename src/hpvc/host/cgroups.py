@@ -163,6 +163,8 @@ def ensure_hugetlb_v1(journal: Journal, root: RootLike = HOST) -> bool:
     try:
         _run(root, ["mount", "-t", "cgroup", "-o", "hugetlb", "cgroup", str(real)])
     except HpvcError as e:
+        if "hugetlb" in cgroup_layout(root).v1:
+            return False  # a concurrent `up` bound it first: the same host-wide state
         raise HpvcError(
             "bind hugetlb to cgroup v1",
             e.why,

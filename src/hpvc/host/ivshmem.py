@@ -32,6 +32,7 @@ from pathlib import Path
 from hpvc.errors import HpvcError, InputError
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.locks import file_lock
+from hpvc.paths import private_dir
 
 MiB = 1 << 20
 DEFAULT_MIB = 64  # a power of two: QEMU aborts on a BAR size that is not
@@ -144,8 +145,8 @@ def allocate(
     check_size(size_mib)
     shm = shm_dir or SHM_DIR
     where = _backing_dir(size_mib, hugepage_dir, shm)
-    state_root.mkdir(parents=True, exist_ok=True)
-    (state_root / IDS_DIR).mkdir(exist_ok=True)
+    private_dir(state_root)
+    private_dir(state_root / IDS_DIR, tighten=True)  # its files name clusters
     lock = state_root / LOCK_NAME
     with file_lock(lock):
         while True:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpvc.paths import private_dir
 from hpvc.progress import Progress, quiet
 
 Args = dict[str, Any]
@@ -72,7 +73,7 @@ class Journal:
         fn = _UNDO.get(kind)
         if fn is None:  # a change nobody could undo must never be made
             raise RuntimeError(f"journal: no @undoer registered for {kind!r}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)  # journals live in hpvc's (root-only) state
         entry: dict[str, Any] = {"kind": kind, "args": args, "module": fn.__module__}
         line = json.dumps(entry, sort_keys=True) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

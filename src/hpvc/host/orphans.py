@@ -38,7 +38,7 @@ from hpvc.host.probe import read_mounts
 NETNS_DIR = Path("/run/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 HOLDER_ENV = "HPVC_HOLDER"  # set by hpvc.backends.container.start_holder
-_NODE_LINK = re.compile(r"^(hc[0-9a-f]{13}|hv[0-9a-f]{12})$")
+_NODE_LINK = re.compile(r"(hc[0-9a-f]{13}|hv[0-9a-f]{12})")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _links(keep: Keep, prefix: str) -> list[Orphan]:
             if name in keep.links:
                 continue
             bridge = kind == "bridge" and name.startswith(f"hpvc-{prefix}")
-            node = kind in ("veth", "tun") and _NODE_LINK.match(name) and not prefix
+            node = kind in ("veth", "tun") and _NODE_LINK.fullmatch(name) and not prefix
             if bridge or node:
                 out.append(Orphan("link", name, str(kind)))
     return out

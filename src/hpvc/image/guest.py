@@ -72,8 +72,8 @@ BASE_CMDLINE = (
     "panic=-1",
     "ipv6.disable=1",
 )
-_HOSTNAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_PUBKEY = re.compile(r"^(ssh|ecdsa|sk)-[a-z0-9@.-]+ [A-Za-z0-9+/]+=*( [ -~]*)?$")
+_HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_PUBKEY = re.compile(r"(ssh|ecdsa|sk)-[a-z0-9@.-]+ [A-Za-z0-9+/]+=*( [ -~]*)?")
 _TOOLS = {"make": "make", "gcc": "gcc", "cpio": "cpio", "mkfs.ext4": "e2fsprogs"}
 
 
@@ -122,7 +122,7 @@ def kernel_cmdline(
 
 
 def _hostname(name: str) -> str:
-    if not _HOSTNAME.match(name):
+    if not _HOSTNAME.fullmatch(name):
         raise CmdlineError(
             f"guest name {name!r}", "not a host name", "use a-z, 0-9 and '-', up to 63 characters"
         )
@@ -141,7 +141,7 @@ def _interface(ip_cidr: str) -> str:
 
 def _encode_key(pubkey: str) -> str:
     line = pubkey.strip()
-    if not _PUBKEY.match(line):
+    if not _PUBKEY.fullmatch(line):
         raise CmdlineError(
             "guest ssh key", "not one OpenSSH public key line", "pass the content of id_*.pub"
         )

@@ -46,7 +46,7 @@ MODULES: tuple[str, ...] = (
     "net_failover",
     "virtio_net",
 )
-_KVER = re.compile(r"^[0-9][0-9A-Za-z.+~-]*-cloud-amd64$")
+_KVER = re.compile(r"[0-9][0-9A-Za-z.+~-]*-cloud-amd64")
 _DEPENDS = re.compile(r"^\s*\|?(?:Pre)?Depends:\s*linux-image-(\S+-cloud-amd64)\s*$", re.M)
 _MODINFO_DEPENDS = re.compile(rb"(?:^|\0)depends=([^\0]*)\0")
 _SUFFIXES = (".ko", ".ko.xz", ".ko.gz", ".ko.zst")
@@ -73,7 +73,7 @@ class Kernel:
 
 def check_version(kver: str) -> str:
     """``kver`` if it looks like a cloud kernel's release (``6.1.0-56-cloud-amd64``)."""
-    if not _KVER.match(kver):
+    if not _KVER.fullmatch(kver):
         raise HpvcError(
             f"guest kernel {kver!r}", "not a cloud kernel release", "e.g. 6.1.0-56-cloud-amd64"
         )
@@ -124,7 +124,9 @@ def cached_versions(guest_dir: Path) -> list[str]:
     if not guest_dir.is_dir():
         return []
     found = [
-        k for k in guest_dir.iterdir() if _KVER.match(k.name) and Kernel(k.name, k).is_complete()
+        k
+        for k in guest_dir.iterdir()
+        if _KVER.fullmatch(k.name) and Kernel(k.name, k).is_complete()
     ]
     return [k.name for k in sorted(found, key=lambda k: k.stat().st_mtime, reverse=True)]
 

@@ -39,15 +39,15 @@ DEFAULT_PACKAGES: tuple[str, ...] = (
     "openssh-client",
 )
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
-_SUITE_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-_MIRROR_RE = re.compile(r"^(https?|file)://[^\s,'\"]+$")
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+_PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
+_SUITE_RE = re.compile(r"[a-z][a-z0-9-]*")
+_MIRROR_RE = re.compile(r"(https?|file)://[^\s,'\"]+")
 
 
 def check_name(name: str) -> str:
     """Return ``name`` if it is a usable image name, else raise InputError."""
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise InputError(
             f"image name {name!r}",
             "not a valid name",
@@ -63,7 +63,7 @@ def normalize_packages(packages: Iterable[str]) -> tuple[str, ...]:
         pkg = raw.strip()
         if not pkg:
             continue
-        if not _PACKAGE_RE.match(pkg):
+        if not _PACKAGE_RE.fullmatch(pkg):
             raise InputError(
                 f"package {pkg!r}", "not a Debian package name", "write e.g. --packages vim,strace"
             )
@@ -91,10 +91,10 @@ class ImageSpec:
         cls, packages: Iterable[str] | None = None, suite: str = DEFAULT_SUITE, mirror: str = ""
     ) -> ImageSpec:
         """Validated and normalized: packages sorted and unique, no trailing '/' on the mirror."""
-        if not _SUITE_RE.match(suite):
+        if not _SUITE_RE.fullmatch(suite):
             raise InputError(f"suite {suite!r}", "not a Debian suite name", "e.g. bookworm")
         url = (mirror or DEFAULT_MIRROR).rstrip("/")
-        if not _MIRROR_RE.match(url):
+        if not _MIRROR_RE.fullmatch(url):
             raise InputError(
                 f"mirror {mirror!r}", "not a URL", "e.g. --mirror http://deb.debian.org/debian"
             )

@@ -74,6 +74,7 @@ def _mount(dest: str, kind: str, source: str, options: list[str]) -> dict[str, A
 
 def _mounts(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[dict[str, Any]]:
     ns = ["nosuid", "noexec", "nodev"]
+    user = ["nosuid", "nodev"] if ctx.tenant else []  # a tenant's: no setuid, no devices
     mounts = [
         _mount("/proc", "proc", "proc", []),
         _mount("/dev", "tmpfs", "tmpfs", ["nosuid", "strictatime", "mode=755", "size=65536k"]),
@@ -91,14 +92,14 @@ def _mounts(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[dict[str,
         _mount("/dev/mqueue", "mqueue", "mqueue", ns),
         _mount("/sys", "sysfs", "sysfs", [*ns, "ro"]),
         _mount("/sys/fs/cgroup", "cgroup", "cgroup", [*ns, "relatime", "ro"]),
-        _mount("/etc/hosts", "bind", ctx.hosts_file(plan.cluster), ["rbind", "ro"]),
+        _mount("/etc/hosts", "bind", ctx.hosts_file(plan.cluster), ["rbind", "ro", *user]),
     ]
     if node.hugepages is not None:
         # The host's hugetlbfs mount of this page size; co-resident nodes share it.
         hp = ctx.hugetlbfs_path(node.hugepages.size_kib)
         mounts.append(_mount("/dev/hugepages", "bind", hp, ["rbind", "nosuid", "nodev"]))
     for src, dst, ro in ctx.binds:
-        mounts.append(_mount(dst, "bind", src, ["rbind", "ro" if ro else "rw"]))
+        mounts.append(_mount(dst, "bind", src, ["rbind", "ro" if ro else "rw", *user]))
     return mounts
 
 
@@ -214,6 +215,10 @@ def render_oci_config(plan: Plan, node: PlannedNode, ctx: RenderContext) -> dict
             "resources": _resources(node, ctx),
             "cgroupsPath": ctx.cgroup_path(plan.cluster, node.name),
             "namespaces": _namespaces(plan, node, ctx),
+            # Ping without privileges (ICMP datagram sockets), as Podman does: a
+            # task from Slurm runs with an empty capability bounding set, so
+            # ping's file capability (cap_net_raw) no longer applies.
+            "sysctl": {"net.ipv4.ping_group_range": "0 2147483647"},
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
         },

@@ -12,7 +12,9 @@ from hpvc.units import parse_size
 
 MIB = 1024 * 1024
 HUGEPAGE_KIB = {"none": 0, "2M": 2048, "1G": 1048576}
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,14}$")
+# Checked with fullmatch: `$` alone would let "name\n" through.
+NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,14}")
+IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 def _to_mib(value: object) -> int:
@@ -104,7 +106,7 @@ class Spec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError(
                 f"{v!r} is not a cluster name: use 1-15 lowercase letters, digits or '-',"
                 " starting with a letter"
@@ -114,7 +116,7 @@ class Spec(Strict):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
-        if not re.match(r"^[a-z0-9][a-z0-9._-]{0,62}$", v):
+        if not IMAGE_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not an image name: use lowercase letters, digits, '.-_'")
         return v
 
