@@ -113,7 +113,10 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 		} else if ((klen == 6 && strncmp(av[i], "images", klen) == 0) ||
 			   (klen == 5 && strncmp(av[i], "kinds", klen) == 0) ||
 			   (klen == 7 && strncmp(av[i], "subnets", klen) == 0) ||
-			   (klen == 5 && strncmp(av[i], "binds", klen) == 0)) {
+			   (klen == 5 && strncmp(av[i], "binds", klen) == 0) ||
+			   (klen == 12 && strncmp(av[i], "user_subnets", klen) == 0) ||
+			   (klen == 9 && strncmp(av[i], "io_weight", klen) == 0) ||
+			   (klen == 16 && strncmp(av[i], "threads_as_cores", klen) == 0)) {
 			/* Policy: checked by `hpvc node` (Python), passed on verbatim. */
 			if (cfg->nsite >= HPVC_MAX_SITE) {
 				slurm_error("hpvc: plugstack.conf: too many policy arguments");
@@ -124,7 +127,7 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 				return -1;
 			cfg->nsite++;
 		} else {
-			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds)",
+			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores)",
 				    (int)klen, av[i]);
 			return -1;
 		}

@@ -41,16 +41,22 @@ void hpvc_config_free(struct hpvc_config *cfg);
 /* The user's --hpvc=SPEC (plugin.c) */
 extern char *hpvc_spec_arg;
 
-/* Running hpvc (run.c): argv with a NULL end; extra_env "K=V" entries are
- * added to the environment. Captures stdout into *out (malloc'ed, NUL ended);
- * each stderr line is logged with slurm_error("hpvc: ..."). Returns the exit
- * status (0 = success), or -1 if it could not run or timed out. With as_root
- * the child sets all its ids to root first (user_init runs with the user's
- * effective ids). */
-int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_root, char **out);
+/* Running hpvc (run.c): argv with a NULL end. Captures stdout into *out
+ * (malloc'ed, NUL ended); each stderr line is logged with slurm_error("hpvc:
+ * ..."). Returns the exit status (0 = success), or -1 if it could not run,
+ * was killed, timed out or could not be waited for. Every child starts with
+ * no file descriptor above 2 and default signal handling.
+ *
+ * With as_root the child sets all its ids to root first (user_init runs with
+ * the user's effective ids), starts in "/" with umask 022, and its
+ * environment is exactly env (hpvc_root_env): nothing of slurmd's,
+ * slurmstepd's or the user's. Without, it keeps the caller's (the user's)
+ * environment, directory and ids, with the env entries added. */
+int hpvc_run(char *const argv[], char *const env[], int timeout_s, int as_root, char **out);
 
 /* Contexts */
 int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg);   /* local.c */
+int hpvc_local_user_init(spank_t sp, const struct hpvc_config *cfg);  /* local.c */
 int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg); /* remote.c */
 int hpvc_task_join(spank_t sp);                                        /* task.c */
 int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.c */
@@ -59,7 +65,9 @@ int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.
 struct hpvc_join {
 	int used;
 	pid_t pid;
+	unsigned long long start; /* the node process's start time (field 22 of /proc/PID/stat) */
 	char ns[128];   /* comma list: cgroup,ipc,uts,pid,mnt[,net] */
+	int nsflags;    /* the same as CLONE_NEW* flags */
 	char node[64];
 	char *cgroups[HPVC_MAX_CGROUPS];
 	int ncgroups;
@@ -70,5 +78,8 @@ extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
 extern int hpvc_slots; /* local task t joins hpvc_joins[t % hpvc_slots] */
 int hpvc_parse_joins(const char *text);
 void hpvc_free_joins(void);
+/* The start time of process pid (field 22 of /proc/PID/stat, clock ticks
+ * after boot) into *start; -1 if it does not exist or cannot be read. */
+int hpvc_proc_start(pid_t pid, unsigned long long *start);
 
 #endif

@@ -1,6 +1,7 @@
 /* hpvc SPANK plugin: entry points, dispatched on the SPANK context.
  *
  *   srun/sbatch/salloc --hpvc=SPEC   (local, allocator)  local.c
+ *   srun, allocation made             (local_user_init)   local.c
  *   slurmstepd, once per step         (remote, user_init) remote.c
  *   each task, before exec            (remote)            task.c
  *   slurmd job epilog                 (job_script)        epilog.c
@@ -78,6 +79,16 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	default:
 		return 0;
 	}
+}
+
+/* srun only, after the allocation and the step exist, before any task starts. */
+int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_context() != S_CTX_LOCAL)
+		return 0;
+	return hpvc_local_user_init(sp, &config);
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)

@@ -2,8 +2,10 @@
  * step's I/O is connected, so errors reach the user's terminal):
  * `hpvc node up`, run as root, brings this host's share of the job's virtual
  * cluster up (or finds it running) and prints how each local task joins its node. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <stdint.h>
@@ -37,8 +39,76 @@ static int parse_slot(const char *s, char **rest)
 	return (int)t;
 }
 
-/* Lines: "node S PID NS NAME", "cgroup S FILE", "env S K=V" for node slot S
- * (local task t runs in slot t mod the number of slots); anything else is an error. */
+/* The namespaces a task may be told to join, as setns() flags. */
+static int ns_flags(const char *list)
+{
+	static const struct {
+		const char *name;
+		int flag;
+	} known[] = {
+		{ "cgroup", CLONE_NEWCGROUP }, { "ipc", CLONE_NEWIPC }, { "uts", CLONE_NEWUTS },
+		{ "net", CLONE_NEWNET },       { "pid", CLONE_NEWPID }, { "mnt", CLONE_NEWNS },
+	};
+	int flags = 0;
+	for (const char *p = list; *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		int found = 0;
+		for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+			if (strlen(known[i].name) == len && strncmp(p, known[i].name, len) == 0) {
+				flags |= known[i].flag;
+				found = 1;
+			}
+		if (!found)
+			return -1;
+		p = end ? end + 1 : p + len;
+	}
+	return flags;
+}
+
+int hpvc_proc_start(pid_t pid, unsigned long long *start)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	/* "PID (COMM) STATE ...": COMM may hold spaces and parentheses; the
+	 * fields after its last ')' are numbered from 3. */
+	char *p = strrchr(buf, ')');
+	if (p == NULL)
+		return -1;
+	p++;
+	for (int field = 3; field <= 22; field++) {
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			return -1;
+		if (field == 22) {
+			char *end = NULL;
+			errno = 0;
+			unsigned long long v = strtoull(p, &end, 10);
+			if (errno != 0 || end == p || (*end != ' ' && *end != '\0' && *end != '\n'))
+				return -1;
+			*start = v;
+			return 0;
+		}
+		while (*p != ' ' && *p != '\0')
+			p++;
+	}
+	return -1;
+}
+
+/* Lines: "node S PID START NS NAME", "cgroup S FILE", "env S K=V" for node
+ * slot S (local task t runs in slot t mod the number of slots); START is the
+ * node process's start time (field 22 of /proc/PID/stat), so that a PID the
+ * kernel gave to another process since is never taken for the node's.
+ * Anything else is an error. */
 int hpvc_parse_joins(const char *text)
 {
 	char *copy = strdup(text), *save = NULL, *rest;
@@ -49,13 +119,18 @@ int hpvc_parse_joins(const char *text)
 		if (strncmp(line, "node ", 5) == 0) {
 			int t = parse_slot(line + 5, &rest);
 			long pid;
-			char ns[128], node[64];
-			if (t < 0 || sscanf(rest, "%ld %127s %63s", &pid, ns, node) != 3 || pid <= 1) {
+			unsigned long long start;
+			char ns[128], node[64], more;
+			if (t < 0 || hpvc_joins[t].used ||
+			    sscanf(rest, "%ld %llu %127s %63s %c", &pid, &start, ns, node, &more) != 4 ||
+			    pid <= 1 || pid > INT32_MAX || start == 0 ||
+			    (hpvc_joins[t].nsflags = ns_flags(ns)) <= 0) {
 				rc = -1;
 				break;
 			}
 			hpvc_joins[t].used = 1;
 			hpvc_joins[t].pid = (pid_t)pid;
+			hpvc_joins[t].start = start;
 			strcpy(hpvc_joins[t].ns, ns);
 			strcpy(hpvc_joins[t].node, node);
 		} else if (strncmp(line, "cgroup ", 7) == 0) {
@@ -120,8 +195,9 @@ static int job_index(spank_t sp, uint32_t nodeid, char *job_nodes, size_t size, 
 
 int hpvc_slots;
 
-/* Parse join records; slots must be 0..n-1 without holes. Frees text. */
-static int use_joins(char *text, const char *from)
+/* Parse join records; slots must be 0..n-1 without holes. Frees text.
+ * quiet: say nothing on failure (a cache from an older hpvc: ask hpvc). */
+static int use_joins(char *text, const char *from, int quiet)
 {
 	hpvc_free_joins();
 	int rc = hpvc_parse_joins(text);
@@ -133,10 +209,26 @@ static int use_joins(char *text, const char *from)
 		if (hpvc_joins[t].used)
 			rc = -1;
 	if (rc < 0 || hpvc_slots == 0) {
-		slurm_error("hpvc: cannot understand the node records of %s", from);
+		if (!quiet)
+			slurm_error("hpvc: cannot understand the node records of %s", from);
+		hpvc_free_joins();
+		hpvc_slots = 0;
 		return -1;
 	}
 	return 0;
+}
+
+/* Is every node's process still the one the records name (same PID, same
+ * start time)? A node that was stopped, or whose PID went to another
+ * process, makes the cache worthless. */
+static int joins_alive(void)
+{
+	for (int t = 0; t < hpvc_slots; t++) {
+		unsigned long long start = 0;
+		if (hpvc_proc_start(hpvc_joins[t].pid, &start) < 0 || start != hpvc_joins[t].start)
+			return 0;
+	}
+	return 1;
 }
 
 /* A running share's join records, written by `hpvc node up` as root: read
@@ -212,11 +304,22 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	if (spank_getenv(sp, "SLURM_MPI_TYPE", mpi, sizeof(mpi)) != ESPANK_SUCCESS)
 		mpi[0] = '\0';
 
+	/* The cache only saves starting hpvc: anything odd about it (an older
+	 * format, a node process that is gone or not the same) means asking
+	 * `hpvc node up`, which checks the share and writes the cache anew. */
 	char *cached = read_cache(cfg, job, index, mpi);
-	if (cached != NULL)
-		return use_joins(cached, "the running share");
+	if (cached != NULL && use_joins(cached, "the running share", 1) == 0 && joins_alive())
+		return 0;
+	hpvc_free_joins();
+	hpvc_slots = 0;
 
-	char sjob[16], sindex[16], shosts[16], state[4200], images[4200];
+	/* The job's memory on this host (MB), for hpvc to refuse a share that
+	 * does not fit in it before it changes anything. */
+	uint64_t mem = 0;
+	if (spank_get_item(sp, S_JOB_ALLOC_MEM, &mem) != ESPANK_SUCCESS)
+		mem = 0;
+
+	char sjob[16], sindex[16], shosts[16], smem[32], state[4200], images[4200];
 	snprintf(sjob, sizeof(sjob), "%u", job);
 	snprintf(sindex, sizeof(sindex), "%d", index);
 	snprintf(shosts, sizeof(shosts), "%d", hosts);
@@ -239,6 +342,11 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 		argv[k++] = "--mpi";
 		argv[k++] = mpi;
 	}
+	if (mem > 0 && mem < INT64_MAX) {
+		snprintf(smem, sizeof(smem), "%llu", (unsigned long long)mem);
+		argv[k++] = "--mem-mib";
+		argv[k++] = smem;
+	}
 	/* The job's hosts, for wiring this host's share to the others'. */
 	if (job_nodes[0]) {
 		argv[k++] = "--nodelist";
@@ -258,5 +366,5 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 		slurm_error("hpvc: job %u: the virtual nodes of host %d did not come up", job, index);
 		return -1;
 	}
-	return use_joins(out, "`hpvc node up`");
+	return use_joins(out, "`hpvc node up`", 0);
 }

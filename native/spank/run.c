@@ -8,11 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "hpvc_spank.h"
+
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* Linux 5.9, the same number on every architecture */
+#endif
 
 extern char **environ;
 
@@ -45,10 +51,12 @@ static void log_lines(char *buf, size_t *len, int flush)
 	*len = rest;
 }
 
-static char **child_env(char *const extra[])
+/* The local check (as the user) keeps the user's environment, env entries
+ * winning over inherited ones of the same name; root runs get env alone. */
+static char **child_env(char *const extra[], int inherit)
 {
 	size_t n = 0, m = 0;
-	while (environ && environ[n])
+	while (inherit && environ && environ[n])
 		n++;
 	while (extra && extra[m])
 		m++;
@@ -59,7 +67,6 @@ static char **child_env(char *const extra[])
 	for (size_t i = 0; i < m; i++)
 		env[k++] = extra[i];
 	for (size_t i = 0; i < n; i++) {
-		/* extra entries win over inherited ones of the same name */
 		const char *eq = strchr(environ[i], '=');
 		size_t klen = eq ? (size_t)(eq - environ[i]) : strlen(environ[i]);
 		int dup = 0;
@@ -73,7 +80,33 @@ static char **child_env(char *const extra[])
 	return env;
 }
 
-int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_root, char **out)
+/* Nothing of the caller's open files (slurmstepd's sockets, srun's) beyond
+ * stdin, stdout and stderr. */
+static void close_above_stderr(void)
+{
+	if (syscall(SYS_close_range, 3, ~0U, 0) == 0)
+		return;
+	long max = sysconf(_SC_OPEN_MAX);
+	for (long fd = 3; fd < (max > 0 ? max : 65536); fd++)
+		close((int)fd);
+}
+
+/* Signals blocked or ignored by the caller stay so across execve: start
+ * hpvc (and what it runs) with the defaults. */
+static void default_signals(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_DFL;
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			sigaction(sig, &sa, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+int hpvc_run(char *const argv[], char *const env_in[], int timeout_s, int as_root, char **out)
 {
 	int opipe[2], epipe[2];
 	*out = NULL;
@@ -84,7 +117,9 @@ int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_
 		close(opipe[1]);
 		return -1;
 	}
-	char **env = child_env(extra_env);
+	if (as_root && env_in == NULL)
+		goto fail_pipes;
+	char **env = child_env(env_in, !as_root);
 	if (env == NULL)
 		goto fail_pipes;
 	pid_t pid = fork();
@@ -102,6 +137,16 @@ int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_
 			dprintf(2, "cannot become root to run %s: %s\n", argv[0], strerror(errno));
 			_exit(126);
 		}
+		/* Not the user's working directory (it may be theirs to replace
+		 * under a running root process) nor their umask. */
+		if (as_root && chdir("/") < 0) {
+			dprintf(2, "cannot change to /: %s\n", strerror(errno));
+			_exit(126);
+		}
+		if (as_root)
+			umask(022);
+		close_above_stderr();
+		default_signals();
 		/* New session: on a timeout the whole group is killed, nothing else. */
 		setsid();
 		execve(argv[0], argv, env);
@@ -163,14 +208,16 @@ int hpvc_run(char *const argv[], char *const extra_env[], int timeout_s, int as_
 			    argv[0], argv[1] ? argv[1] : "", timeout_s);
 		kill(-pid, SIGKILL);
 	}
-	int status = 0;
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+	int status = 0, waited;
+	while ((waited = (int)waitpid(pid, &status, 0)) < 0 && errno == EINTR)
 		;
+	if (waited < 0)
+		slurm_error("hpvc: cannot wait for %s: %s", argv[0], strerror(errno));
 	if (obuf == NULL)
 		return -1;
 	obuf[olen] = '\0';
 	*out = obuf;
-	if (timed_out)
+	if (timed_out || waited < 0)
 		return -1;
 	if (WIFEXITED(status))
 		return WEXITSTATUS(status);

@@ -3,9 +3,19 @@
  * node's cgroups, then its cgroup, IPC, UTS, network (unless Slurm's PMIx needs
  * the host's), PID and mount namespaces, as `hpvc node up` said.
  *
+ * The node is entered through a pidfd of its process, taken after checking
+ * that the PID still belongs to the process `hpvc node up` named (same start
+ * time): a PID the kernel has given to another process since is never
+ * entered. Before it goes back to slurmstepd (which then takes the user's
+ * ids and execs the program) the task gives up every way back to privilege:
+ * no_new_privs, and an empty capability bounding set, so a setuid or
+ * file-capability binary inside the node cannot make the user root.
+ *
  * A PID namespace only applies to children, so the task forks once more: the
  * child (PID inside the node) goes on to exec the program; this process stays
- * as a small relay that forwards signals and exits as the child did. */
+ * as a small relay (root, named hpvc-relay) that forwards signals, exits as
+ * the child did, and SIGKILLs the child if slurmstepd dies first (the child's
+ * own parent-death signal does not survive its change to the user's ids). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -16,22 +26,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "hpvc_spank.h"
 
-static const struct {
-	const char *name;
-	int flag;
-} ORDER[] = {
-	/* mnt last: after it, /proc is the node's */
-	{ "cgroup", CLONE_NEWCGROUP }, { "ipc", CLONE_NEWIPC }, { "uts", CLONE_NEWUTS },
-	{ "net", CLONE_NEWNET },       { "pid", CLONE_NEWPID }, { "mnt", CLONE_NEWNS },
-};
-#define NNS (sizeof(ORDER) / sizeof(ORDER[0]))
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same number on every architecture */
+#endif
+
+/* The relay's parent-death signal: one of its own, never forwarded. */
+#define PARENT_GONE (SIGRTMIN + 3)
 
 static volatile sig_atomic_t child_pid;
+static volatile sig_atomic_t stepd_pgid; /* slurmstepd's own group: never killed */
 
 static void forward(int sig)
 {
@@ -39,17 +48,19 @@ static void forward(int sig)
 		kill((pid_t)child_pid, sig);
 }
 
-static int wanted(const char *list, const char *name)
+/* slurmstepd died: nothing will signal or reap the step any more. Kill the
+ * program, then the rest of the step's process group (slurmstepd puts the
+ * step's tasks on this host in one: the other tasks and their relays, this
+ * one included), unless slurmstepd died before it moved us there. */
+static void parent_gone(int sig)
 {
-	size_t n = strlen(name);
-	for (const char *p = list; p && *p;) {
-		const char *end = strchr(p, ',');
-		size_t len = end ? (size_t)(end - p) : strlen(p);
-		if (len == n && strncmp(p, name, n) == 0)
-			return 1;
-		p = end ? end + 1 : NULL;
-	}
-	return 0;
+	(void)sig;
+	if (child_pid > 0)
+		kill((pid_t)child_pid, SIGKILL);
+	pid_t group = getpgrp();
+	if (group > 1 && group != (pid_t)stepd_pgid)
+		kill(0, SIGKILL);
+	_exit(128 + SIGKILL);
 }
 
 static int join_cgroups(const struct hpvc_join *j)
@@ -69,15 +80,70 @@ static int join_cgroups(const struct hpvc_join *j)
 	return 0;
 }
 
-static void relay(pid_t child)
+/* The highest capability this kernel knows (read from the host's /proc,
+ * before entering the node's mount namespace). */
+static int last_cap(void)
+{
+	char buf[16] = "";
+	int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (n > 0) {
+			buf[n] = '\0';
+			char *end = NULL;
+			long v = strtol(buf, &end, 10);
+			if (end != buf && v >= 0 && v < 64)
+				return (int)v;
+		}
+	}
+	/* No /proc: ask the kernel, which refuses capabilities it does not know. */
+	int cap = 0;
+	while (cap < 63 && prctl(PR_CAPBSET_READ, cap + 1, 0, 0, 0) >= 0)
+		cap++;
+	return cap;
+}
+
+/* no_new_privs and an empty bounding set: from now on execve can only keep
+ * or lose privilege. slurmstepd's own setgroups/setgid/setuid after this hook
+ * use the effective capabilities, which stay until it changes to the user. */
+static int harden(const struct hpvc_join *j, int cap_max)
+{
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
+		slurm_error("hpvc: node %s: cannot set no_new_privs: %s", j->node, strerror(errno));
+		return -1;
+	}
+	for (int cap = 0; cap <= cap_max; cap++) {
+		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) {
+			slurm_error("hpvc: node %s: cannot drop capability %d from the bounding set: %s",
+				    j->node, cap, strerror(errno));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void relay(pid_t child, pid_t stepd)
 {
 	int sigs[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGALRM };
 	struct sigaction sa;
+	sigset_t set;
 	memset(&sa, 0, sizeof(sa));
+	sigemptyset(&set);
 	sa.sa_handler = forward;
 	child_pid = child;
-	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
 		sigaction(sigs[i], &sa, NULL);
+		sigaddset(&set, sigs[i]);
+	}
+	sa.sa_handler = parent_gone;
+	sigaction(PARENT_GONE, &sa, NULL);
+	sigaddset(&set, PARENT_GONE);
+	sigprocmask(SIG_UNBLOCK, &set, NULL);
+	prctl(PR_SET_NAME, "hpvc-relay", 0, 0, 0);
+	/* The relay keeps root's ids, so this stays set (unlike the child's). */
+	if (prctl(PR_SET_PDEATHSIG, PARENT_GONE) < 0 || getppid() != stepd)
+		parent_gone(0);
 	int status = 0;
 	while (waitpid(child, &status, 0) < 0) {
 		if (errno != EINTR)
@@ -86,7 +152,6 @@ static void relay(pid_t child)
 	if (WIFSIGNALED(status)) {
 		int sig = WTERMSIG(status);
 		signal(sig, SIG_DFL);
-		sigset_t set;
 		sigemptyset(&set);
 		sigaddset(&set, sig);
 		sigprocmask(SIG_UNBLOCK, &set, NULL);
@@ -103,35 +168,41 @@ int hpvc_task_join(spank_t sp)
 		return -1;
 	}
 	const struct hpvc_join *j = &hpvc_joins[task % hpvc_slots];
-	int fds[NNS];
-	for (size_t i = 0; i < NNS; i++) {
-		fds[i] = -1;
-		if (!wanted(j->ns, ORDER[i].name))
-			continue;
-		char path[64];
-		snprintf(path, sizeof(path), "/proc/%d/ns/%s", (int)j->pid, ORDER[i].name);
-		fds[i] = open(path, O_RDONLY | O_CLOEXEC);
-		if (fds[i] < 0) {
-			slurm_error("hpvc: node %s: cannot open %s: %s (is the node running?)", j->node, path,
+	/* A pidfd pins the process: once the start time matches after opening
+	 * it, the pidfd is the node's process, whatever happens to the PID. */
+	int pidfd = (int)syscall(SYS_pidfd_open, j->pid, 0);
+	unsigned long long start = 0;
+	if (pidfd < 0 || hpvc_proc_start(j->pid, &start) < 0 || start != j->start) {
+		if (pidfd < 0 && errno != ESRCH)
+			slurm_error("hpvc: node %s: cannot open its process %d: %s", j->node, (int)j->pid,
 				    strerror(errno));
-			goto fail;
-		}
+		else
+			slurm_error("hpvc: node %s is not running (its process changed); start the step again, which brings it back, or cancel the job",
+				    j->node);
+		if (pidfd >= 0)
+			close(pidfd);
+		return -1;
 	}
-	if (join_cgroups(j) < 0)
-		goto fail;
+	int cap_max = last_cap();
+	if (join_cgroups(j) < 0) {
+		close(pidfd);
+		return -1;
+	}
 	char cwd[PATH_MAX];
 	int have_cwd = getcwd(cwd, sizeof(cwd)) != NULL;
-	for (size_t i = 0; i < NNS; i++) {
-		if (fds[i] < 0)
-			continue;
-		if (setns(fds[i], ORDER[i].flag) < 0) {
-			slurm_error("hpvc: node %s: cannot enter its %s namespace: %s", j->node, ORDER[i].name,
-				    strerror(errno));
-			goto fail;
-		}
-		close(fds[i]);
-		fds[i] = -1;
+	/* All of the node's namespaces at once (Linux 5.8). */
+	if (setns(pidfd, j->nsflags) < 0) {
+		int err = errno;
+		close(pidfd);
+		if (err == ESRCH)
+			slurm_error("hpvc: node %s is not running (its process changed); start the step again, which brings it back, or cancel the job",
+				    j->node);
+		else
+			slurm_error("hpvc: node %s: cannot enter its namespaces (%s): %s", j->node, j->ns,
+				    strerror(err));
+		return -1;
 	}
+	close(pidfd);
 	/* The job's directory if the node has it (a shared file system), else /. */
 	if (!have_cwd || chdir(cwd) < 0) {
 		if (chdir("/") < 0)
@@ -139,26 +210,28 @@ int hpvc_task_join(spank_t sp)
 	}
 	for (int i = 0; i < j->nenv; i++) {
 		char *eq = strchr(j->env[i], '=');
+		if (eq == NULL) /* hpvc_parse_joins only keeps K=V */
+			continue;
 		*eq = '\0';
 		spank_setenv(sp, j->env[i], eq + 1, 1);
 		*eq = '=';
 	}
-	if (!wanted(j->ns, "pid"))
+	if (harden(j, cap_max) < 0)
+		return -1;
+	if (!(j->nsflags & CLONE_NEWPID))
 		return 0;
+	pid_t stepd = getppid();
+	stepd_pgid = getpgid(stepd);
 	pid_t child = fork();
 	if (child < 0) {
 		slurm_error("hpvc: fork into node %s: %s", j->node, strerror(errno));
 		return -1;
 	}
 	if (child == 0) {
+		/* Until slurmstepd changes to the user's ids, which clears it. */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		return 0;
 	}
-	relay(child);
+	relay(child, stepd);
 	return -1; /* not reached */
-fail:
-	for (size_t i = 0; i < NNS; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-	return -1;
 }

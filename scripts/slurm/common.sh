@@ -45,6 +45,13 @@ cpuset_dir() { echo "$CPUSET_ROOT/$FABRIC/$1"; }
 # with a shared file system.
 HOST_STATE=${HPVC_SLURM_HOST_STATE:-$SLURM_DIR/hpvc/%h}
 
+# Slurm's TmpFS, one per host: the hosts share this machine's /tmp (a shared
+# file system), and PMIx's client directories (spmix_appdir_<uid>_<job>.<step>)
+# would clash. Under /tmp, because tasks inside hpvc nodes create the same path
+# in the node's own /tmp (Open MPI's session directory), which only /tmp lets
+# every user do.
+TMPFS_DIR=/tmp/hpvc-slurm-$FAB_ID
+
 # Where scripts/slurm/install.sh put hpvc and its plugin for every user.
 SITE_PREFIX=${HPVC_SITE_PREFIX:-/opt/hpvc}
 SITE_PREFIX=${SITE_PREFIX%/}

@@ -139,4 +139,6 @@ if [ -n "$fabric" ]; then
 fi
 
 rm -rf --one-file-system "$SLURM_DIR"
+# TMPFS_DIR (common.sh) is this cluster's, named after its fabric.
+[ -z "$fabric" ] || rm -rf --one-file-system "$TMPFS_DIR"
 echo "slurm-down: stopped and removed $SLURM_DIR${fabric:+ and the fabric $fabric}"

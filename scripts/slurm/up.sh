@@ -273,9 +273,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerNode=$DEF_MEM
 MpiDefault=none
-# Per-node TmpFS: the hosts share this machine's /tmp (a shared file system),
-# and PMIx's client directories (/tmp/spmix_appdir_<uid>_<job>.<step>) would clash.
-TmpFS=$SLURM_DIR/tmp/%n
+# Per-node TmpFS (common.sh, TMPFS_DIR): the hosts share this machine's /tmp.
+TmpFS=$TMPFS_DIR/%n
 SwitchType=switch/none
 ReturnToService=2
 KillWait=5
@@ -310,7 +309,9 @@ write_plugstack() {
   {
     echo "# SPANK plugins of the hpvc test cluster (written by scripts/slurm/up.sh)"
     if [ -e "$so" ]; then
-      echo "required $(realpath "$so") hpvc=$(realpath "$bin") state_dir=$HOST_STATE image_dir=$images ${HPVC_SPANK_ARGS:-}"
+      # threads_as_cores: the nodes are declared by CPUs= alone, so Slurm counts
+      # every hardware thread as a core (hpvc.slurm.cpus maps its numbers).
+      echo "required $(realpath "$so") hpvc=$(realpath "$bin") state_dir=$HOST_STATE image_dir=$images threads_as_cores=yes ${HPVC_SPANK_ARGS:-}"
     else
       echo "# $so is not installed: 'make slurm-up' (scripts/slurm/install.sh) adds srun --hpvc"
     fi
@@ -340,9 +341,10 @@ else
     write_fabric_env
     mkdir -p "$SLURM_DIR"/{state,run,log,munge,spool}
     chmod 700 "$SLURM_DIR/munge"
-    for n in "${NODES[@]}"; do mkdir -p "$SLURM_DIR/spool/$n" "$SLURM_DIR/tmp/$n"; done
+    for n in "${NODES[@]}"; do mkdir -p "$SLURM_DIR/spool/$n" "$TMPFS_DIR/$n"; done
     # Every user's steps make their PMIx directories in TmpFS, as in /tmp.
-    chmod 1777 "$SLURM_DIR"/tmp/*
+    chmod 755 "$TMPFS_DIR"
+    chmod 1777 "$TMPFS_DIR"/*
     make_cpusets
     write_conf
     write_plugstack

@@ -21,13 +21,13 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 from hpvc.bench.slurm_cluster import Submitter
 from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import vni_for
+from hpvc.slurm import policy
 from tests.helpers import build_pingpong, requires
 from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
 from tests.integration.test_cluster import image_ready
@@ -105,7 +105,12 @@ def test_the_job_network_is_one_vxlan_only_its_hosts_send_into(slurm: Env, spec:
     first, second = where[f"j{job}-0"], where[f"j{job}-1"]
     fabric = {h: slurm.on(first, f"getent ahostsv4 {h}").split()[0] for h in (first, second)}
     vni = vni_for(f"slurm-job-{job}")
-    net = ipaddress.ip_network(tomllib.loads(spec.read_text())["network"]["subnet"])
+    # The job's subnet, cut for it from the site's pool (not the spec's).
+    net = ipaddress.ip_network(
+        slurm.cluster.store(first).get(f"j{job}-0").the_plan().network.subnet
+    )
+    assert net == policy.job_subnet(policy.load(spec.read_text(), "t", policy.Site())[0],
+                                    policy.Site(), job, 2)  # fmt: skip
     vx = vxlan_link_name(f"j{job}-0")
     try:
         info = json.loads(slurm.on(first, f"ip -d -j link show {vx}"))[0]["linkinfo"]
@@ -293,12 +298,12 @@ def test_failing_task_leaves_nothing(slurm: Env, spec: Path) -> None:
 
 
 def test_spec_the_site_refuses_starts_no_job(slurm: Env) -> None:
-    bad = slurm.work / "outside.toml"
-    bad.write_text(spec_text("192.168.77.0/24"))
+    bad = slurm.work / "vm.toml"
+    bad.write_text(spec_text("10.88.77.0/24").replace('kind = "container"', 'kind = "vm"'))
     before = last_job(slurm)
     r = slurm.run("srun", "-N1", f"--hpvc={bad}", "hostname")
     assert r.returncode != 0
-    assert "hpvc:" in r.stderr and "outside the networks this site gives" in r.stderr, r.stderr
+    assert "hpvc:" in r.stderr and "only in container nodes" in r.stderr, r.stderr
     assert "no job was started" in r.stderr
     assert last_job(slurm) == before  # no job id was taken
     missing = slurm.run("srun", "-N1", f"--hpvc={slurm.work}/nope.toml", "hostname")

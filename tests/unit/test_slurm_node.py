@@ -86,12 +86,14 @@ def test_site_rules_parse_and_refuse_unknown_keys(tmp_path: Path) -> None:
 
 
 def test_load_enforces_the_site() -> None:
-    site = policy.Site(images=("hpc",), subnets=("10.88.0.0/16",))
+    site = policy.Site(images=("hpc",), subnets=("10.88.0.0/16",), user_subnets=True)
     policy.load(spec_of(), "t", site)
     with pytest.raises(InputError, match="not allowed on this site"):
         policy.load(spec_of().replace('image = "hpc"', 'image = "other"'), "t", site)
     with pytest.raises(InputError, match="outside the networks"):
         policy.load(spec_of().replace("10.88.5.0/24", "192.168.5.0/24"), "t", site)
+    # Without user_subnets the job gets its subnet from the pool: the spec's is not used.
+    policy.load(spec_of().replace("10.88.5.0/24", "192.168.5.0/24"), "t", policy.Site())
     with pytest.raises(InputError, match="only in container nodes"):
         policy.load('kind = "vm"\n' + spec_of(), "t", site)
     with pytest.raises(InputError, match="not valid TOML"):
@@ -148,9 +150,11 @@ def test_hosts_file_lists_the_whole_cluster() -> None:
 
 
 def test_join_lines_are_what_the_plugin_parses() -> None:
-    j = node.Join(1, "compute0", 4242, ("ipc", "mnt"), ("/sys/fs/cgroup/x/cgroup.procs",), ("A=b",))
+    j = node.Join(
+        1, "compute0", 4242, "98765", ("ipc", "mnt"), ("/sys/fs/cgroup/x/cgroup.procs",), ("A=b",)
+    )
     assert j.lines() == [
-        "node 1 4242 ipc,mnt compute0",
+        "node 1 4242 98765 ipc,mnt compute0",
         "cgroup 1 /sys/fs/cgroup/x/cgroup.procs",
         "env 1 A=b",
     ]
@@ -188,3 +192,83 @@ def test_node_up_passes_the_job_node_list_on(
         (7, 1, 2, "n[1-2]"),
         (7, 1, 2, ""),
     ]
+
+
+def test_default_site_allows_only_its_listed_images() -> None:
+    """No images= in plugstack.conf is not "any image": only hpvc's own."""
+    assert policy.Site().images == policy.DEFAULT_IMAGES == ("hpc",)
+    with pytest.raises(InputError, match="not allowed on this site"):
+        policy.load(spec_of().replace('image = "hpc"', 'image = "anything"'), "t", policy.Site())
+
+
+def test_io_weight_needs_the_site_to_allow_bfq() -> None:
+    weighted = spec_of() + "[nodes.io]\nweight = 500\n"
+    with pytest.raises(InputError, match="bfq") as e:
+        policy.load(weighted, "t", policy.Site())
+    assert e.value.exit_code == 2
+    policy.load(weighted, "t", policy.Site.parse(["io_weight=yes"]))
+    limited = spec_of() + '[nodes.io]\nwrite_bps = "50MB"\n'
+    policy.load(limited, "t", policy.Site())  # throttles touch no scheduler
+    with pytest.raises(InputError, match="not yes or no"):
+        policy.Site.parse(["io_weight=maybe"])
+
+
+def test_each_job_gets_its_own_subnet_from_the_pool() -> None:
+    """A spec asking for the whole pool (10.88.0.0/16) cannot block other jobs:
+    each job's subnet is cut from the pool by job id, the same on every host."""
+    greedy = spec_of().replace("10.88.5.0/24", "10.88.0.0/16")
+    spec, doc = policy.load(greedy, "t", policy.Site())
+    site = policy.Site()
+    a, _ = policy.for_job(spec, doc, site, 41, 2)
+    b, bdoc = policy.for_job(spec, doc, site, 42, 2)
+    assert a.network.subnet == "10.88.41.0/24" and b.network.subnet == "10.88.42.0/24"
+    assert bdoc["network"]["subnet"] == "10.88.42.0/24"
+    assert not a.network.network.overlaps(b.network.network)
+    assert policy.for_job(spec, doc, site, 42, 2)[0] == b  # every host computes the same
+    assert policy.for_job(spec, doc, site, 42 + 256, 2)[0].network.subnet == "10.88.42.0/24"
+    # Where the site lets users choose, the spec's own subnet (inside the pool) stays.
+    mine = policy.Site(user_subnets=True)
+    own, _ = policy.for_job(*policy.load(spec_of(), "t", mine), mine, 42, 2)
+    assert own.network.subnet == "10.88.5.0/24"
+
+
+@given(job=st.integers(1, 10**9), computes=st.integers(0, 300), hosts=st.integers(1, 4))
+def test_job_subnets_stay_in_the_pool_and_fit_the_cluster(
+    job: int, computes: int, hosts: int
+) -> None:
+    site = policy.Site(subnets=("10.64.0.0/12", "172.20.0.0/16"))
+    big = spec_of(computes).replace("10.88.5.0/24", "10.88.0.0/16")
+    spec, _ = policy.load(big, "t", site)
+    net = policy.job_subnet(spec, site, job, hosts)
+    assert any(net.subnet_of(ipaddress.IPv4Network(p)) for p in site.subnets)
+    assert net.num_addresses >= computes + 1 + 2 + hosts + 1
+
+
+def test_pool_too_small_for_a_cluster_is_refused() -> None:
+    site = policy.Site(subnets=("10.88.0.0/25",))
+    with pytest.raises(InputError, match="larger than any network of this site's pool"):
+        policy.load(spec_of(), "t", site)
+
+
+def test_memory_beyond_the_allocation_is_refused(tmp_path: Path) -> None:
+    spec, _ = policy.load(spec_of(2), "t", policy.Site())
+    # 2 hosts: head0 + compute0 (384 MiB), compute1 (256 MiB)
+    assert policy.share_memory(spec, 2) == [384, 256]
+    policy.check_memory(spec, 2, 384)
+    policy.check_memory(spec, 2, 0)  # Slurm allocates no memory here: nothing to hold to
+    with pytest.raises(InputError, match="need 384 MiB") as e:
+        policy.check_memory(spec, 2, 100)
+    assert "--mem=384M" in e.value.line() and "100 MiB" in e.value.line()
+    p = tmp_path / "c.toml"
+    p.write_text(spec_of(2))
+    with pytest.raises(InputError, match="need 640 MiB"):
+        policy.check(p, policy.Site(), hosts=1, mem_mib=600)
+    assert policy.decode_spec(policy.check(p, policy.Site(), hosts=1, mem_mib=640)) == spec_of(2)
+    with pytest.raises(DoesNotFit):
+        policy.check(p, policy.Site(), hosts=4, mem_mib=640)
+
+
+def test_site_says_how_slurm_counts_cores() -> None:
+    assert policy.Site().threads_as_cores is False
+    assert policy.Site.parse(["threads_as_cores=yes"]).threads_as_cores is True
+    assert policy.Site.parse(["threads_as_cores=no"]).threads_as_cores is False

@@ -25,7 +25,10 @@ node_app = typer.Typer(
     no_args_is_help=True,
 )
 
-SITE_HELP = "Site rule key=value (images=a,b | kinds=container | subnets=CIDR,...); repeatable."
+SITE_HELP = (
+    "Site rule key=value (images=a,b | kinds=container | subnets=CIDR,... |"
+    " user_subnets=yes|no | io_weight=yes|no | binds=DIR,...); repeatable."
+)
 
 
 def _progress(msg: str) -> None:
@@ -46,6 +49,8 @@ Examples:
   hpvc node check examples/slurm.toml
 
   hpvc node check examples/slurm.toml --site images=hpc --site subnets=10.88.0.0/16
+
+  hpvc node check examples/slurm.toml --hosts 2 --mem-mib 1024   # fits the allocation?
 """
 
 
@@ -53,8 +58,12 @@ Examples:
 def check_cmd(
     spec: Path = typer.Argument(..., help="The cluster spec (TOML)."),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
+    hosts: int = typer.Option(0, min=0, help="The job's node count, once it is known."),
+    mem_mib: int = typer.Option(
+        0, "--mem-mib", min=0, help="The job's memory per host in MiB (0: not allocated)."
+    ),
 ) -> None:
-    print(policy.check(spec, _site(site)))
+    print(policy.check(spec, _site(site), hosts, mem_mib))
 
 
 UP_HELP = """Bring this host's share of a job's virtual cluster up (idempotent).
@@ -62,7 +71,7 @@ UP_HELP = """Bring this host's share of a job's virtual cluster up (idempotent).
 The spec comes from $HPVC_SPEC_B64 (set by the plugin at submit time) or
 --spec. Prints, for each local task, how it joins its node:
 
-  task <local id> <pid> <namespaces> <node>
+  node <local id> <pid> <start time> <namespaces> <node>
   cgroup <local id> <cgroup.procs file>
   env <local id> KEY=VALUE
 
@@ -83,6 +92,9 @@ def up_cmd(
     mpi: str = typer.Option("", help="The step's MPI plugin (SLURM_MPI_TYPE)."),
     nodelist: str = typer.Option(
         "", help="The job's hosts, as Slurm writes them (SLURM_JOB_NODELIST)."
+    ),
+    mem_mib: int = typer.Option(
+        0, "--mem-mib", min=0, help="The job's memory on this host in MiB (S_JOB_ALLOC_MEM)."
     ),
     spec: Path | None = typer.Option(None, help="Spec file (default: $HPVC_SPEC_B64)."),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
@@ -111,6 +123,7 @@ def up_cmd(
         cpus=cpus,
         mpi=mpi,
         nodelist=nodelist,
+        mem_mib=mem_mib,
     )
     joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)
     for j in joins:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
-from hpvc.host import hugepages, probe, vxlan
+from hpvc.host import hugepages, probe, procfs, vxlan
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render.files import mpi_nodes
 
@@ -145,11 +146,28 @@ def exec_node(name: str, node: str, argv: list[str], store: Store | None = None)
     return subprocess.run(exec_argv(name, node, argv, store), check=False).returncode
 
 
-def node_cgroups(name: str, node: str, store: Store | None = None) -> tuple[int, tuple[str, ...]]:
-    """A running node's main PID and the ``cgroup.procs`` of every hierarchy it is
-    in: where a task that joins the node goes (the Slurm plugin)."""
+# The cgroup v1 hierarchies whose limits make a node (hpvc writes them); a
+# task that joins a node from Slurm moves only into these, and stays where
+# Slurm put it in the others (freezer for proctrack/cgroup, name=systemd ...).
+NODE_CONTROLLERS = frozenset(("cpuset", "cpu", "cpuacct", "memory", "blkio", "pids", "hugetlb"))
+
+
+@dataclass(frozen=True)
+class NodeProcess:
+    """A running node's main process, as a task that joins it must find it."""
+
+    pid: int
+    start: str  # its start time (field 22 of /proc/PID/stat): the PID is this process
+    cgroup_procs: tuple[str, ...]  # the cgroup.procs of the hierarchies it limits
+
+
+def node_process(name: str, node: str, store: Store | None = None) -> NodeProcess:
+    """Where a task that joins ``node`` goes (the Slurm plugin)."""
     pid = node_pid(name, node, store)
-    return pid, probe.cgroup_procs(pid)
+    start = procfs.start_time(pid)
+    if start is None:
+        raise HpvcError(f"node {node} of {name}", f"its process {pid} is gone", "hpvc down it")
+    return NodeProcess(pid, start, probe.cgroup_procs(pid, only=NODE_CONTROLLERS))
 
 
 def node_pid(name: str, node: str, store: Store | None = None) -> int:

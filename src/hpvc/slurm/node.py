@@ -34,14 +34,18 @@ from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.locks import file_lock
+from hpvc.paths import private_dir
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.addresses import bridge_name
 from hpvc.plan.model import Reservations
 from hpvc.plan.overlay import Overlay
 from hpvc.plan.planner import expand
 from hpvc.progress import Progress, quiet
+from hpvc.slurm.cpus import os_cpus
 from hpvc.slurm.policy import (
     Site,
+    check_memory,
+    for_job,
     hosts_text,
     job_hosts,
     load,
@@ -53,6 +57,8 @@ from hpvc.slurm.policy import (
     task_pool,
 )
 from hpvc.spec import Spec
+from hpvc.sysroot import HOST
+from hpvc.topology import read_topology
 from hpvc.topology.model import Topology
 from hpvc.units import parse_cpulist
 
@@ -71,12 +77,14 @@ class Join:
     slot: int
     node: str
     pid: int
+    start: str  # the process's start time: the plugin enters only this process
     namespaces: tuple[str, ...]
     cgroup_procs: tuple[str, ...]
     env: tuple[str, ...]
 
     def lines(self) -> list[str]:
-        out = [f"node {self.slot} {self.pid} {','.join(self.namespaces)} {self.node}"]
+        ns = ",".join(self.namespaces)
+        out = [f"node {self.slot} {self.pid} {self.start} {ns} {self.node}"]
         out += [f"cgroup {self.slot} {p}" for p in self.cgroup_procs]
         out += [f"env {self.slot} {kv}" for kv in self.env]
         return out
@@ -98,7 +106,7 @@ def joins(
     subnet = rec.the_plan().network.subnet
     out = []
     for t, node in enumerate(task_pool(share, roles)):
-        pid, cgroups = ops.node_cgroups(name, node, store)
+        proc = ops.node_process(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool
@@ -108,7 +116,7 @@ def joins(
             # but MPI's data goes over the cluster network: the host's own address
             # on the cluster bridge, joined to the other hosts' by VXLAN.
             env.append(f"OMPI_MCA_btl_tcp_if_include={subnet}")
-        out.append(Join(t, node, pid, namespaces, cgroups, tuple(env)))
+        out.append(Join(t, node, proc.pid, proc.start, namespaces, proc.cgroup_procs, tuple(env)))
     return out
 
 
@@ -116,9 +124,8 @@ def joins(
 
 
 def jobs_dir(store: Store) -> Path:
-    d = store.root / "jobs"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """Root's alone: the join records and locks name every job's shares."""
+    return private_dir(store.root / "jobs", tighten=True)
 
 
 @contextmanager
@@ -158,6 +165,7 @@ class Request:
     cpus: str = ""  # the job's CPUs on this host (Slurm's list), "" = all
     mpi: str = ""
     nodelist: str = ""  # the job's hosts as Slurm writes them (SLURM_JOB_NODELIST)
+    mem_mib: int = 0  # the job's memory on this host (S_JOB_ALLOC_MEM), 0 = not allocated
 
 
 def up(
@@ -170,6 +178,9 @@ def up(
         raise InputError(f"--index {req.index}", f"not a host of a {req.hosts}-host job", "")
     index = req.index
     shares = split(spec, req.hosts)
+    # Nothing on the host changes for a job that asks more than Slurm gave it.
+    check_memory(spec, req.hosts, req.mem_mib, "on this host")
+    spec, doc = for_job(spec, doc, site, req.job, req.hosts)
     share = shares[index]
     roles = {w.name: w.role for w, _ in expand(spec)}
     name = share_name(req.job, index)
@@ -186,12 +197,27 @@ def up(
                 if s and ipaddress.ip_network(s).overlaps(spec.network.network)
             ]
             if clash:
-                raise InputError(
-                    f"network.subnet = {spec.network.network}",
-                    f"cluster {clash[0][0]!r} on this host uses {clash[0][1]}",
-                    "give this job's spec another network.subnet",
+                fix = (
+                    "give this job's spec another network.subnet"
+                    if site.user_subnets
+                    else "the site's subnet pool has fewer blocks than jobs running here:"
+                    " give plugstack.conf a larger subnets="
                 )
-            cpus = set(parse_cpulist(req.cpus)) if req.cpus else None
+                raise InputError(
+                    f"job {req.job}: subnet {spec.network.network}",
+                    f"cluster {clash[0][0]!r} on this host uses {clash[0][1]}",
+                    fix,
+                )
+            # Slurm's abstract core numbers, as slurmd maps them: over the whole host.
+            cpus = (
+                os_cpus(
+                    read_topology(HOST, whole_system=True),
+                    parse_cpulist(req.cpus),
+                    1 if site.threads_as_cores else None,
+                )
+                if req.cpus
+                else None
+            )
             _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress)
         out = joins(store, req.job, index, share, roles, req.mpi)
         _write_cache(store, name, req.mpi, out)
@@ -256,6 +282,7 @@ def _up_share(
         hosts=hosts_text(whole, req.job),
         binds=binds,
         overlay=overlay,
+        tenant=True,  # an ordinary user's job: node roots nosuid,nodev
     )
 
 

@@ -25,16 +25,28 @@ from hpvc.topology.model import Core, NumaNode, Package, Topology
 SPEC_ENV = "HPVC_SPEC_B64"  # the spec travels base64-encoded in the job's environment
 MAX_SPEC_BYTES = 64 * 1024
 DEFAULT_SUBNETS = ("10.88.0.0/16",)
+# Images a site allows when it names none: the one hpvc builds itself. A site
+# lists every other image it has vetted (images=a,b); there is no "any".
+DEFAULT_IMAGES = ("hpc",)
+JOB_PREFIXLEN = 24  # each job's subnet, at least, cut from the site's pool
+YES, NO = ("yes", "true", "1"), ("no", "false", "0")
 
 
 @dataclass(frozen=True)
 class Site:
     """What the site allows (plugstack.conf arguments, passed on by the plugin)."""
 
-    images: tuple[str, ...] = ()  # empty: any built image
+    images: tuple[str, ...] = DEFAULT_IMAGES
     kinds: tuple[str, ...] = ("container",)
-    subnets: tuple[str, ...] = DEFAULT_SUBNETS
+    subnets: tuple[str, ...] = DEFAULT_SUBNETS  # the pool jobs' subnets are cut from
     binds: tuple[str, ...] = ()  # host directories every node sees at the same path
+    # A job's own network.subnet (inside the pool) instead of one cut for it.
+    user_subnets: bool = False
+    # io.weight in a spec: switches the host disk's I/O scheduler to bfq for everyone.
+    io_weight: bool = False
+    # slurm.conf counts every hardware thread as a core (nodes given as CPUs=<PUs>
+    # alone): Slurm's core numbers are then hardware threads (hpvc.slurm.cpus).
+    threads_as_cores: bool = False
 
     @classmethod
     def parse(cls, items: Sequence[str]) -> Site:
@@ -65,6 +77,16 @@ class Site:
                             f"site setting subnets={value}", f"{v!r} is not a network", ""
                         ) from None
                 site = replace(site, subnets=values)
+            elif key in ("user_subnets", "io_weight", "threads_as_cores"):
+                if len(values) != 1 or values[0] not in YES + NO:
+                    raise InputError(f"site setting {item!r}", "not yes or no", f"{key}=no")
+                on = values[0] in YES
+                if key == "user_subnets":
+                    site = replace(site, user_subnets=on)
+                elif key == "io_weight":
+                    site = replace(site, io_weight=on)
+                else:
+                    site = replace(site, threads_as_cores=on)
             elif key == "binds":
                 for v in values:
                     if not v.startswith("/") or not Path(v).is_dir():
@@ -74,7 +96,10 @@ class Site:
                 site = replace(site, binds=values)
             else:
                 raise InputError(
-                    f"site setting {key!r}", "unknown", "known: images, kinds, subnets, binds"
+                    f"site setting {key!r}",
+                    "unknown",
+                    "known: images, kinds, subnets, binds, user_subnets, io_weight,"
+                    " threads_as_cores",
                 )
         return site
 
@@ -111,31 +136,125 @@ def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
             "this site runs Slurm jobs only in " + ", ".join(site.kinds) + " nodes",
             'kind = "container"',
         )
-    if site.images and spec.image not in site.images:
+    if spec.image not in site.images:
         raise InputError(
             f"{origin}: image = {spec.image!r}",
             "not allowed on this site",
             "use one of: " + ", ".join(site.images),
         )
-    net = spec.network.network
-    allowed = [ipaddress.ip_network(s) for s in site.subnets]
-    if not any(net.version == a.version and net.subnet_of(a) for a in allowed):
+    weighted = [g.role for g in spec.nodes if g.io is not None and g.io.weight is not None]
+    if weighted and not site.io_weight:
         raise InputError(
-            f"{origin}: network.subnet = {net}",
-            "outside the networks this site gives virtual clusters",
-            "pick a subnet inside " + ", ".join(site.subnets),
+            f"{origin}: io.weight of the {weighted[0]} nodes",
+            "a weight switches the host disk's I/O scheduler to bfq for every user,"
+            " and this site does not allow it",
+            "remove io.weight (read_bps/write_bps limits are allowed)",
         )
+    if site.user_subnets:
+        net = spec.network.network
+        allowed = [ipaddress.ip_network(s) for s in site.subnets]
+        if not any(net.version == a.version and net.subnet_of(a) for a in allowed):
+            raise InputError(
+                f"{origin}: network.subnet = {net}",
+                "outside the networks this site gives virtual clusters",
+                "pick a subnet inside " + ", ".join(site.subnets),
+            )
+    else:
+        job_prefixlen(spec, site)  # the pool can hold the spec's cluster
     return spec, doc
 
 
-def check(path: Path, site: Site) -> str:
-    """Read and check a spec (as the submitting user); return it encoded for the job."""
+# ---- the job's subnet, cut from the site's pool ----------------------------
+
+
+def job_prefixlen(spec: Spec, site: Site, hosts: int | None = None) -> int:
+    """The prefix length of the subnet a job of ``spec`` gets: /24, or larger
+    where its nodes, the gateway and one address per host (at most one per
+    node) do not fit."""
+    nodes = len(expand(spec))
+    need = nodes + 2 + (hosts or nodes) + 1  # network, gateway, hosts, broadcast
+    prefix = JOB_PREFIXLEN
+    while prefix > 8 and 2 ** (32 - prefix) < need:
+        prefix -= 1
+    if not any(ipaddress.ip_network(p).prefixlen <= prefix for p in site.subnets):
+        raise InputError(
+            f"a cluster of {nodes} nodes",
+            f"needs a /{prefix}, larger than any network of this site's pool"
+            f" ({', '.join(site.subnets)})",
+            "use fewer nodes",
+        )
+    return prefix
+
+
+def job_subnet(spec: Spec, site: Site, job: int, hosts: int) -> ipaddress.IPv4Network:
+    """The job's own subnet: the pool cut into blocks of ``job_prefixlen``,
+    block ``job`` modulo their number. Every host of the job computes the same
+    one with nothing shared; two jobs on one host meet only if the site runs
+    more jobs at once than its pool has blocks (refused on that host)."""
+    prefix = job_prefixlen(spec, site, hosts)
+    pools = [ipaddress.IPv4Network(p) for p in site.subnets]
+    counts = [2 ** (prefix - p.prefixlen) if p.prefixlen <= prefix else 0 for p in pools]
+    k = job % sum(counts)
+    for pool, count in zip(pools, counts, strict=True):
+        if k < count:
+            size = 2 ** (32 - prefix)
+            return ipaddress.IPv4Network((int(pool.network_address) + k * size, prefix))
+        k -= count
+    raise AssertionError("unreachable: k < sum(counts)")
+
+
+def for_job(
+    spec: Spec, doc: dict[str, Any], site: Site, job: int, hosts: int
+) -> tuple[Spec, dict[str, Any]]:
+    """The spec as the job runs it: its subnet cut from the site's pool, unless
+    the site lets users choose (``user_subnets=yes``)."""
+    if site.user_subnets:
+        return spec, doc
+    subnet = str(job_subnet(spec, site, job, hosts))
+    network = spec.network.model_copy(update={"subnet": subnet})
+    doc = {**doc, "network": {**doc.get("network", {}), "subnet": subnet}}
+    return spec.model_copy(update={"network": network}), doc
+
+
+# ---- memory: what Slurm gave the job on a host -----------------------------
+
+
+def share_memory(spec: Spec, hosts: int) -> list[int]:
+    """MiB of the virtual nodes each host of a ``hosts``-host job runs (their
+    memory limits, or the hugepages backing them)."""
+    memory = {w.name: w.memory_mib for w, _ in expand(spec)}
+    return [sum(memory[n] for n in share) for share in split(spec, hosts)]
+
+
+def check_memory(spec: Spec, hosts: int, mem_mib: int, where: str = "per host") -> None:
+    """Refuse a job whose biggest host share needs more memory than Slurm gave
+    it on a host (``mem_mib``; 0 = Slurm does not allocate memory here)."""
+    if mem_mib <= 0:
+        return
+    need = share_memory(spec, hosts)
+    worst = max(range(len(need)), key=lambda i: need[i])
+    if need[worst] > mem_mib:
+        names = ", ".join(split(spec, hosts)[worst])
+        raise InputError(
+            f"--mem: the job has {mem_mib} MiB {where}",
+            f"the virtual nodes of its host {worst} ({names}) need {need[worst]} MiB",
+            f"ask for --mem={need[worst]}M or give the nodes less memory",
+        )
+
+
+def check(path: Path, site: Site, hosts: int = 0, mem_mib: int = 0) -> str:
+    """Read and check a spec (as the submitting user); return it encoded for the
+    job. With the job's ``hosts`` and memory per host (``mem_mib``), also check
+    that every host's share fits in what Slurm gave the job."""
     try:
         text = path.read_text()
     except OSError as e:
         why = e.strerror or str(e)
         raise InputError(f"--hpvc={path}", why, "give a readable spec file") from None
-    load(text, str(path), site)
+    spec, _ = load(text, str(path), site)
+    if hosts > 0:
+        split(spec, hosts)
+        check_memory(spec, hosts, mem_mib)
     return encode_spec(text)
 
 
