@@ -5,7 +5,9 @@
  *
  * An srun that made a new job checks once more once the allocation exists
  * (local_user_init, before any step starts): whether the spec's biggest host
- * share fits in the memory Slurm gave the job on a host. */
+ * share fits in the memory Slurm gave the job on a host. `hpvc node check`
+ * printed that share's MiB for every host count ("mem N1 N2 ..."), so this
+ * check starts no second hpvc. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,6 +19,33 @@
 
 static char spec_path[PATH_MAX]; /* the checked spec (realpath) */
 static int in_allocation;        /* srun started inside an existing job */
+#define HPVC_MAX_ROW 1024        /* policy.MAX_MEMORY_ROW */
+static uint64_t mem_row[HPVC_MAX_ROW]; /* MiB of the biggest share of an h-host job: [h-1] */
+static int mem_hosts;                  /* entries in mem_row */
+
+/* "mem N1 N2 ..." from `hpvc node check`; anything odd leaves the row empty
+ * (the hosts' `hpvc node up --mem-mib` still checks). */
+static void parse_mem_row(const char *line)
+{
+	mem_hosts = 0;
+	if (strncmp(line, "mem ", 4) != 0)
+		return;
+	const char *p = line + 4;
+	while (*p && mem_hosts < HPVC_MAX_ROW) {
+		char *end = NULL;
+		unsigned long long v = strtoull(p, &end, 10);
+		if (end == p || (*end != ' ' && *end != '\0' && *end != '\n')) {
+			mem_hosts = 0;
+			return;
+		}
+		mem_row[mem_hosts++] = v;
+		p = end;
+		while (*p == ' ')
+			p++;
+		if (*p == '\n')
+			break;
+	}
+}
 
 int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg)
 {
@@ -53,7 +82,10 @@ int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg)
 			slurm_error("hpvc: the spec %s was refused; no job was started", real);
 		return -1;
 	}
-	out[strcspn(out, "\r\n")] = '\0';
+	size_t first = strcspn(out, "\r\n");
+	if (out[first] != '\0')
+		parse_mem_row(out + first + 1 + (out[first] == '\r' && out[first + 1] == '\n'));
+	out[first] = '\0';
 	if (out[0] == '\0') {
 		free(out);
 		slurm_error("hpvc: %s node check printed nothing", cfg->hpvc);
@@ -117,32 +149,13 @@ int hpvc_local_user_init(spank_t sp, const struct hpvc_config *cfg)
 	if (mem == 0 || nodes == 0)
 		return 0;
 
-	char shosts[16], smem[32];
-	snprintf(shosts, sizeof(shosts), "%u", nodes);
-	snprintf(smem, sizeof(smem), "%llu", (unsigned long long)mem);
-	char *argv[12 + 2 * HPVC_MAX_SITE];
-	int k = 0;
-	argv[k++] = (char *)cfg->hpvc;
-	argv[k++] = "node";
-	argv[k++] = "check";
-	argv[k++] = spec_path;
-	argv[k++] = "--hosts";
-	argv[k++] = shosts;
-	argv[k++] = "--mem-mib";
-	argv[k++] = smem;
-	for (int i = 0; i < cfg->nsite; i++) {
-		argv[k++] = "--site";
-		argv[k++] = cfg->site[i];
-	}
-	argv[k] = NULL;
-	char *out = NULL;
-	int rc = hpvc_run(argv, NULL, cfg->timeout, 0, &out);
-	free(out); /* the encoded spec again: the job has it already */
-	if (rc != 0) {
-		if (rc > 0)
-			slurm_error("hpvc: job %u: the spec %s does not fit the job's %u host(s) with %llu MiB each; no step was started",
-				    job, spec_path, nodes, (unsigned long long)mem);
-		return -1;
-	}
-	return 0;
+	/* More hosts than nodes: `hpvc node up` says so on the hosts. */
+	if ((int)nodes > mem_hosts || mem_row[nodes - 1] <= mem)
+		return 0;
+	unsigned long long need = (unsigned long long)mem_row[nodes - 1];
+	slurm_error("hpvc: --mem: the job has %llu MiB per host: the virtual nodes of its biggest host share need %llu MiB (ask for --mem=%lluM or give the nodes less memory)",
+		    (unsigned long long)mem, need, need);
+	slurm_error("hpvc: job %u: the spec %s does not fit the job's %u host(s) with %llu MiB each; no step was started",
+		    job, spec_path, nodes, (unsigned long long)mem);
+	return -1;
 }

@@ -272,3 +272,20 @@ def test_site_says_how_slurm_counts_cores() -> None:
     assert policy.Site().threads_as_cores is False
     assert policy.Site.parse(["threads_as_cores=yes"]).threads_as_cores is True
     assert policy.Site.parse(["threads_as_cores=no"]).threads_as_cores is False
+
+
+def test_check_prints_the_memory_each_host_count_needs(tmp_path: Path) -> None:
+    """`hpvc node check`: the encoded spec, then the biggest host share's MiB
+    for 1, 2, 3 hosts (head 128 + 2 x 256: 640; 384; 256), which the plugin
+    compares with the job's memory without starting hpvc again."""
+    from typer.testing import CliRunner
+
+    from hpvc.cli import app
+
+    p = tmp_path / "c.toml"
+    p.write_text(spec_of(2))
+    r = CliRunner().invoke(app, ["node", "check", str(p)])
+    assert r.exit_code == 0, r.output
+    encoded, mem = r.output.splitlines()
+    assert policy.decode_spec(encoded) == spec_of(2)
+    assert mem == "mem 640 384 256"

@@ -41,6 +41,9 @@ def _site(items: list[str] | None) -> policy.Site:
 
 CHECK_HELP = """Check a spec against the site's rules; print it encoded for the job.
 
+A second line, `mem N1 N2 ...`, gives the MiB the biggest host share needs
+in a job of 1, 2, ... hosts: the plugin holds the job's memory to it.
+
 Run by the plugin as the submitting user in srun/sbatch/salloc, so a bad spec
 stops the job before it is queued.
 
@@ -63,7 +66,9 @@ def check_cmd(
         0, "--mem-mib", min=0, help="The job's memory per host in MiB (0: not allocated)."
     ),
 ) -> None:
-    print(policy.check(spec, _site(site), hosts, mem_mib))
+    encoded, parsed = policy.check_spec(spec, _site(site), hosts, mem_mib)
+    print(encoded)
+    print("mem " + " ".join(map(str, policy.memory_row(parsed))))
 
 
 UP_HELP = """Bring this host's share of a job's virtual cluster up (idempotent).

@@ -226,6 +226,17 @@ def share_memory(spec: Spec, hosts: int) -> list[int]:
     return [sum(memory[n] for n in share) for share in split(spec, hosts)]
 
 
+MAX_MEMORY_ROW = 1024  # host counts `hpvc node check` reports the memory need of
+
+
+def memory_row(spec: Spec) -> list[int]:
+    """For a job of 1, 2, ... hosts (at most one per node, MAX_MEMORY_ROW), the
+    MiB its biggest host share needs: the plugin compares it with the job's
+    memory once srun has the allocation, without starting hpvc again."""
+    n = min(len(expand(spec)), MAX_MEMORY_ROW)
+    return [max(share_memory(spec, h)) for h in range(1, n + 1)]
+
+
 def check_memory(spec: Spec, hosts: int, mem_mib: int, where: str = "per host") -> None:
     """Refuse a job whose biggest host share needs more memory than Slurm gave
     it on a host (``mem_mib``; 0 = Slurm does not allocate memory here)."""
@@ -246,6 +257,11 @@ def check(path: Path, site: Site, hosts: int = 0, mem_mib: int = 0) -> str:
     """Read and check a spec (as the submitting user); return it encoded for the
     job. With the job's ``hosts`` and memory per host (``mem_mib``), also check
     that every host's share fits in what Slurm gave the job."""
+    return check_spec(path, site, hosts, mem_mib)[0]
+
+
+def check_spec(path: Path, site: Site, hosts: int = 0, mem_mib: int = 0) -> tuple[str, Spec]:
+    """``check``, and the parsed spec."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -255,7 +271,7 @@ def check(path: Path, site: Site, hosts: int = 0, mem_mib: int = 0) -> str:
     if hosts > 0:
         split(spec, hosts)
         check_memory(spec, hosts, mem_mib)
-    return encode_spec(text)
+    return encode_spec(text), spec
 
 
 # ---- splitting the cluster over the job's hosts ---------------------------
