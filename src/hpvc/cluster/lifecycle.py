@@ -24,6 +24,7 @@ from typing import Any
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.state import ClusterRecord, Store
+from hpvc.cluster.subnets import claim_subnet
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import hugepages, net, vxlan
@@ -124,6 +125,7 @@ def up_spec(
     binds: tuple[str, ...] = (),
     overlay: Overlay | None = None,
     tenant: bool = False,
+    exclusive_subnet: bool = True,
 ) -> ClusterRecord:
     """``up`` of an already loaded spec. Slurm shares plan part of a cluster
     (``planner``), give every node the whole cluster's /etc/hosts (``hosts``),
@@ -131,12 +133,16 @@ def up_spec(
     cluster's other hosts (``overlay``, VXLAN), and are run for an ordinary
     user (``tenant``: the backend hardens what a user can reach of the nodes,
     e.g. container roots mounted nosuid,nodev; kept in the record, so a later
-    scale does the same). ``hpvc up`` is root's own cluster: not a tenant."""
+    scale does the same). ``hpvc up`` is root's own cluster: not a tenant.
+    ``exclusive_subnet``: refuse a subnet that overlaps another cluster here
+    or a host route (a spec naming none gets a free one); Slurm shares, whose
+    subnets hpvc.slurm cuts and checks itself, pass False."""
     backend = preflight(spec)
     store = store or Store()
     with store.cluster_lock(spec.name, "hpvc up", _waiting(spec.name, progress)):
         return _up_locked(backend, spec, doc, spec_path, store, progress, planner,
-                          hosts=hosts, binds=binds, overlay=overlay, tenant=tenant)  # fmt: skip
+                          hosts=hosts, binds=binds, overlay=overlay, tenant=tenant,
+                          exclusive_subnet=exclusive_subnet)  # fmt: skip
 
 
 def _waiting(name: str, progress: Progress) -> Callable[[str], None]:
@@ -156,12 +162,13 @@ def _up_locked(
     binds: tuple[str, ...],
     overlay: Overlay | None,
     tenant: bool,
+    exclusive_subnet: bool = True,
 ) -> ClusterRecord:
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
     backend.build_image(spec, progress)
     phases["image"] = time.perf_counter() - t0
-    rec, plan = _book(store, spec, doc, spec_path, planner, backend)
+    rec, plan = _book(store, spec, doc, spec_path, planner, backend, exclusive_subnet)
     phases["plan"] = time.perf_counter() - t0 - sum(phases.values())
     rec.phases = phases
     rec.overlay = overlay.to_json() if overlay is not None else None
@@ -224,12 +231,15 @@ def _book(
     spec_path: str,
     planner: Planner,
     backend: Backend,
+    exclusive_subnet: bool = True,
 ) -> tuple[ClusterRecord, Plan]:
     with store.lock():
         if store.load(spec.name) is not None:
             raise InputError(
                 f"cluster {spec.name!r}", "already exists", f"hpvc down {spec.name}, or rename it"
             )
+        if exclusive_subnet:
+            spec, doc = claim_subnet(store, spec, doc)
         host, topo = hostname(), read_topology("/")
         plan = planner(spec, host, topo, store.reservations(exclude=spec.name))
         now = time.time()

@@ -283,6 +283,7 @@ def _up_share(
         binds=binds,
         overlay=overlay,
         tenant=True,  # an ordinary user's job: node roots nosuid,nodev
+        exclusive_subnet=False,  # cut from the site's pool and checked in up()
     )
 
 
