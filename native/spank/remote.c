@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -231,9 +232,39 @@ static int joins_alive(void)
 	return 1;
 }
 
+/* In a child that takes root back (user_init runs with the user's effective
+ * ids and root's saved ones; the records live in root's 0700 state): open the
+ * cache, check it, copy it to fd `out`. Exits 0 when it copied all of it. */
+static void cache_child(const char *path, int out)
+{
+	if (geteuid() != 0 && setresuid(0, 0, 0) < 0)
+		_exit(1);
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+	    (st.st_mode & 022) || st.st_size <= 0 || st.st_size >= (1 << 20))
+		_exit(1);
+	static char buf[1 << 16];
+	off_t left = st.st_size;
+	while (left > 0) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n <= 0)
+			_exit(1);
+		for (ssize_t w = 0; w < n;) {
+			ssize_t k = write(out, buf + w, (size_t)(n - w));
+			if (k <= 0)
+				_exit(1);
+			w += k;
+		}
+		left -= n;
+	}
+	_exit(0);
+}
+
 /* A running share's join records, written by `hpvc node up` as root: read
- * them instead of starting hpvc again. Only a regular root-owned file that no
- * one else may write is trusted; anything else means "ask hpvc". */
+ * them instead of starting hpvc again (no Python, no exec: a fork that reads
+ * one file as root). Only a regular root-owned file that no one else may
+ * write is trusted; anything else means "ask hpvc". */
 static char *read_cache(const struct hpvc_config *cfg, uint32_t job, int index, const char *mpi)
 {
 	for (const char *p = mpi; *p; p++)
@@ -243,25 +274,50 @@ static char *read_cache(const struct hpvc_config *cfg, uint32_t job, int index, 
 	char path[4300];
 	snprintf(path, sizeof(path), "%s/jobs/j%u-%d.%s.join", cfg->state_dir, job, index,
 		 mpi[0] ? mpi : "none");
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
+	int pfd[2];
+	if (pipe2(pfd, O_CLOEXEC) < 0)
 		return NULL;
-	struct stat st;
-	char *buf = NULL;
-	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022) &&
-	    st.st_size > 0 && st.st_size < (1 << 20)) {
-		buf = malloc((size_t)st.st_size + 1);
-		if (buf != NULL) {
-			ssize_t n = read(fd, buf, (size_t)st.st_size);
-			if (n != st.st_size) {
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(pfd[0]);
+		close(pfd[1]);
+		return NULL;
+	}
+	if (pid == 0) {
+		close(pfd[0]);
+		cache_child(path, pfd[1]);
+	}
+	close(pfd[1]);
+	size_t len = 0, cap = 4096;
+	char *buf = malloc(cap);
+	while (buf != NULL) {
+		if (len + 1 >= cap) {
+			char *bigger = cap < (1 << 20) ? realloc(buf, cap * 2) : NULL;
+			if (bigger == NULL) {
 				free(buf);
 				buf = NULL;
-			} else {
-				buf[n] = '\0';
+				break;
 			}
+			buf = bigger;
+			cap *= 2;
 		}
+		ssize_t n = read(pfd[0], buf + len, cap - len - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		len += (size_t)n;
 	}
-	close(fd);
+	close(pfd[0]);
+	int status = 0;
+	pid_t w;
+	while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+		;
+	if (buf == NULL || w != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || len == 0) {
+		free(buf);
+		return NULL;
+	}
+	buf[len] = '\0';
 	return buf;
 }
 

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,46 @@ with open(os.path.join(LOG, f"{os.getpid()}.json"), "w") as f:
     json.dump(rec, f)
 os.execv(REAL, [REAL] + sys.argv[1:])
 """
+
+
+@contextmanager
+def logged_hpvc(slurm: Env) -> Iterator[Path]:
+    """plugstack.conf's hpvc= pointed at WRAPPER while in the block; yields the
+    folder of its records (one JSON file per start)."""
+    conf = Path(slurm.env["SLURM_CONF"]).parent / "plugstack.conf"
+    before = conf.read_text()
+    real = re.search(r" hpvc=(\S+)", before)
+    assert real, before
+    log = slurm.tmp / f"wrapper-log-{os.getpid()}-{time.monotonic_ns()}"
+    log.mkdir()
+    log.chmod(0o1777)
+    wrapper = log.with_name(log.name + ".py")
+    wrapper.write_text(WRAPPER.replace("LOG", repr(str(log))).replace("REAL", repr(real[1])))
+    wrapper.chmod(0o755)
+    try:
+        conf.write_text(before.replace(real[0], f" hpvc={wrapper}"))
+        yield log
+    finally:
+        conf.write_text(before)
+
+
+def test_later_steps_join_from_the_cache_without_hpvc(slurm: Env, spec: Path) -> None:
+    """In an allocation of an ordinary user, the first step brings the shares up
+    (one `hpvc node up` per host); the later steps read the root-only join
+    records (a fork that takes root back, no exec) and start no hpvc at all."""
+    with logged_hpvc(slurm) as log:
+        script = "srun -N2 -n2 hostname; srun -N2 -n2 hostname; srun -N2 -n2 hostname"
+        r = slurm.run("salloc", "-N2", "-n2", f"--hpvc={spec}", "sh", "-c", script)
+        assert r.returncode == 0, r.stderr
+        job = last_job(slurm)
+        slurm.wait_clean(job)
+    assert sorted(r.stdout.split()) == ["compute0"] * 3 + ["compute1"] * 3, r.stdout
+    ups = [
+        rec["argv"]
+        for p in log.glob("*.json")
+        if (rec := json.loads(p.read_text()))["argv"][:2] == ["node", "up"]
+    ]
+    assert len(ups) == 2, ups  # the first step's, one per host; none for steps 2 and 3
 
 
 def test_node_commands_run_with_a_fixed_environment(slurm: Env, spec: Path) -> None:
