@@ -70,6 +70,8 @@ fi
 echo
 echo "== Slurm: srun -N2 -n2 --hpvc=examples/slurm.toml (docs/slurm.md)"
 make -s -C native/spank
+# hpvc and the plugin where every user can run them (/opt/hpvc), as a site has them.
+bash scripts/slurm/install.sh >/dev/null
 slurm_dir=$(mktemp -d /var/tmp/hpvc-demo-slurm.XXXXXX)
 chmod 755 "$slurm_dir"
 port=$($PY -c 'from hpvc.bench.slurm_cluster import free_base_port; print(free_base_port(7817))')
@@ -87,7 +89,9 @@ slurm_shares() {
 trap slurm_stop EXIT
 env "${slurm_env[@]}" bash scripts/slurm/up.sh | tail -n 1
 cp examples/slurm.toml "$slurm_dir/"
-(cd "$slurm_dir" && SLURM_CONF=$slurm_dir/slurm/slurm.conf srun -N2 -n2 --hpvc=slurm.toml \
+# Submitted by an ordinary user (nobody), as on a site: not root.
+(cd "$slurm_dir" && setpriv --reuid="$(id -u nobody)" --regid="$(id -g nobody)" --clear-groups \
+  env -i PATH=/usr/bin:/bin SLURM_CONF="$slurm_dir/slurm/slurm.conf" srun -N2 -n2 --hpvc=slurm.toml \
   sh -c 'echo "task $SLURM_PROCID on Slurm host $SLURMD_NODENAME runs in virtual node $(hostname)"' | sort)
 # The job epilog takes the virtual nodes down after srun returned: wait for it.
 for _ in $(seq 100); do
