@@ -19,6 +19,7 @@ APT_PACKAGES=(
   libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
   openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
   openssh-client   # ssh into VM guests (keys made per cluster)
+  podman           # the peer of `hpvc bench startup` (Podman containers started beside hpvc's)
   qemu-system-x86  # VM nodes (KVM where usable, TCG otherwise)
   qemu-utils       # qemu-img: per-node VM disks
   libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema

@@ -53,6 +53,7 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "ping": (_tool("ping"), False),
     "iperf3": (_tool("iperf3"), False),
     "sockperf": (_tool("sockperf"), False),
+    "podman": (_tool("podman"), False),
     "kvm": (_kvm, True),
 }
 

@@ -93,7 +93,9 @@ def test_bench_locality_one_repetition(clean: None, tmp_path: Path) -> None:
 
 
 def test_bench_startup_one_repetition(clean: None, tmp_path: Path) -> None:
-    run_cli(["bench", "startup", "--nodes", "1,2", "--repeat", "1", "--out", str(tmp_path)])
+    run_cli(
+        ["bench", "startup", "--nodes", "1,2", "--repeat", "1", "--no-peer", "--out", str(tmp_path)]
+    )
     doc = json.loads((tmp_path / "results.json").read_text())
     assert "| 2 |" in (tmp_path / "report.md").read_text()
     assert all(doc[k] for k in HOST_KEYS)
@@ -104,6 +106,54 @@ def test_bench_startup_one_repetition(clean: None, tmp_path: Path) -> None:
         assert all(s["runs"][0][k] > 0 for k in ("up_s", "down_s", "up_inner_s"))
         positive_summary(s["up"])
         positive_summary(s["down"])
+
+
+def podman_leftovers() -> list[str]:
+    """This process's Podman containers, networks and images (named hpvc-bench-PID)."""
+    mine = f"hpvc-bench-{os.getpid()}"
+    found: list[str] = []
+    for argv in (
+        ["ps", "-a", "--format", "{{.Names}}"],
+        ["network", "ls", "--format", "{{.Name}}"],
+        ["images", "--format", "{{.Repository}}"],
+    ):
+        r = subprocess.run(["podman", *argv], capture_output=True, text=True, check=True)
+        found += [w for w in r.stdout.split() if mine in w]
+    return found
+
+
+def test_bench_startup_with_podman(clean: None, tmp_path: Path) -> None:
+    requires("podman")
+    bridges_before = _links("cni-podman")
+    run_cli(["bench", "startup", "--nodes", "8", "--repeat", "1", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["peer"]["tool"] == "podman" and doc["peer"]["runtime"] == "crun"
+    assert "podman parallel start" in (tmp_path / "report.md").read_text()
+    [size] = doc["sizes"]
+    assert size["nodes"] == 8
+    hpvc = size["runs"][0]
+    peer = size["peer"]
+    for mode in ("parallel", "sequential"):
+        [r] = peer["podman"][mode]["runs"]
+        assert r["rep"] == hpvc["rep"] == 0
+        assert r["start_s"] > 0 and r["rm_s"] > 0
+    # The ratios are those of this run's samples.
+    par = peer["podman"]["parallel"]["runs"][0]
+    seq = peer["podman"]["sequential"]["runs"][0]
+    ratios = peer["ratios"]
+    assert ratios["up_vs_parallel_start"]["median"] == pytest.approx(hpvc["up_s"] / par["start_s"])
+    assert ratios["up_vs_sequential_start"]["median"] == pytest.approx(
+        hpvc["up_s"] / seq["start_s"]
+    )
+    assert ratios["down_vs_rm"]["median"] == pytest.approx(hpvc["down_s"] / par["rm_s"])
+    assert all(isinstance(met, bool) for met in peer["goals"].values())
+    assert podman_leftovers() == []
+    assert _links("cni-podman") <= bridges_before
+
+
+def _links(prefix: str) -> set[str]:
+    r = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    return {w.split("@")[0].rstrip(":") for w in r.stdout.split() if w.startswith(prefix)}
 
 
 def test_bench_startup_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -101,23 +101,28 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return nets
 
 
-def free_subnets(count: int) -> list[str]:
-    """``count`` /24 networks that no interface on this host uses now.
+def free_subnets(
+    count: int,
+    pool: ipaddress.IPv4Network = SUBNET_POOL,
+    extra_used: list[ipaddress.IPv4Network] | None = None,
+) -> list[str]:
+    """``count`` /24 networks of ``pool`` that no interface on this host uses now
+    (nor any of ``extra_used``).
 
     The search starts at an offset taken from our PID, so two benchmarks
     started side by side are unlikely to pick the same networks.
     """
-    used = _used_networks()
-    pool = list(SUBNET_POOL.subnets(new_prefix=24))
-    start = os.getpid() % len(pool)
+    used = _used_networks() + list(extra_used or [])
+    nets = list(pool.subnets(new_prefix=24))
+    start = os.getpid() % len(nets)
     out: list[str] = []
-    for i in range(len(pool)):
-        cand = pool[(start + i) % len(pool)]
+    for i in range(len(nets)):
+        cand = nets[(start + i) % len(nets)]
         if not any(cand.overlaps(u) for u in used):
             out.append(str(cand))
             if len(out) == count:
                 return out
-    raise HpvcError("benchmark network", f"no free /24 left in {SUBNET_POOL}", "")
+    raise HpvcError("benchmark network", f"no free /24 left in {pool}", "")
 
 
 def cluster_spec(

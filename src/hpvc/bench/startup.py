@@ -8,16 +8,23 @@ the containers. Each repetition brings every size up and down in turn (the
 order rotates); ``up`` and ``down`` are timed by the wall clock around
 ``lifecycle.up`` / ``lifecycle.down``, as a user of ``hpvc up`` would see it.
 The goal: 8 nodes up in under 2 s (median).
+
+With ``peer``, every repetition also starts and removes as many Podman
+containers as each size has nodes (``bench.podman``: the same image, limits
+and runtime, a bridge network), in parallel and one by one, the order of
+hpvc / Podman-parallel / Podman-sequential rotating between repetitions, so
+that the ratios (``bench.podman_report``) come from one run.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from hpvc.bench import common
+from hpvc.bench import common, podman, podman_report
 from hpvc.bench.stats import summary
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
@@ -91,22 +98,39 @@ def up_down(store: Store, name: str, spec: str) -> dict[str, Any]:
     }
 
 
+PeerRuns = dict[int, dict[str, list[dict[str, Any]]]]
+
+
 def repetitions(
-    store: Store, specs: dict[int, tuple[str, str]], repeat: int, progress: Progress
-) -> dict[int, list[dict[str, Any]]]:
+    store: Store,
+    specs: dict[int, tuple[str, str]],
+    repeat: int,
+    progress: Progress,
+    peer: podman.Peer | None = None,
+) -> tuple[dict[int, list[dict[str, Any]]], PeerRuns]:
+    """hpvc's runs per size and, with ``peer``, Podman's per size and mode."""
     sizes = list(specs)
     runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    peer_runs: PeerRuns = {n: {m: [] for m in podman.MODES} for n in sizes} if peer else {}
+    sides = ["hpvc", *podman.MODES] if peer else ["hpvc"]
     for rep in range(repeat):
         order = sizes[rep % len(sizes) :] + sizes[: rep % len(sizes)]
+        turn = sides[rep % len(sides) :] + sides[: rep % len(sides)]
         for i, n in enumerate(order):
-            name, spec = specs[n]
-            t = up_down(store, name, spec)
-            progress(
-                f"repetition {rep + 1}/{repeat}: {n} node(s) up {t['up_s']:.3f} s,"
-                f" down {t['down_s']:.3f} s"
-            )
-            runs[n].append({"rep": rep, "order": i, **t})
-    return runs
+            for j, side in enumerate(turn):
+                at = {"rep": rep, "order": i * len(turn) + j}
+                if side == "hpvc":
+                    name, spec = specs[n]
+                    t = up_down(store, name, spec)
+                    runs[n].append({**at, **t})
+                    what = f"up {t['up_s']:.3f} s, down {t['down_s']:.3f} s"
+                else:
+                    assert peer is not None
+                    t = peer.cycle(n, side)
+                    peer_runs[n][side].append({**at, **t})
+                    what = f"podman {side} start {t['start_s']:.3f} s, rm {t['rm_s']:.3f} s"
+                progress(f"repetition {rep + 1}/{repeat}: {n} node(s) {what}")
+    return runs, peer_runs
 
 
 def size_doc(n: int, runs: list[dict[str, Any]], kind: str = "container") -> dict[str, Any]:
@@ -129,15 +153,45 @@ def size_doc(n: int, runs: list[dict[str, Any]], kind: str = "container") -> dic
 
 
 def run(
-    sizes: list[int], repeat: int = 5, progress: Progress = quiet, kind: str = "container"
+    sizes: list[int],
+    repeat: int = 5,
+    progress: Progress = quiet,
+    kind: str = "container",
+    peer: bool = False,
 ) -> dict[str, Any]:
-    """Bring each size up and down ``repeat`` times; return the results document."""
+    """Bring each size up and down ``repeat`` times (and Podman's containers, with
+    ``peer``); return the results document."""
     preflight(sizes, kind)
+    if peer and kind != "container":
+        raise InputError("--peer", "Podman is the peer of container clusters only", "--no-peer")
+    if peer:
+        podman.preflight()
     common.ensure_image("hpc", progress)
     facts = common.host_facts(mpi=False)
+    about: dict[str, Any] = {}
     with common.scratch_state("bench startup", progress) as (tmp, store):
         specs = write_specs(tmp, sizes, kind)
-        runs = repetitions(store, specs, repeat, progress)
+        ctx: AbstractContextManager[podman.Peer | None] = (
+            podman.session(progress) if peer else nullcontext()
+        )
+        with ctx as p:
+            runs, peer_runs = repetitions(store, specs, repeat, progress, p)
+            about = p.describe() if p else {}
+    doc = _doc(sizes, repeat, kind, facts, runs)
+    if peer:
+        doc["peer"] = about
+        for s in doc["sizes"]:
+            s["peer"] = podman_report.size_doc(s["nodes"], runs[s["nodes"]], peer_runs[s["nodes"]])
+    return doc
+
+
+def _doc(
+    sizes: list[int],
+    repeat: int,
+    kind: str,
+    facts: dict[str, Any],
+    runs: dict[int, list[dict[str, Any]]],
+) -> dict[str, Any]:
     accel = {str(r["accelerator"]) for rs in runs.values() for r in rs if r.get("accelerator")}
     return {
         "benchmark": "cluster-startup",
@@ -190,7 +244,7 @@ def report_md(doc: dict[str, Any]) -> str:
             f"| {s['nodes']} | {u['min']:.3f} | {u['median']:.3f} | {u['max']:.3f}"
             f" | {d['min']:.3f} | {d['median']:.3f} | {d['max']:.3f} | {goal} | {met} |"
         )
-    return "\n".join(lines + _phase_table(doc)) + "\n"
+    return "\n".join(lines + _phase_table(doc) + podman_report.report_lines(doc)) + "\n"
 
 
 def _phase_table(doc: dict[str, Any]) -> list[str]:

@@ -24,6 +24,7 @@ from hpvc.bench import (
     network,
     network_report,
     planning,
+    podman,
     startup,
 )
 from hpvc.bench import slurm as slurm_bench
@@ -127,11 +128,20 @@ hugepages, locality "shm"; the image is built first if it is missing. Every
 repetition brings each size up and down in turn. Goal: 8 nodes up in under
 2 s (median). Clusters live in a temporary state directory.
 
+With --peer (the default for containers) every repetition also starts N
+Podman containers (crun, the hpc image imported from hpvc's rootfs, the same
+limits, an internal bridge network made for the run) in parallel and one by
+one, and removes them, alternated with hpvc; results get hpvc/Podman ratios
+of the same repetition. Podman missing skips that side, unless
+HPVC_REQUIRE_ALL=1. Image, network and containers are removed at the end.
+
 Examples:
 
   hpvc bench startup
 
   hpvc bench startup --nodes 1,2,16 --repeat 3 --out /tmp/startup --json
+
+  hpvc bench startup --nodes 8 --no-peer
 """
 
 
@@ -234,6 +244,11 @@ def startup_cmd(
     ),
     repeat: int = typer.Option(5, min=1, help="Up/down cycles per size."),
     kind: str = typer.Option("container", help="container or vm."),
+    peer: bool = typer.Option(
+        True,
+        "--peer/--no-peer",
+        help="Also start and remove as many Podman containers, alternated (containers only).",
+    ),
     out: Path | None = typer.Option(
         None, help="Where results go (default bench/results/startup[-vm])."
     ),
@@ -243,7 +258,13 @@ def startup_cmd(
         raise InputError("--kind", f"{kind!r} is not container or vm", "--kind vm")
     sizes = _sizes(nodes or ("1,2,4" if kind == "vm" else "1,4,8"))
     out = out or Path("bench/results/startup" + ("-vm" if kind == "vm" else ""))
-    doc = startup.run(sizes, repeat, progress=_progress, kind=kind)
+    peer = peer and kind == "container"
+    skipped = peer and not podman.available() and os.environ.get("HPVC_REQUIRE_ALL") != "1"
+    if skipped:
+        _progress("podman not found (apt-get install podman): the Podman side is skipped")
+    doc = startup.run(sizes, repeat, progress=_progress, kind=kind, peer=peer and not skipped)
+    if skipped:
+        doc["peer"] = {"skipped": "podman not found (apt-get install podman)"}
     if _written(out, doc, startup.report_md(doc), as_json):
         return
     t = Table(title=f"hpvc up / down, {doc['shape']}, {repeat} repetitions")
@@ -260,6 +281,11 @@ def startup_cmd(
         if "meets_goal" in s:
             verdict = "met" if s["meets_goal"] else "NOT met"
             console.print(f"goal ({s['nodes']} nodes up, median < {s['goal_s']:g} s): {verdict}")
+    for s in doc["sizes"]:
+        for name, r in s.get("peer", {}).get("ratios", {}).items():
+            console.print(f"{s['nodes']} nodes, hpvc/podman {name}: median {r['median']:.2f}")
+        for goal, met in s.get("peer", {}).get("goals", {}).items():
+            console.print(f"goal ({s['nodes']} nodes, {goal}): {'met' if met else 'NOT met'}")
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 
