@@ -45,3 +45,22 @@ def owned_lock(path: Path, owner: str, on_wait: Callable[[str], None]) -> Iterat
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # still ours: nobody else can hold it yet
         os.close(fd)
+
+
+def holder(path: Path) -> str | None:
+    """Who holds ``owned_lock(path)`` now: its owner text, or None when nobody
+    does. A holder killed outright holds nothing (the kernel drops its lock
+    with its last descriptor), whatever text it left in the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another command"
+        fcntl.flock(fd, fcntl.LOCK_UN)  # a probe: given back at once
+        return None
+    finally:
+        os.close(fd)

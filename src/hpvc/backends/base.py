@@ -49,6 +49,10 @@ class Capabilities:
 
     repin: bool  # move vCPU / emulator threads to other CPUs (scale shifts floating sets)
     shared_memory: bool  # MPI ranks in different co-resident nodes may use shared memory
+    # Hugepages: False, a started node maps all of its pages at once (VMs
+    # preallocate); True, its programs map them as they go, and the kernel's
+    # hugetlb cgroup of the cluster (``/hpvc/<cluster>/<node>``) counts them.
+    pages_on_demand: bool = False
 
 
 @dataclass(frozen=True)

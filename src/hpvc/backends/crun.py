@@ -89,6 +89,19 @@ def render_context(env: ClusterEnv) -> RenderContext:
     )
 
 
+def io_warning(env: ClusterEnv, plan: Plan) -> str | None:
+    """Nodes with block-I/O limits whose disk (their writable layer, in the state
+    directory) is on no block device: the limits cannot apply, say so."""
+    limited = [n.name for n in plan.nodes if n.io is not None]
+    why = blkio.no_block_device(env.store.root) if limited else None
+    if why is None:
+        return None
+    return (
+        f"block-I/O limits of {', '.join(limited)} not applied: the nodes' disks are in"
+        f" the state directory and {why} (put HPVC_STATE_DIR on a disk)"
+    )
+
+
 def remote_arp(env: ClusterEnv) -> list[tuple[str, str]]:
     """Static ARP entries of the cluster's nodes on other hosts (none on one host)."""
     return Overlay.from_json(env.rec.overlay).arp_entries() if env.rec.overlay else []
@@ -97,7 +110,9 @@ def remote_arp(env: ClusterEnv) -> list[tuple[str, str]]:
 class CrunBackend:
     name: ClassVar[str] = "crun"
     kind: ClassVar[str] = "container"
-    capabilities: ClassVar[Capabilities] = Capabilities(repin=True, shared_memory=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        repin=True, shared_memory=True, pages_on_demand=True
+    )
 
     def new_state(self) -> CrunState:
         return CrunState()
@@ -133,6 +148,9 @@ class CrunBackend:
             st.holder_pid = ct.start_holder(j, env.dir / "holder.pid", env.name)
         dev = blkio.block_device(env.store.root)
         st.block_device = list(dev) if dev else None
+        warning = io_warning(env, plan)
+        if warning is not None:
+            progress(f"warning: {warning}")
         if dev is not None and any(n.io and n.io.weight for n in plan.nodes):
             # Weights need the bfq scheduler; the device is host-wide, so is the undo.
             cgroups.ensure_bfq(env.host_journal(), cgroups.device_name(dev))
@@ -189,7 +207,7 @@ class CrunBackend:
         return out
 
     def summary(self, env: ClusterEnv) -> dict[str, Any]:
-        return {"backend": self.name}
+        return {"backend": self.name, "io_warning": io_warning(env, env.rec.the_plan())}
 
     def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
         return ct.container_pid(ct.container_id(plan.cluster, node.name))

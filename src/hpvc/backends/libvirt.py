@@ -21,7 +21,7 @@ from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
 from hpvc.render.context import RenderContext
-from hpvc.render.libvirt import domain_name, render_domain_xml
+from hpvc.render.libvirt import domain_name, domain_uuid, render_domain_xml
 from hpvc.spec import Spec
 
 URI_ENV = "HPVC_LIBVIRT_URI"
@@ -59,6 +59,10 @@ class LibvirtBackend(QemuBackend):
             )
         finally:
             conn.close()
+
+    def live_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int | None:
+        """The domain's QEMU from libvirt's pid file or /proc (libvirtd need not answer)."""
+        return vm_libvirt.find_pid(domain_name(plan, node), domain_uuid(plan, node))
 
     def repin_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> None:
         pass  # running domains keep the pinning they were defined with (see above)

@@ -21,14 +21,14 @@ from hpvc.backends import vm_qemu
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
-from hpvc.host import net
+from hpvc.host import net, procfs
 from hpvc.host.accel import accelerator
 from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
 from hpvc.render.context import RenderContext, tap_name
-from hpvc.render.qemu import qemu_pinning, render_qemu
+from hpvc.render.qemu import qemu_name, qemu_pinning, render_qemu
 from hpvc.spec import Spec
 
 QEMU = "qemu-system-x86_64"
@@ -187,13 +187,25 @@ class QemuBackend:
 
     # --- reading back --------------------------------------------------------
 
-    def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:
+    def live_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int | None:
+        """The node's QEMU as /proc has it: the recorded PID while it is still that
+        QEMU, else the process running under the node's ``-name`` (an ``up``
+        killed before it recorded its PIDs); None when none runs."""
+        name = qemu_name(plan, node)
         pid = vm_state(env).pids.get(node.name)
-        return "running" if pid and vm_qemu.running(pid) else "stopped"
+        if pid and vm_qemu.is_qemu(pid, name) and vm_qemu.running(pid):
+            return pid
+        found = [p for p in vm_qemu.find_qemu(name) if vm_qemu.running(p)]
+        return found[0] if found else None
+
+    def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:
+        return "running" if self.live_pid(env, plan, node) else "stopped"
 
     def read_back(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
         """Thread affinities and memory backends, over QMP and from /proc."""
-        pid = vm_state(env).pids[node.name]
+        pid = self.live_pid(env, plan, node)
+        if pid is None:
+            raise HpvcError(f"node {node.name}", "is not running")
         qmp = env.store.root / "run" / plan.cluster / node.name / "qmp.sock"
         return dict(vm_qemu.read_back(pid, qmp))
 
@@ -210,16 +222,26 @@ class QemuBackend:
         return out
 
     def summary(self, env: ClusterEnv) -> dict[str, Any]:
+        """The accelerator the running QEMUs use (read from their command lines;
+        the one ``up`` chose while none runs)."""
         st = vm_state(env)
+        plan = env.rec.the_plan()
+        live = set()
+        for node in plan.nodes:
+            pid = self.live_pid(env, plan, node)
+            argv = procfs.cmdline(pid) if pid else None
+            accel = vm_qemu.accel_of(argv) if argv else None
+            if accel:
+                live.add(accel)
         return {
             "backend": self.name,
-            "accelerator": st.accel,
+            "accelerator": ",".join(sorted(live)) if live else st.accel,
             "accelerator_warning": st.accel_warning,
         }
 
     def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
-        pid = vm_state(env).pids.get(node.name)
-        if not pid or not vm_qemu.running(pid):
+        pid = self.live_pid(env, plan, node)
+        if not pid:
             raise HpvcError(f"node {node.name}", "is not running", f"hpvc down {env.name}")
         return pid
 

@@ -146,6 +146,20 @@ def launch_files(argv: Sequence[str]) -> LaunchFiles:
     return LaunchFiles(tuple(sockets), pidfiles[-1] if pidfiles else None, tuple(logs))
 
 
+def accel_of(argv: Sequence[str]) -> str | None:
+    """The accelerator a QEMU command line runs on (``kvm``, ``tcg``; ``-accel``,
+    ``-machine accel=`` or ``-enable-kvm``); None when it names none."""
+    if "-enable-kvm" in argv:
+        return "kvm"
+    for value in _values(argv, "-accel"):
+        return _opts(value)[0]
+    for value in _values(argv, "-machine"):
+        for opt in _opts(value):
+            if opt.startswith("accel="):
+                return opt.removeprefix("accel=").split(":")[0]
+    return None
+
+
 # --- start and stop ------------------------------------------------------------------
 
 

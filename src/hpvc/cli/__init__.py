@@ -7,6 +7,7 @@ commands, not the benchmarks and their plotting.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -20,6 +21,18 @@ def __getattr__(name: str) -> Any:
 
         return app
     raise AttributeError(name)
+
+
+# Commands whose second word names the subcommand (``image rm``, ``node up``).
+GROUPS = frozenset(("image", "node", "bench"))
+
+
+def command_words(args: list[str]) -> str:
+    """The command as the user typed it, without its arguments: ``image rm``."""
+    words = [a for a in args if not a.startswith("-")]
+    if not words:
+        return "hpvc"
+    return " ".join(words[:2]) if words[0] in GROUPS and len(words) > 1 else words[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
         if state.debug:
             raise
         where = f" {e.filename}" if e.filename else ""
+        why = "needs root: permission denied" if os.geteuid() != 0 else "permission denied"
         err_console.print(
-            f"hpvc: {' '.join(args[:1]) or 'hpvc'}: permission denied{where} (run as root)",
+            f"hpvc: {command_words(args)}: {why}{where} (run as root)",
             markup=False,
             highlight=False,
             soft_wrap=True,

@@ -106,6 +106,7 @@ def show_status(st: dict[str, Any]) -> None:
         console.print(t)
         if st.get("accelerator_warning"):
             console.print(f"[yellow]{st['accelerator_warning']}[/yellow]")
+        _notes(st)
         return
     for n in st["nodes"]:
         netw, lim = n["network"], n["limits"]
@@ -120,6 +121,16 @@ def show_status(st: dict[str, Any]) -> None:
         )
     console.print(t)
     _across_hosts(st.get("across_hosts"))
+    _notes(st)
+
+
+def _notes(st: dict[str, Any]) -> None:
+    """What the table alone would hide: limits that cannot apply, an up that was killed."""
+    if st.get("io_warning"):
+        console.print(f"warning: {st['io_warning']}", style="yellow", markup=False)
+    if st.get("note"):
+        style = "bold red" if st.get("interrupted") else "yellow"
+        console.print(f"cluster {st['cluster']}: {st['note']}", style=style, markup=False)
 
 
 def _across_hosts(x: dict[str, Any] | None) -> None:
@@ -189,9 +200,8 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -
         t.add_column(col)
     for r in rows:
         age = f"{time.time() - r['created']:.0f}s"
-        t.add_row(
-            r["name"], r["status"], r["kind"], str(r["nodes"]), str(r["vcpus"]), r["subnet"], age
-        )
+        state = f"{r['status']} (interrupted)" if r.get("interrupted") else r["status"]
+        t.add_row(r["name"], state, r["kind"], str(r["nodes"]), str(r["vcpus"]), r["subnet"], age)
     console.print(t if rows else "no clusters")
 
 
@@ -214,9 +224,12 @@ def run_cmd(
 ) -> None:
     """Launch an MPI job over the cluster's compute nodes, one rank per vCPU.
 
+    A cluster without compute nodes runs it on the nodes it has (the head's
+    included), and says so on stderr.
+
     Example: hpvc run small -n 2 -- hostname
     """
-    rc = ops.run(name, list(cmd or []), n)
+    rc = ops.run(name, list(cmd or []), n, progress=_progress)
     raise typer.Exit(rc if isinstance(rc, int) else rc.returncode)
 
 
@@ -228,6 +241,7 @@ def scale_cmd(
 
     Example: hpvc scale small compute=3
     """
+    ops.require_root("hpvc scale")
     changes: dict[str, int] = {}
     for c in counts:
         role, _, num = c.partition("=")
@@ -243,6 +257,7 @@ def down_cmd(name: str = typer.Argument(..., help="Cluster name.")) -> None:
 
     Example: hpvc down small
     """
+    ops.require_root("hpvc down")
     t0 = time.perf_counter()
     lifecycle.down(name, progress=lambda m: None, on_wait=_progress)
     console.print(f"cluster {name} down in {time.perf_counter() - t0:.2f} s")

@@ -11,6 +11,7 @@ from hpvc.plan import Plan, PlannedNode, plan_cluster
 from hpvc.plan.network import describe
 from hpvc.spec import load_spec
 from hpvc.topology.inventory import Inventory, local_hosts, read_inventory
+from hpvc.topology.model import Topology
 from hpvc.units import format_cpulist, format_mib
 
 HELP = """Plan a cluster: pin vCPUs, map guest NUMA cells, count hugepages, give addresses.
@@ -76,6 +77,19 @@ def show(p: Plan) -> None:
         console.print(f"[dim]note: {escape(note)}[/dim]")
 
 
+def _held_apart(name: str, host: str, topo: Topology) -> tuple[str, Topology]:
+    """This host as `hpvc up` would plan on it: hugepages other clusters hold
+    (grown for them, maybe not mapped yet) are not free. Without access to
+    hpvc's state (not root), the kernel's own free counts."""
+    from hpvc.cluster import pages
+    from hpvc.cluster.state import Store
+
+    try:
+        return host, pages.unheld(Store(), topo, host, name)
+    except PermissionError:
+        return host, topo
+
+
 def plan_cmd(
     spec: str = typer.Argument(..., help="Cluster spec (TOML), e.g. examples/small.toml."),
     topology_root: str | None = typer.Option(
@@ -92,6 +106,8 @@ def plan_cmd(
     if hosts and topology_root:
         raise typer.BadParameter("give --hosts or --topology-root, not both")
     inv = read_inventory(hosts) if hosts else Inventory(tuple(local_hosts(topology_root)))
+    if not hosts and not topology_root:
+        inv = Inventory(tuple(_held_apart(s.name, h, t) for h, t in inv.hosts), inv.fabric)
     p = plan_cluster(s, inv.hosts, fabric=inv.fabric)
     if as_json:
         print_json(p.to_json())

@@ -23,6 +23,7 @@ from typing import Any
 
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, ClusterEnv
+from hpvc.cluster import pages
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.cluster.subnets import claim_subnet
 from hpvc.errors import HpvcError, InputError, MissingDependency
@@ -240,7 +241,8 @@ def _book(
             )
         if exclusive_subnet:
             spec, doc = claim_subnet(store, spec, doc)
-        host, topo = hostname(), read_topology("/")
+        host = hostname()
+        topo = pages.unheld(store, read_topology("/"), host, spec.name)
         plan = planner(spec, host, topo, store.reservations(exclude=spec.name))
         now = time.time()
         rec = ClusterRecord(
@@ -253,6 +255,7 @@ def _book(
             updated=now,
             holdings=holdings_of(plan, {host: topo.cpu_package()}),
             backend=backend.name,
+            pages=pages.to_record(pages.held_by_plan(plan, host)),
         )
         store.save(rec)
     return rec, plan
@@ -322,8 +325,11 @@ def _scale_locked(
             raise InputError(f"cluster {name!r}", f"is {rec.status}", "wait, or hpvc down it")
         spec = parse_spec(_rescaled(rec.spec, changes), rec.spec_path)
         old = rec.the_plan()
-        host, topo = hostname(), read_topology("/")
+        host = hostname()
+        topo = pages.unheld(store, read_topology("/"), host, name, own=rec)
         plan = plan_cluster(spec, [(host, topo)], store.reservations(exclude=name), existing=old)
+        now_held = pages.held_by_plan(plan, host)
+        rec.pages = pages.to_record(pages.merged(pages.held(rec, host), now_held))
         rec.status = "scaling"
         # Until it is done the cluster holds both the old and the new CPUs, so a
         # concurrent `up` cannot take what the new nodes are about to get.
@@ -336,6 +342,7 @@ def _scale_locked(
     backend, env = open_env(store, rec)
     try:
         _apply_scale(env, backend, old, plan, progress)
+        pages.shrink(env.journal(), now_held)  # a scale down returns what it grew
     except BaseException:
         added = [n.name for n in plan.nodes if n.name not in {o.name for o in old.nodes}]
         for n in added:  # take back the nodes this scale added, keep the rest
@@ -346,6 +353,7 @@ def _scale_locked(
     rec.spec = _rescaled(rec.spec, changes)
     rec.plan = plan.to_json()
     rec.holdings = holdings_of(plan, {host: topo.cpu_package()})
+    rec.pages = pages.to_record(now_held)
     rec.status = "running"
     env.save()
     return rec

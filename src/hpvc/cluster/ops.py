@@ -1,4 +1,11 @@
-"""Working with a running cluster: status (read back from the kernel), exec, run."""
+"""Working with a running cluster: status (read back from the kernel), exec, run.
+
+``status`` reads what runs, never what the record hopes: node processes from
+the runtime, pools from the kernel, and whether the ``up``/``scale``/``down``
+a record says is under way still runs (its holder of the cluster's lock). A
+record stuck in ``creating`` with nobody holding the lock is an interrupted
+``up``: its nodes may run, and ``hpvc down NAME`` takes them away.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +18,12 @@ from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
-from hpvc.cluster.state import Store
+from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import hugepages, probe, procfs, vxlan
+from hpvc.locks import holder
 from hpvc.plan import Plan, PlannedNode
+from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
 
 MPIRUN = "mpirun.openmpi"
@@ -71,13 +80,38 @@ def _across_hosts(name: str, overlay: dict[str, Any] | None) -> dict[str, Any] |
     }
 
 
+# A record in one of these says a command is under way; when nobody holds the
+# cluster's lock, that command was killed before it finished.
+UNDER_WAY = {"creating": "coming up", "scaling": "scaling", "deleting": "going down"}
+
+
+def under_way(store: Store, rec: ClusterRecord) -> dict[str, Any]:
+    """Whether the up, scale or down that ``rec`` says is under way still runs:
+    ``interrupted`` (nobody holds the cluster's lock: it was killed), ``held_by``
+    (who holds it: ``PID 123 (hpvc up)``) and a ``note`` for people."""
+    # Store.cluster_lock's file (outside the cluster's folder, which down removes).
+    held_by = holder(store.root / "locks" / f"{rec.name}.lock")
+    doing = UNDER_WAY.get(rec.status)
+    if doing is None:
+        return {"interrupted": False, "held_by": held_by, "note": None}
+    if held_by is not None:
+        return {"interrupted": False, "held_by": held_by, "note": f"{doing} ({held_by})"}
+    return {
+        "interrupted": True,
+        "held_by": None,
+        "note": f"interrupted \N{EM DASH} run hpvc down {rec.name}",
+    }
+
+
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
+    store = store or Store()
     backend, env, plan = _open(name, store)
     rec = env.rec
     return {
         "cluster": name,
         "status": rec.status,
+        **under_way(store, rec),
         "kind": plan.kind,
         "image": plan.image,
         "bridge": plan.network.bridge,
@@ -108,6 +142,7 @@ def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "status": rec.status,
+                "interrupted": under_way(store, rec)["interrupted"],
                 "kind": plan.kind,
                 "nodes": len(plan.nodes),
                 "vcpus": sum(len(n.vcpus) for n in plan.nodes),
@@ -206,15 +241,35 @@ def mpirun_argv(env: ClusterEnv, n: int, argv: list[str], shared_memory: bool) -
     return [*out, str(env.dir / "rankexec"), *argv]
 
 
+def require_root(what: str) -> None:
+    """Refuse, in one line (exit 2), a command on clusters run by someone else
+    than root: hpvc's state and what its nodes are made of are root's."""
+    if os.geteuid() != 0:
+        raise MissingDependency(what, "needs root (cgroups, namespaces, mounts)", "run as root")
+
+
+def no_compute_notice(plan: Plan) -> str | None:
+    """What ``run`` says when the cluster has no compute node: its ranks then
+    run on every node there is (``mpi_nodes``), the head's included."""
+    if any(n.role == "compute" for n in plan.nodes):
+        return None
+    where = ", ".join(n.name for n in mpi_nodes(plan))
+    return f"cluster {plan.cluster} has no compute nodes: the ranks run on {where}"
+
+
 def run(
     name: str,
     argv: list[str],
     n: int | None = None,
     store: Store | None = None,
     capture: bool = False,
+    progress: Progress = quiet,
 ) -> int | subprocess.CompletedProcess[str]:
     """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code
-    (or, with ``capture``, the finished process with its stdout and stderr)."""
+    (or, with ``capture``, the finished process with its stdout and stderr).
+    A cluster without compute nodes runs the job on the nodes it has, and
+    says so (``progress``)."""
+    require_root("hpvc run")
     store = store or Store()
     rec = store.get(name)
     if rec.status != "running":
@@ -226,6 +281,9 @@ def run(
             f"-n {n}", "a job needs at least one rank", "leave -n out for one per vCPU"
         )
     plan = rec.the_plan()
+    notice = no_compute_notice(plan)
+    if notice is not None:
+        progress(notice)
     backend, env = open_env(store, rec)
     launch = backend.mpi_launch(env, plan)
     total = sum(len(x.vcpus) for x in mpi_nodes(plan))

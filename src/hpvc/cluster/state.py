@@ -61,6 +61,9 @@ class ClusterRecord:
     backend: str = ""
     backend_state: dict[str, Any] = field(default_factory=dict)
     hugetlbfs: dict[str, str] = field(default_factory=dict)  # page KiB -> the cluster's mount
+    # Hugepages the cluster holds here, "<NUMA node>:<page KiB>" -> pages (mapped
+    # or not; hpvc.cluster.pages); while scaling, the old and new plans' larger.
+    pages: dict[str, int] | None = None
     binds: list[str] = field(default_factory=list)  # host directories a site shares (Slurm)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of `up`
     up_seconds: float | None = None

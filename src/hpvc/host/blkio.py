@@ -240,3 +240,31 @@ def block_device(path: Path, root: RootLike = HOST) -> tuple[int, int] | None:
         parent = (sys_dev.resolve().parent / "dev").read_text().strip()
         major, minor = (int(x) for x in parent.split(":"))
     return (major, minor)
+
+
+def filesystem_type(path: Path, root: RootLike = HOST) -> str | None:
+    """The type of the file system ``path`` lives on (the longest mount point
+    above it in /proc/self/mounts); None when it cannot be told."""
+    text = read_text(_at(root, "/proc/self/mounts"))
+    if text is None:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+        if inside and len(mnt) >= len(best):
+            best, kind = mnt, parts[2]
+    return kind
+
+
+def no_block_device(path: Path, root: RootLike = HOST) -> str | None:
+    """Why block-I/O limits cannot apply to files under ``path`` (a tmpfs, an
+    overlay: no block device under it); None when a disk is there to limit."""
+    if block_device(path, root) is not None:
+        return None
+    kind = filesystem_type(path, root) or "a file system"
+    return f"{path} is on {kind}, no block device"

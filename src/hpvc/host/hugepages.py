@@ -34,6 +34,18 @@ host lock): the absolute write races with another writer in the same instant.
 The kernel is reached through ``PoolIO``; tests replace the module's ``_IO``
 with a fake that grants, refuses and pins pages like the kernel does.
 
+A scale down gives pages back at once (``give_back``): it records
+``"hugepages-returned"`` ``{root, node, size_kib, paid: {grow id: pages}}``
+first, then lowers the pool. Its undo (which runs before the older answers it
+pays from) leaves a credit per grow that the answer's undo takes off what it
+gives back, so ``down``
+returns the cluster's grown pages minus those already returned, never more. A
+crash between the record and the write leaves the pool larger (never another
+cluster's pages taken).
+
+``cgroup_pages`` reads how many pages programs of a cgroup have faulted in,
+per NUMA node (the hugetlb controller's ``numa_stat``).
+
 hugetlbfs mounts (kind ``"mount"``): ``ensure_hugetlbfs`` mounts one per page
 size; its undo lazily unmounts it if it is still mounted there and removes the
 directories it created, if empty.
@@ -51,11 +63,12 @@ from hpvc.errors import HpvcError
 from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.host.probe import hugepage_sizes, read_mounts
+from hpvc.host.probe import cgroup_layout, hugepage_sizes, read_mounts
 from hpvc.sysroot import HOST, RootLike, as_root
 
 _log = logging.getLogger(__name__)
 _settled: set[str] = set()
+_credit: dict[str, int] = {}  # grow id -> pages of it a scale down already returned
 Runner = Callable[[Sequence[str]], None]
 
 
@@ -191,11 +204,95 @@ def _give_back(root: RootLike, node: int, size_kib: int, added: int) -> None:
         )
 
 
+def give_back(
+    journal: Journal, node: int, size_kib: int, count: int, root: RootLike = HOST
+) -> None:
+    """Return ``count`` of the pages this journal grew (newest grows first), now.
+
+    Never more than the journal grew and has not returned yet."""
+    left: dict[str, int] = {}
+    for e in journal.entries():
+        a = e.args
+        if (a.get("root"), a.get("node"), a.get("size_kib")) != (str(root), node, size_kib):
+            continue
+        if e.kind == "hugepages-added" and a["added"] > 0:
+            left[a["id"]] = a["added"]
+        elif e.kind == "hugepages-returned":
+            for gid, n in a["paid"].items():
+                left[gid] = left.get(gid, 0) - n
+    paid: dict[str, int] = {}
+    for gid in reversed(list(left)):
+        take = min(count - sum(paid.values()), left[gid])
+        if take > 0:
+            paid[gid] = take
+    if not paid:
+        return
+    journal.record("hugepages-returned", paid=paid, root=str(root), node=node, size_kib=size_kib)
+    _give_back(root, node, size_kib, sum(paid.values()))
+
+
+def grown(journal: Journal) -> dict[tuple[int, int], int]:
+    """Pages the journal grew and has not returned, per (NUMA node, page KiB)."""
+    out: dict[tuple[int, int], int] = {}
+    for e in journal.entries():
+        a = e.args
+        if e.kind == "hugepages-added":
+            out[a["node"], a["size_kib"]] = out.get((a["node"], a["size_kib"]), 0) + a["added"]
+        elif e.kind == "hugepages-returned":
+            paid = sum(a["paid"].values())
+            out[a["node"], a["size_kib"]] = out.get((a["node"], a["size_kib"]), 0) - paid
+    return out
+
+
+@undoer("hugepages-returned")
+def _undo_returned(args: Args) -> None:
+    for gid, n in args["paid"].items():
+        _credit[gid] = _credit.get(gid, 0) + n
+
+
 @undoer("hugepages-added")
 def _undo_added(args: Args) -> None:
     _settled.add(args["id"])
-    if args["added"] > 0:
-        _give_back(Path(args["root"]), args["node"], args["size_kib"], args["added"])
+    added = args["added"] - _credit.pop(args["id"], 0)
+    if added > 0:
+        _give_back(Path(args["root"]), args["node"], args["size_kib"], added)
+
+
+def cgroup_pages(
+    cgroups: Sequence[str], size_kib: int, root: RootLike = HOST
+) -> dict[int, int] | None:
+    """Pages of ``size_kib`` faulted in by the tasks of ``cgroups`` (paths like
+    ``/hpvc/c``, with their children), per NUMA node; None when unreadable."""
+    layout = cgroup_layout(root)
+    name = f"hugetlb.{_size_name(size_kib)}.numa_stat"
+    v1 = layout.v1.get("hugetlb")
+    base, line = (v1, "hierarchical_total=") if v1 else (layout.v2_path, "total=")
+    if base is None:
+        return None
+    out: dict[int, int] = {}
+    for cg in cgroups:
+        try:
+            text = (_at(root, base) / cg.lstrip("/") / name).read_text()
+        except FileNotFoundError:
+            continue  # no such cgroup (not started yet, or gone): nothing in use
+        except OSError:
+            return None
+        fields = next((ln.split() for ln in text.splitlines() if ln.startswith(line)), None)
+        if fields is None:
+            return None
+        for f in fields[1:]:
+            if f.startswith("N") and "=" in f:
+                node, value = f[1:].split("=", 1)
+                out[int(node)] = out.get(int(node), 0) + int(value) // (size_kib << 10)
+    return out
+
+
+def _size_name(size_kib: int) -> str:
+    """2048 -> ``2MB``, 1048576 -> ``1GB`` (hugetlb file names)."""
+    for unit, shift in (("GB", 20), ("MB", 10)):
+        if size_kib >= 1 << shift and size_kib % (1 << shift) == 0:
+            return f"{size_kib >> shift}{unit}"
+    return f"{size_kib}KB"
 
 
 @undoer("hugepages")

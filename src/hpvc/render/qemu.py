@@ -128,13 +128,18 @@ def _boot_args(ctx: RenderContext) -> list[str]:
     return [*args, "-append", ctx.full_kernel_args()]
 
 
+def qemu_name(plan: Plan, node: PlannedNode) -> str:
+    """The ``-name`` value of a node's QEMU: what finds its process again."""
+    return f"{domain_name(plan, node)},debug-threads=on"
+
+
 def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
     """The QEMU command line of one VM node (binary first)."""
     qmp = ctx.qmp_socket(plan.cluster, node.name)
     return [
         ctx.qemu_binary,
         "-name",
-        f"{domain_name(plan, node)},debug-threads=on",
+        qemu_name(plan, node),
         "-nodefaults",
         "-no-user-config",
         "-display",
