@@ -2,8 +2,10 @@
 root, and a second one checks what one tenant can see of another's job.
 
 The accounts are made with useradd (no home, no password, a marker in the
-comment field) and removed with userdel when the session ends; an account of
-the same name that does not carry the marker is never touched.
+comment field) and removed with userdel when the session ends, also ones an
+interrupted earlier session left (two test sessions at once on one machine
+would share them); an account of the same name that does not carry the
+marker is never touched.
 """
 
 from __future__ import annotations
@@ -40,16 +42,17 @@ def tenants() -> Iterator[tuple[Submitter, Submitter]]:
             ours = _ours(name)
             if ours is False:
                 pytest.fail(f"user {name} exists and is not a test tenant: remove or rename it")
+            made.append(name)
             if ours is None:
                 subprocess.run(
                     ["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
                      "/bin/sh", "--comment", MARK, "--user-group", name],
                     check=True, capture_output=True, text=True,
                 )  # fmt: skip
-                made.append(name)
         a, b = (Submitter.named(n) for n in NAMES)
         yield a, b
     finally:
         for name in made:
             # Fails while a process of theirs lives; their jobs are gone by now.
-            subprocess.run(["userdel", name], check=False, capture_output=True)
+            if _ours(name):
+                subprocess.run(["userdel", name], check=False, capture_output=True)
