@@ -169,9 +169,26 @@ def _node(plan: Plan, name: str, node: str) -> PlannedNode:
 
 
 def exec_argv(name: str, node: str, argv: list[str], store: Store | None = None) -> list[str]:
-    """The command that runs ``argv`` inside one node of a cluster, stdio passed through."""
+    """The command that runs ``argv`` inside one node of a cluster, stdio passed
+    through. A node that does not run is refused at once, by name (not after
+    an ssh timeout or with the runtime's own message)."""
     backend, env, plan = _open(name, store)
-    return backend.exec_argv(env, plan, _node(plan, name, node), argv)
+    target = _node(plan, name, node)
+    state = backend.node_state(env, plan, target)
+    if state != "running":
+        raise HpvcError(
+            f"node {node} of {name}",
+            f"is {state}, not running",
+            f"hpvc status {name}; hpvc down {name} and up again to bring it back",
+        )
+    return backend.exec_argv(env, plan, target, argv)
+
+
+def not_running(name: str, store: Store | None = None) -> dict[str, str]:
+    """The cluster's MPI nodes that do not run, with their state."""
+    backend, env, plan = _open(name, store)
+    states = {n.name: backend.node_state(env, plan, n) for n in mpi_nodes(plan)}
+    return {n: s for n, s in states.items() if s != "running"}
 
 
 def exec_node(name: str, node: str, argv: list[str], store: Store | None = None) -> int:
@@ -279,6 +296,14 @@ def run(
     if n is not None and n < 1:
         raise InputError(
             f"-n {n}", "a job needs at least one rank", "leave -n out for one per vCPU"
+        )
+    down = not_running(name, store)
+    if down:
+        listed = ", ".join(f"{n} ({s})" for n, s in sorted(down.items()))
+        raise HpvcError(
+            f"hpvc run {name}",
+            f"nodes that do not run: {listed}",
+            f"hpvc status {name}; hpvc down {name} and up again to bring them back",
         )
     plan = rec.the_plan()
     notice = no_compute_notice(plan)
