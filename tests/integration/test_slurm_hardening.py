@@ -359,18 +359,7 @@ def test_later_steps_join_from_the_cache_without_hpvc(slurm: Env, spec: Path) ->
 def test_node_commands_run_with_a_fixed_environment(slurm: Env, spec: Path) -> None:
     """plugstack.conf's hpvc= pointed at a wrapper that logs how it was started
     (srun and slurmstepd read the file at every step, the epilog too)."""
-    conf = Path(slurm.env["SLURM_CONF"]).parent / "plugstack.conf"
-    before = conf.read_text()
-    real = re.search(r" hpvc=(\S+)", before)
-    assert real, before
-    log = slurm.tmp / f"wrapper-log-{os.getpid()}"
-    log.mkdir()
-    log.chmod(0o1777)
-    wrapper = slurm.tmp / f"hpvc-wrapper-{os.getpid()}"
-    wrapper.write_text(WRAPPER.replace("LOG", repr(str(log))).replace("REAL", repr(real[1])))
-    wrapper.chmod(0o755)
-    try:
-        conf.write_text(before.replace(real[0], f" hpvc={wrapper}"))
+    with logged_hpvc(slurm) as log:
         r = slurm.run(
             "srun", "-N1", "-n1", f"--hpvc={spec}", "hostname", env={"HPVC_CANARY": "from-user"},
         )  # fmt: skip
@@ -382,8 +371,6 @@ def test_node_commands_run_with_a_fixed_environment(slurm: Env, spec: Path) -> N
         wait_state(slurm.env, str(job), {"COMPLETED"}, timeout=30)
         nodes = slurm.run("sinfo", "-h", "-N", "-o", "%N %T")
         assert "drain" not in nodes.stdout, nodes.stdout
-    finally:
-        conf.write_text(before)
     recs = [json.loads(p.read_text()) for p in sorted(log.glob("*.json"))]
     by_cmd: dict[str, list[dict[str, Any]]] = {}
     for rec in recs:

@@ -89,8 +89,7 @@ def under_way(store: Store, rec: ClusterRecord) -> dict[str, Any]:
     """Whether the up, scale or down that ``rec`` says is under way still runs:
     ``interrupted`` (nobody holds the cluster's lock: it was killed), ``held_by``
     (who holds it: ``PID 123 (hpvc up)``) and a ``note`` for people."""
-    # Store.cluster_lock's file (outside the cluster's folder, which down removes).
-    held_by = holder(store.root / "locks" / f"{rec.name}.lock")
+    held_by = holder(store.cluster_lock_path(rec.name))
     doing = UNDER_WAY.get(rec.status)
     if doing is None:
         return {"interrupted": False, "held_by": held_by, "note": None}

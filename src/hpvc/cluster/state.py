@@ -102,9 +102,13 @@ class Store:
         commands) for their whole run: a second caller waits, told who holds it.
         Outside the cluster's folder, which ``down`` removes. Take it before
         ``lock()``, never inside it."""
-        d = private_dir(self.root / "locks", tighten=True)
-        with owned_lock(d / f"{name}.lock", f"PID {os.getpid()} ({what})", on_wait):
+        private_dir(self.root / "locks", tighten=True)
+        with owned_lock(self.cluster_lock_path(name), f"PID {os.getpid()} ({what})", on_wait):
             yield
+
+    def cluster_lock_path(self, name: str) -> Path:
+        """The file of ``cluster_lock`` (``status`` asks whether anyone holds it)."""
+        return self.root / "locks" / f"{name}.lock"
 
     def cluster_dir(self, name: str) -> Path:
         return self.root / "clusters" / name
