@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Callable, Iterator
@@ -38,8 +39,12 @@ def owned_lock(path: Path, owner: str, on_wait: Callable[[str], None]) -> Iterat
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another command"
             on_wait(holder)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, owner.encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, owner.encode(), 0)
+        except OSError as e:  # a full disk: the lock holds, its owner goes unnamed
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
         yield
     finally:
         with contextlib.suppress(OSError):

@@ -351,7 +351,7 @@ def test_a_failed_undo_keeps_the_record_for_a_retry(
     with pytest.MonkeyPatch.context() as mp:  # libvirt refuses to destroy it, not "gone"
         mp.setattr(lv.virDomain, "destroy", lambda dom: destroy_flags(dom, 1 << 30))
         (error,) = journal.undo_all()
-    assert f"libvirt domain {NAME}: destroy: unsupported flags (0x40000000)" in error
+    assert f"libvirt domain {NAME} (destroy: unsupported flags (0x40000000)" in error
     assert "\n" not in error
     assert len(journal.entries()) == 1 and conn.lookupByName(NAME).isActive()
     assert journal.undo_all() == []  # the retry works

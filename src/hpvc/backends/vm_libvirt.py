@@ -16,7 +16,9 @@ DESIGN rule 3: the undo kind is ``"libvirt-domain"`` (written before the
 domain is defined: the connection URI, the domain's name and UUID). Undo
 destroys the domain if it runs and undefines it with its managed-save image,
 snapshot and checkpoint metadata and NVRAM; a domain that is already gone is
-not an error. Only the domain with the recorded UUID is touched: a domain of
+not an error, a libvirtd that does not answer is (the domain may still run:
+the journal keeps the step, and the node's folder with its disk, for a later
+``hpvc down``). Only the domain with the recorded UUID is touched: a domain of
 the same name that hpvc did not define is never removed.
 
 libvirt-python has no type stubs: the module is imported on first use (a
@@ -317,9 +319,17 @@ def _undefine(lv: Any, dom: Any) -> None:
                 raise
 
 
-@undoer(UNDO_KIND)
+@undoer(UNDO_KIND, what=lambda args: f"libvirt domain {args['name']}")
 def _undo_domain(args: Args) -> None:
-    conn = connect(str(args.get("uri") or DEFAULT_URI))
+    """Remove the recorded domain. A libvirtd that does not answer fails this
+    step (``libvirtd unreachable: ...``): the domain may still run, so the
+    journal keeps it and everything older (its disk, in the node's folder)."""
+    uri = str(args.get("uri") or DEFAULT_URI)
+    try:
+        conn = connect(uri)
+    except MissingDependency as e:
+        what = f"libvirt domain {args['name']}"
+        raise HpvcError(what, f"libvirtd unreachable: {e.why}", START_FIX) from e
     try:
         remove_domain(conn, str(args["name"]), args.get("uuid"))
     finally:

@@ -11,6 +11,7 @@ failure after a named step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,8 +25,12 @@ from typing import Any
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster import pages
-from hpvc.cluster.state import ClusterRecord, Store
+from hpvc.cluster.state import ClusterRecord, Store, full
 from hpvc.cluster.subnets import claim_subnet
+from hpvc.cluster.teardown import down as down
+from hpvc.cluster.teardown import teardown as teardown
+from hpvc.cluster.teardown import teardown_locked as teardown_locked
+from hpvc.cluster.teardown import waiting as _waiting
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import hugepages, net, vxlan
@@ -146,10 +151,6 @@ def up_spec(
                           exclusive_subnet=exclusive_subnet)  # fmt: skip
 
 
-def _waiting(name: str, progress: Progress) -> Callable[[str], None]:
-    return lambda holder: progress(f"cluster {name} is busy: waiting for {holder} to finish")
-
-
 def _up_locked(
     backend: Backend,
     spec: Spec,
@@ -261,52 +262,6 @@ def _book(
     return rec, plan
 
 
-def teardown(store: Store, name: str, progress: Progress = quiet) -> list[str]:
-    """Undo every node's journal, then the cluster's; remove the state if clean."""
-    base = store.cluster_dir(name)
-    errors: list[str] = []
-    nodes = base / "nodes"
-    for d in sorted(nodes.iterdir()) if nodes.is_dir() else []:
-        errors += store.node_journal(name, d.name).undo_all(progress)
-    errors += store.journal(name).undo_all(progress)
-    if not errors:
-        store.remove(name)
-        with store.lock():
-            if not store.names():  # the last cluster: host-wide changes go too
-                errors += store.host_journal().undo_all(progress)
-    return errors
-
-
-def down(
-    name: str,
-    store: Store | None = None,
-    progress: Progress = quiet,
-    on_wait: Progress | None = None,
-) -> None:
-    """Take a cluster down; waits for an up, scale or down of it that is under way
-    (``on_wait``, default ``progress``, is told whom it waits for)."""
-    store = store or Store()
-    with store.cluster_lock(name, "hpvc down", _waiting(name, on_wait or progress)):
-        _down_locked(store, name, progress)
-
-
-def teardown_locked(store: Store, name: str, progress: Progress = quiet) -> list[str]:
-    """``teardown`` under the cluster's lock (callers that hold no other)."""
-    with store.cluster_lock(name, "teardown", _waiting(name, progress)):
-        return teardown(store, name, progress)
-
-
-def _down_locked(store: Store, name: str, progress: Progress) -> None:
-    rec = store.get(name)
-    rec.status = "deleting"
-    store.save(rec)
-    errors = teardown(store, name, progress)
-    if errors:
-        raise HpvcError(
-            f"down {name}", f"{len(errors)} step(s) failed, first: {errors[0]}", "run down again"
-        )
-
-
 def scale(
     name: str, changes: dict[str, int], store: Store | None = None, progress: Progress = quiet
 ) -> ClusterRecord:
@@ -338,25 +293,48 @@ def _scale_locked(
             h: _union(rec.holdings.get(h), new_holdings.get(h))
             for h in set(rec.holdings) | set(new_holdings)
         }
-        store.save(rec)
+        _disk_full_is_one_line(name, store, store.save, rec)  # nothing changed yet
     backend, env = open_env(store, rec)
     try:
         _apply_scale(env, backend, old, plan, progress)
         pages.shrink(env.journal(), now_held)  # a scale down returns what it grew
-    except BaseException:
+    except BaseException as e:
         added = [n.name for n in plan.nodes if n.name not in {o.name for o in old.nodes}]
         for n in added:  # take back the nodes this scale added, keep the rest
             env.node_journal(n).undo_all(progress)
         rec.status = "failed"
-        env.save()
+        with contextlib.suppress(OSError):  # the first error is the one to report
+            env.save()
+        if full(e):
+            raise _disk_full(name, store, "failed") from e
         raise
     rec.spec = _rescaled(rec.spec, changes)
     rec.plan = plan.to_json()
     rec.holdings = holdings_of(plan, {host: topo.cpu_package()})
     rec.pages = pages.to_record(now_held)
     rec.status = "running"
-    env.save()
+    _disk_full_is_one_line(name, store, env.save)
     return rec
+
+
+def _disk_full_is_one_line(name: str, store: Store, save: Callable[..., None], *args: Any) -> None:
+    """A record write that meets a full state disk (its reserve spent, see
+    ``hpvc.cluster.state``) fails ``scale`` with one line; the record then
+    still says what it said before (``running``, or ``scaling``: interrupted)."""
+    try:
+        save(*args)
+    except OSError as e:
+        if not full(e):
+            raise
+        raise _disk_full(name, store, "not saved") from e
+
+
+def _disk_full(name: str, store: Store, what: str) -> HpvcError:
+    return HpvcError(
+        f"scale {name}",
+        f"the state disk is full ({store.root}); the cluster's record is {what}",
+        f"free space there, or hpvc down {name}",
+    )
 
 
 def _union(a: Holding | None, b: Holding | None) -> Holding:

@@ -9,6 +9,7 @@ Layout under the state directory (``$HPVC_STATE_DIR``, default /var/lib/hpvc):
     clusters/<name>/nodes/<node>/journal.jsonl   one node's host changes
     locks/<name>.lock             one cluster's lock (up, scale, down)
     run/<name>/<node>/            sockets and pid files of a node (VMs)
+    space-reserve                 1 MiB of zeros kept for records on a full disk
 
 Only root may enter it: every folder hpvc makes here is 0700 from the start
 (``hpvc.paths.private_dir``), so no other user reaches a node's root, its
@@ -20,10 +21,21 @@ Records are written atomically (temp file + rename), so a crash of the CLI
 leaves either the old or the new record, never half of one; the journals
 say what to undo. Two commands on one host never book the same CPU: the
 planner runs, and the record is written, under the lock.
+
+A full state disk must not stop ``down`` or ``scale`` (a job inside a node
+can fill it: each node's writable layer lives here). The journals are undone
+without writing (``hpvc.host.journal``); the record is the one thing they
+write, and ``save`` keeps a reserve for it: ``space-reserve``, made (or
+topped up) after each save while there is room. A save that meets ENOSPC
+takes the reserve's blocks over: the reserve is renamed to the temporary
+record and overwritten in place, so no job that keeps writing can win the
+space in between; the next save with room makes a new reserve.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -42,6 +54,15 @@ from hpvc.paths import private_dir
 from hpvc.paths import state_dir as state_dir
 from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
+
+RESERVE = "space-reserve"
+RESERVE_BYTES = 1 << 20  # far more than a record (tens of KiB for a large cluster)
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def full(e: BaseException) -> bool:
+    """Is ``e`` a write refused because the disk (or a quota) is full?"""
+    return isinstance(e, OSError) and e.errno in FULL
 
 
 @dataclass
@@ -149,14 +170,60 @@ class Store:
         return rec
 
     def save(self, rec: ClusterRecord) -> None:
+        """Write the record atomically; on a full disk into the reserve's blocks."""
         rec.updated = time.time()
         private_dir(self.root / "clusters", tighten=True)
         d = private_dir(self.cluster_dir(rec.name))
         tmp = d / "cluster.json.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(rec.to_json(), indent=1) + "\n")
+        data = (json.dumps(rec.to_json(), indent=1) + "\n").encode()
+        try:
+            _write_new(tmp, data)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if not full(e) or not self._write_in_reserve(tmp, data):
+                raise
         os.replace(tmp, d / "cluster.json")
+        self._refill_reserve()
+
+    def _write_in_reserve(self, tmp: Path, data: bytes) -> bool:
+        """``data`` into ``tmp`` over the reserve's blocks (no allocation); False
+        when there is no reserve, or one too small."""
+        reserve = self.root / RESERVE
+        try:
+            if reserve.stat().st_size < len(data):
+                return False
+            os.replace(reserve, tmp)
+        except OSError:  # none (FileNotFoundError), or another file system
+            return False
+        fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def _refill_reserve(self) -> None:
+        """Top the reserve up to ``RESERVE_BYTES`` with what free space there is
+        (real zeros, not a sparse file: the blocks must be allocated)."""
+        path = self.root / RESERVE
+        with contextlib.suppress(OSError):
+            if path.stat().st_size >= RESERVE_BYTES:
+                return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            zeros = bytes(64 << 10)
+            while size < RESERVE_BYTES:
+                size += os.write(fd, zeros[: RESERVE_BYTES - size])
+        except OSError:
+            pass  # the disk is full: the reserve grows on a later save
+        finally:
+            os.close(fd)
 
     def remove(self, name: str) -> None:
         """Delete the cluster's state directory and its run directory (sockets,
@@ -168,3 +235,13 @@ class Store:
         """What every other cluster on this host holds, for the planner."""
         records = (self.load(n) for n in self.names() if n != exclude)
         return merge(r.holdings for r in records if r is not None)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)

@@ -9,6 +9,16 @@ so a crash at any point, even between the record and the change, is undone by
 ``undo_all`` (what ``hpvc down`` runs), in reverse order.
 
 Each line is fsync'ed: a record that was written survives a crash of the CLI.
+
+Undoing stops at the first step that fails. A change may depend on any
+change made before it (a libvirt domain runs from a disk in the node's
+folder, recorded earlier; a veth hangs on the cluster's bridge), so once one
+undo fails nothing older is touched: the failed step and everything before
+it stay in the journal for the next ``undo_all``. What stays is always the
+file's first lines, so dropping an undone step is a truncation of the file
+in place: undoing never writes a byte, needs no free space (a full state
+disk still tears down), and never recreates a journal whose folder an undo
+step removed (a node's folder holds its own journal).
 """
 
 from __future__ import annotations
@@ -22,20 +32,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpvc.errors import HpvcError
 from hpvc.paths import private_dir
 from hpvc.progress import Progress, quiet
 
 Args = dict[str, Any]
+Describe = Callable[[Args], str]
 _UNDO: dict[str, Callable[[Args], None]] = {}
+_WHAT: dict[str, Describe] = {}
+_NAMING = ("name", "id", "ifname", "path")  # args that name what a change made
 
 
-def undoer(kind: str) -> Callable[[Callable[[Args], None]], Callable[[Args], None]]:
-    """Register the undo function for changes of ``kind``."""
+def undoer(
+    kind: str, what: Describe | None = None
+) -> Callable[[Callable[[Args], None]], Callable[[Args], None]]:
+    """Register the undo function for changes of ``kind``; ``what`` names one
+    such change for a user (``libvirt domain X``) when its undo fails."""
 
     def wrap(fn: Callable[[Args], None]) -> Callable[[Args], None]:
         if kind in _UNDO and _UNDO[kind] is not fn:
             raise RuntimeError(f"two undo functions for {kind!r}")
         _UNDO[kind] = fn
+        if what is not None:
+            _WHAT[kind] = what
         return fn
 
     return wrap
@@ -47,6 +66,16 @@ class Change:
     args: Args
     module: str | None = None  # where the undo function of ``kind`` is registered
 
+    def what(self) -> str:
+        """The change as a user reads it: its ``undoer``'s ``what``, else its kind
+        and the first of its args that names it (``container hpvc-c-n0``)."""
+        describe = _WHAT.get(self.kind)
+        if describe is not None:
+            with contextlib.suppress(Exception):
+                return describe(self.args)
+        key = next((k for k in _NAMING if isinstance(self.args.get(k), str)), None)
+        return f"{self.kind} {self.args[key] if key else self.args}"
+
 
 def _undo_for(change: Change) -> Callable[[Args], None] | None:
     fn = _UNDO.get(change.kind)
@@ -55,6 +84,49 @@ def _undo_for(change: Change) -> Callable[[Args], None] | None:
             importlib.import_module(change.module)  # registers its undoers
         fn = _UNDO.get(change.kind)
     return fn
+
+
+def _why(e: BaseException, what: str) -> str:
+    """Why the undo of ``what`` failed; an ``HpvcError`` naming ``what`` again
+    keeps only what it adds (``destroy: ...``), its fix after a semicolon."""
+    if not isinstance(e, HpvcError):
+        return str(e) or type(e).__name__
+    text = f"{e.why}; {e.fix}" if e.fix else e.why
+    where = e.what
+    if where == what or where.startswith(f"{what}: "):
+        where = where[len(what) + 2 :]
+    return f"{where}: {text}" if where else text
+
+
+def _parse(line: bytes) -> Change | None:
+    """One journal line; None for a torn or unreadable one (a crash mid-write)."""
+    try:
+        d = json.loads(line)
+        return Change(d["kind"], d["args"], d.get("module"))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _lines(data: bytes) -> list[tuple[int, Change | None]]:
+    """(offset of the line, its change) for every line; a last line without its
+    newline was torn by a crash and counts as unreadable."""
+    out: list[tuple[int, Change | None]] = []
+    offset = 0
+    while offset < len(data):
+        end = data.find(b"\n", offset)
+        if end < 0:
+            out.append((offset, None))
+            break
+        out.append((offset, _parse(data[offset:end])))
+        offset = end + 1
+    return out
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Journal:
@@ -68,7 +140,8 @@ class Journal:
 
         The line names the module whose ``@undoer`` undoes ``kind``, so a later
         ``undo_all`` in a process that never imported it (``hpvc down`` loads
-        no backend) still finds it.
+        no backend) still finds it. A line torn by an earlier crash is ended
+        first, so it cannot swallow this one.
         """
         fn = _UNDO.get(kind)
         if fn is None:  # a change nobody could undo must never be made
@@ -76,8 +149,11 @@ class Journal:
         private_dir(self.path.parent)  # journals live in hpvc's (root-only) state
         entry: dict[str, Any] = {"kind": kind, "args": args, "module": fn.__module__}
         line = json.dumps(entry, sort_keys=True) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = "\n" + line
             os.write(fd, line.encode())
             os.fsync(fd)
         finally:
@@ -86,55 +162,52 @@ class Journal:
     def entries(self) -> list[Change]:
         """Every recorded change; a torn last line (crash mid-write) is ignored."""
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return []
-        out = []
-        for line in text.splitlines():
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            out.append(Change(d["kind"], d["args"], d.get("module")))
-        return out
+        return [c for _, c in _lines(data) if c is not None]
 
     def undo_all(self, log: Progress = quiet) -> list[str]:
-        """Undo every change, newest first; return the errors (empty when clean).
+        """Undo the changes newest first, up to the first that fails; return
+        what failed as ``["<what> (<why>)"]``, empty when all are undone.
 
-        A change whose undo succeeded is dropped from the journal, so a second
-        run after a partial failure retries only what is left.
+        Each undone change is dropped at once (the file is cut before its
+        line), so a crash or a later run retries exactly what is left; the
+        failed change and all older ones stay (see the module's docstring).
+        A journal with nothing left is removed. When an undo step removed the
+        journal itself (its folder), the older steps are still undone, but
+        one that fails then cannot be kept, and says so.
         """
-        entries = self.entries()
-        errors: list[str] = []
-        left: list[Change] = []
-        for change in reversed(entries):
-            fn = _undo_for(change)
-            if fn is None:
-                errors.append(f"no undo for {change.kind!r} (hpvc too old for this state?)")
-                left.append(change)
-                continue
-            try:
-                log(f"undo {change.kind} {change.args}")
-                fn(change.args)
-            except Exception as e:  # keep undoing the rest, report all
-                errors.append(f"{change.kind} {change.args}: {e}")
-                left.append(change)
-        self._rewrite(list(reversed(left)))
-        return errors
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []
+        try:
+            for offset, change in reversed(_lines(_read_all(fd))):
+                error = None if change is None else _undo_one(change, log)
+                gone = os.fstat(fd).st_nlink == 0  # removed with its folder by that step
+                if error is not None:
+                    return [f"{error}; the journal went with its folder" if gone else error]
+                if not gone:
+                    os.ftruncate(fd, offset)  # frees blocks, never needs one
+                    os.fsync(fd)
+            if os.fstat(fd).st_nlink:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+            return []
+        finally:
+            os.close(fd)
 
-    def _rewrite(self, changes: list[Change]) -> None:
-        if not changes:
-            self.path.unlink(missing_ok=True)
-            return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(
-            "".join(
-                json.dumps(
-                    {"kind": c.kind, "args": c.args, **({"module": c.module} if c.module else {})},
-                    sort_keys=True,
-                )
-                + "\n"
-                for c in changes
-            )
-        )
-        os.replace(tmp, self.path)
+
+def _undo_one(change: Change, log: Progress) -> str | None:
+    """Undo one change; None when done, else ``"<what> (<why>)"``."""
+    fn = _undo_for(change)
+    if fn is None:
+        return f"{change.what()} (no undo for {change.kind!r}: hpvc too old for this state?)"
+    try:
+        log(f"undo {change.kind} {change.args}")
+        fn(change.args)
+    except Exception as e:  # reported, kept for the next run
+        what = change.what()
+        return f"{what} ({_why(e, what)})"
+    return None
