@@ -155,8 +155,18 @@ class NodeHandle:
     host_ifname: str
 
 
-def mount_overlay(journal: Journal, lower: Path, node_dir: Path, *, tenant: bool = False) -> Path:
+def mount_overlay(
+    journal: Journal,
+    lower: Path,
+    node_dir: Path,
+    *,
+    tenant: bool = False,
+    layer: Path | None = None,
+) -> Path:
     """The node's root: an overlay of the image (``lower``) at ``node_dir``/rootfs.
+
+    Its upper and work folders are in ``layer`` (the node's size-limited
+    writable layer, ``hpvc.host.layer``) when given, else in ``node_dir``.
 
     ``node_dir`` is root's alone (0700): that, not the root's own mode, keeps
     other users out. The upper folder gets the image root's mode, because the
@@ -166,7 +176,8 @@ def mount_overlay(journal: Journal, lower: Path, node_dir: Path, *, tenant: bool
     bind of the root drops the flags: ``start_container`` sets them again in
     the node's mount namespace).
     """
-    upper, work, merged = node_dir / "upper", node_dir / "work", node_dir / "rootfs"
+    top = layer or node_dir
+    upper, work, merged = top / "upper", top / "work", node_dir / "rootfs"
     private_dir(node_dir)
     for d in (work, merged):
         private_dir(d)

@@ -3,7 +3,9 @@
 Per cluster: a cgroup parent holding the cluster's CPUs (exclusive for an
 ``hpc`` partition), a namespace holder and a tmpfs shared as /dev/shm when
 co-resident nodes talk through shared memory, bfq on the state disk when a
-node has an I/O weight. Per node: an overlay root over the image, its own
+node has an I/O weight. Per node: a writable layer of the spec's ``disk``
+size (``hpvc.host.layer``: ext4 on a loop device), an overlay root over the
+image whose upper folder is in that layer, its own
 network namespace with a veth on the cluster bridge, and the container
 itself (``hpvc.backends.container`` holds those crun and mount primitives).
 
@@ -24,7 +26,7 @@ from hpvc.backends import container as ct
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
 from hpvc.errors import HpvcError
 from hpvc.faults import inject
-from hpvc.host import blkio, cgroups, net, tree
+from hpvc.host import blkio, cgroups, layer, net, tree
 from hpvc.image import resolve_image
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
@@ -158,13 +160,20 @@ class CrunBackend:
     def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         rootfs = resolve_image(plan.image).rootfs
         ctx = render_context(env)
+        sizes = [plan.node(n).disk_mib for n in names]
+        warning = layer.overcommit(env.store.root, [s for s in sizes if s is not None])
+        if warning is not None:
+            progress(f"warning: {warning}")
         for name in names:
             progress(f"node {name}")
             node = plan.node(name)
             j = env.node_journal(name)
             node_dir = env.node_dir(name)
             tree.record(j, node_dir)
-            ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant)
+            top = None  # a plan from before `disk` existed: the layer in the state dir
+            if node.disk_mib is not None:
+                top = layer.mount_layer(j, env.store.root, node_dir, node.disk_mib)
+            ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant, layer=top)
             ct.wire_node(j, plan, node, remote_arp(env))
             ct.start_container(j, plan, node, ctx, node_dir)
             if node.io is not None:  # bfq weight (crun cannot), and a check of the throttles

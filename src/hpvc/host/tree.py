@@ -15,7 +15,7 @@ from pathlib import Path
 from hpvc.errors import HpvcError
 from hpvc.host.journal import Args, Journal, undoer
 
-MOUNTED_INSIDE = ("rootfs", "shm")
+MOUNTED_INSIDE = ("rootfs", "layer", "shm")  # rootfs before the layer under it
 
 
 def umount(path: str) -> None:

@@ -56,6 +56,9 @@ class PlannedNode:
     mac: str
     ip: str
     io: IOPlan | None = None
+    # Size of the node's writable layer / disk (spec `disk`); None: a plan made
+    # before the key existed, whose nodes' layers are unlimited.
+    disk_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +91,7 @@ class PlannedNode:
             "mac": self.mac,
             "ip": self.ip,
             "io": ({k: v for k, v in vars(self.io).items() if v is not None} if self.io else None),
+            "disk_mib": self.disk_mib,
         }
 
 
@@ -249,6 +253,7 @@ def plan_from_json(d: dict[str, Any]) -> Plan:
             mac=n["mac"],
             ip=n["ip"],
             io=IOPlan(**n["io"]) if n["io"] else None,
+            disk_mib=n.get("disk_mib"),
         )
         for n in d["nodes"]
     )

@@ -238,6 +238,7 @@ def _planned(
         mac=node_mac(spec.name, spec.network.network, addr),
         ip=node_ip(spec.network.network, addr),
         io=IOPlan(**io.model_dump()) if io is not None else None,
+        disk_mib=g.disk if spec.kind == "container" else None,  # a VM's: docs/vms.md
     )
 
 

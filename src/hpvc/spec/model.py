@@ -15,6 +15,11 @@ HUGEPAGE_KIB = {"none": 0, "2M": 2048, "1G": 1048576}
 # Checked with fullmatch: `$` alone would let "name\n" through.
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,14}")
 IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+# A node's writable layer (docs/spec.md, `disk`): room for packages, logs and
+# a job's scratch, small enough that a few nodes fit beside the images.
+DISK_DEFAULT_MIB = 4096
+DISK_MIN_MIB = 64
+DISK_MAX_MIB = 16 << 20
 
 
 def _to_mib(value: object) -> int:
@@ -28,6 +33,22 @@ def _to_mib(value: object) -> int:
     return size // MIB
 
 
+def _disk_to_mib(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("a disk size must be a string such as '4GiB' or '512MiB'")
+    if isinstance(value, int) or value.strip().isdigit():
+        raise ValueError(f"write the unit: '{value}GiB' or '{value}MiB', not a bare number")
+    try:
+        size = parse_size(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a size (write e.g. '4GiB' or '512MiB')") from None
+    if size % MIB:
+        raise ValueError(f"{value!r} is not a whole number of MiB")
+    if not DISK_MIN_MIB <= size // MIB <= DISK_MAX_MIB:
+        raise ValueError(f"{value!r} is out of range: give 64MiB to 16TiB")
+    return size // MIB
+
+
 def _to_bytes(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError("a rate must be a string such as '50MB' or a number of bytes")
@@ -35,6 +56,7 @@ def _to_bytes(value: object) -> int:
 
 
 MiB = Annotated[int, BeforeValidator(_to_mib)]
+DiskMiB = Annotated[int, BeforeValidator(_disk_to_mib)]
 Rate = Annotated[int, BeforeValidator(_to_bytes)]
 
 
@@ -59,6 +81,7 @@ class NodeGroup(Strict):
     memory: MiB = Field(default=1024, ge=64)
     pinning: Literal["dedicated", "shared"] | None = None
     io: IOLimits | None = None
+    disk: DiskMiB = DISK_DEFAULT_MIB
 
 
 class Network(Strict):
@@ -126,6 +149,11 @@ class Spec(Strict):
             raise ValueError("'backend' applies to kind = \"vm\" only; remove it")
         page_mib = self.tuning.hugepage_kib // 1024
         for i, g in enumerate(self.nodes):
+            if self.kind == "vm" and "disk" in g.model_fields_set:
+                raise ValueError(
+                    f'nodes[{i}].disk: applies to kind = "container" only (a VM\'s disk'
+                    " is its image's, docs/vms.md); remove it"
+                )
             if page_mib and g.memory % page_mib:
                 raise ValueError(
                     f"nodes[{i}].memory: {g.memory}MiB is not a multiple of the"
