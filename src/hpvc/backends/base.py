@@ -20,7 +20,7 @@ backend's typed state; ``Capabilities`` says what a backend can do live.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, Self
 
@@ -63,6 +63,7 @@ class MpiLaunch:
 
     script: str
     targets: dict[str, str]  # node name -> its line in the ranks file
+    env: dict[str, str] = field(default_factory=dict)  # for mpirun (its PMIx server)
 
 
 @dataclass

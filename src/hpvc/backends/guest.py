@@ -10,6 +10,7 @@ key hpvc makes for the cluster. Co-resident guests share an ivshmem region.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import time
 from dataclasses import replace
@@ -19,7 +20,7 @@ from hpvc.backends import vm_qemu
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem, tree
-from hpvc.host.journal import Journal
+from hpvc.host.journal import Args, Journal, undoer
 from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
@@ -116,6 +117,9 @@ def node_context(
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
     tree.record(j, node_dir)
+    # Its sockets and pid file (made by QEMU or libvirt): the folder goes with
+    # the node, also when a scale removes it (``down`` removes run/<cluster>).
+    j.record("node-run-dir", path=ctx.node_run_dir(plan.cluster, node.name))
     private_dir(node_dir)
     disk = node_disk(guest.disk, node_dir / f"disk.{DISK_MODE}", DISK_MODE)
     pub = (store.cluster_dir(plan.cluster) / "id_ed25519.pub").read_text().strip()
@@ -123,6 +127,14 @@ def node_context(
         node.name, f"{node.ip}/{plan.network.prefixlen}", plan.network.mtu, pub
     )
     return replace(ctx, cmdline=cmdline, disk_images=((node.name, str(disk)),))
+
+
+@undoer("node-run-dir")
+def _undo_node_run_dir(args: Args) -> None:
+    path = Path(args["path"])
+    if path.parent.parent.name != "run":  # only ever run/<cluster>/<node>
+        raise HpvcError(f"refusing to remove {path}", "not a node's folder in a run directory")
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def wait_all(

@@ -104,10 +104,10 @@ class QemuBackend:
         st = vm_state(env)
         g.ssh_key(env.dir)
         env.store.run_dir(env.name)  # QMP and console sockets: root's alone
+        # The warning (TCG) is shown once, by status (``summary``), under the
+        # nodes' table `up` and `scale` print; their boot line names the accelerator.
         choice = accelerator()
         st.accel, st.accel_warning = choice.name, choice.warning
-        if choice.warning:
-            progress(choice.warning)
 
     # --- nodes ---------------------------------------------------------------
 
@@ -237,6 +237,8 @@ class QemuBackend:
             "backend": self.name,
             "accelerator": ",".join(sorted(live)) if live else st.accel,
             "accelerator_warning": st.accel_warning,
+            # Guests mount no host directory (no 9p/virtiofs): nothing to claim.
+            "shared_dir": None,
         }
 
     def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
@@ -254,4 +256,10 @@ class QemuBackend:
         return MpiLaunch(
             script=VM_RANK_SCRIPT.format(opts=shlex.join(g.SSH_OPTS)),
             targets={n.name: n.ip for n in plan.nodes},
+            # The host's PMIx server (in mpirun) would publish job data in shared
+            # memory under its session dir (gds ds21/ds12), which ranks in guests
+            # cannot map: every rank then failed to take the dstore's lock ("PMIX
+            # ERROR ... gds_ds12_lock_pthread.c"). The hash component serves the
+            # same data over the ranks' TCP connection to the server.
+            env={"PMIX_MCA_gds": "hash"},
         )

@@ -102,6 +102,13 @@ def under_way(store: Store, rec: ClusterRecord) -> dict[str, Any]:
     }
 
 
+def _shared_dir(env: ClusterEnv) -> dict[str, str] | None:
+    """The directory every node sees at /shared, where the backend made one (a
+    backend that shares none, VMs, says ``"shared_dir": None`` in its summary)."""
+    host = env.dir / "shared"
+    return {"host": str(host), "node": "/shared"} if host.is_dir() else None
+
+
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
     store = store or Store()
@@ -119,7 +126,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
         "up_seconds": rec.up_seconds,
         "phases": rec.phases,
-        "shared_dir": {"host": str(env.dir / "shared"), "node": "/shared"},
+        "shared_dir": _shared_dir(env),
         "hugepages": _pools(plan),
         "accelerator": None,
         "accelerator_warning": None,
@@ -325,6 +332,7 @@ def run(
         # the cluster bridge, not on the host's loopback.
         "PMIX_MCA_ptl_tcp_remote_connections": "1",
         "PMIX_MCA_ptl_tcp_if_include": plan.network.bridge,
+        **launch.env,
     }
     if capture:
         return subprocess.run(cmd, env=child_env, capture_output=True, text=True, check=False)
