@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hpvc.cli import bench, cluster, doctor, image, node, plan, render, topology
+from hpvc.cli import bench, cluster, doctor, image, node, plan, render, restart, topology
 from hpvc.cli.common import state
 
 app = typer.Typer(
@@ -32,5 +32,5 @@ def _root(
     state.debug = debug
 
 
-for module in (doctor, topology, plan, render, image, cluster, bench, node):
+for module in (doctor, topology, plan, render, image, cluster, restart, bench, node):
     module.register(app)

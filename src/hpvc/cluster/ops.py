@@ -185,7 +185,7 @@ def exec_argv(name: str, node: str, argv: list[str], store: Store | None = None)
         raise HpvcError(
             f"node {node} of {name}",
             f"is {state}, not running",
-            f"hpvc status {name}; hpvc down {name} and up again to bring it back",
+            f"bring it back: hpvc restart {name} {node}",
         )
     return backend.exec_argv(env, plan, target, argv)
 
@@ -309,7 +309,7 @@ def run(
         raise HpvcError(
             f"hpvc run {name}",
             f"nodes that do not run: {listed}",
-            f"hpvc status {name}; hpvc down {name} and up again to bring them back",
+            f"bring them back: hpvc restart {name}",
         )
     plan = rec.the_plan()
     notice = no_compute_notice(plan)
