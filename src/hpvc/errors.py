@@ -55,3 +55,12 @@ class TopologyError(InputError):
 
 class MissingDependency(InputError):
     """A host tool or feature hpvc needs is absent."""
+
+
+def require_root(what: str) -> None:
+    """Refuse, in one line (exit 2), a command on clusters run by someone else
+    than root: hpvc's state and what its nodes are made of are root's."""
+    import os
+
+    if os.geteuid() != 0:
+        raise MissingDependency(what, "needs root (cgroups, namespaces, mounts)", "run as root")

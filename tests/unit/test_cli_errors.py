@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.cli import main
-from hpvc.cluster import ops
+from hpvc.cluster import listing
 
 
 def test_permission_denied_is_one_line_naming_the_fix(
@@ -16,7 +16,7 @@ def test_permission_denied_is_one_line_naming_the_fix(
     def denied(*_: object, **__: object) -> object:
         raise PermissionError(13, "Permission denied", "/var/lib/hpvc/state.lock")
 
-    monkeypatch.setattr(ops, "list_clusters", denied)
+    monkeypatch.setattr(listing, "list_clusters", denied)
     with pytest.raises(SystemExit) as e:
         main(["ls"])
     assert e.value.code == 2

@@ -12,7 +12,7 @@ import pytest
 
 from hpvc.backends import vm_qemu
 from hpvc.cli import command_words, main
-from hpvc.cluster import ops
+from hpvc.cluster import listing, ops
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.host import blkio
 from hpvc.locks import holder, owned_lock
@@ -51,11 +51,11 @@ def test_an_up_nobody_runs_any_more_is_interrupted(
     store = Store(tmp_path)
     rec = record(status)
     if not held:
-        got = ops.under_way(store, rec)
+        got = listing.under_way(store, rec)
     else:
         with store.cluster_lock("c", "hpvc up", lambda _: None):
             (store.root / "locks" / "c.lock").write_text("PID 7 (hpvc up)")
-            got = ops.under_way(store, rec)
+            got = listing.under_way(store, rec)
     assert got["interrupted"] is interrupted and got["note"] == note
 
 

@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     """
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
-        from importlib.metadata import version
+        from hpvc import __version__
 
-        print(f"hpvc {version('hpvc')}")
+        print(f"hpvc {__version__}")
         return
     try:
         if args[:1] == ["node"]:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from hpvc.cli.common import console, err_console, print_json
-from hpvc.cluster import lifecycle, ops
-from hpvc.errors import HpvcError, InputError, SpecError
+from hpvc.errors import HpvcError, InputError, SpecError, require_root
 from hpvc.units import format_cpulist
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+# Each command imports what it uses when it runs (issue 16: `hpvc ls` reads
+# records only; `up` and `status` load the planner, backends and rich tables).
 
 UP_HELP = """Bring a cluster up on this host: plan, then start every node.
 
@@ -26,6 +30,8 @@ Examples:
   hpvc up examples/vm-cluster.toml        (VMs: KVM where usable, TCG otherwise)
 
   hpvc up examples/small.toml --json
+
+  hpvc up examples/small.toml --quiet      (one line, nothing read back)
 """
 
 
@@ -53,9 +59,28 @@ def refuse_reserved_name(spec_path: str) -> None:
 def up_cmd(
     spec: str = typer.Argument(..., help="Cluster spec (TOML)."),
     as_json: bool = typer.Option(False, "--json", help="Print the cluster's status as JSON."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="No progress and no status read back from the kernel: one line (with --json,"
+        " the planned nodes and the phases).",
+    ),
 ) -> None:
+    from hpvc.cluster import lifecycle, ops
+
     t0 = time.perf_counter()
     refuse_reserved_name(spec)
+    if quiet:
+        rec = lifecycle.up(spec)
+        took = time.perf_counter() - t0
+        if as_json:
+            print_json(_planned(rec, took))
+        else:
+            console.print(
+                f"cluster {rec.name} up: {len(rec.the_plan().nodes)} nodes in {took:.2f} s"
+            )
+        return
     with err_console.status("bringing the cluster up"):
         rec = lifecycle.up(spec, progress=_progress)
     if as_json:
@@ -63,6 +88,21 @@ def up_cmd(
         return
     console.print(f"cluster {rec.name} up in {time.perf_counter() - t0:.2f} s")
     show_status(ops.status(rec.name))
+
+
+def _planned(rec: Any, seconds: float) -> dict[str, Any]:
+    """What ``up --quiet --json`` prints: the record's view, no kernel reads."""
+    plan = rec.the_plan()
+    return {
+        "cluster": rec.name,
+        "status": rec.status,
+        "seconds": seconds,
+        "phases": rec.phases,
+        "subnet": plan.network.subnet,
+        "nodes": [
+            {"name": n.name, "role": n.role, "ip": n.ip, "cpus": list(n.cpuset)} for n in plan.nodes
+        ],
+    }
 
 
 def _limits(lim: dict[str, Any]) -> str:
@@ -85,6 +125,8 @@ def _limits(lim: dict[str, Any]) -> str:
 
 
 def show_status(st: dict[str, Any]) -> None:
+    from rich.table import Table
+
     t = Table(
         title=f"cluster {st['cluster']}: {st['status']}, bridge {st['bridge']} {st['subnet']}"
         f" mtu {st['mtu']}, locality {st['locality']}",
@@ -179,6 +221,8 @@ def status_cmd(
 
     Example: hpvc status small --json
     """
+    from hpvc.cluster import ops
+
     st = ops.status(name)
     if as_json:
         print_json(st)
@@ -191,10 +235,14 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -
 
     Example: hpvc ls --json
     """
-    rows = ops.list_clusters()
+    from hpvc.cluster.listing import list_clusters
+
+    rows = list_clusters()
     if as_json:
         print_json(rows)
         return
+    from rich.table import Table
+
     t = Table(title="clusters")
     for col in ("name", "status", "kind", "nodes", "vCPUs", "subnet", "age"):
         t.add_column(col)
@@ -214,6 +262,8 @@ def exec_cmd(
 
     Example: hpvc exec small compute0 -- ip -br addr
     """
+    from hpvc.cluster import ops
+
     raise typer.Exit(ops.exec_node(name, node, list(cmd or [])))
 
 
@@ -229,6 +279,8 @@ def run_cmd(
 
     Example: hpvc run small -n 2 -- hostname
     """
+    from hpvc.cluster import ops
+
     rc = ops.run(name, list(cmd or []), n, progress=_progress)
     raise typer.Exit(rc if isinstance(rc, int) else rc.returncode)
 
@@ -241,7 +293,9 @@ def scale_cmd(
 
     Example: hpvc scale small compute=3
     """
-    ops.require_root("hpvc scale")
+    from hpvc.cluster import lifecycle, ops
+
+    require_root("hpvc scale")
     changes: dict[str, int] = {}
     for c in counts:
         role, _, num = c.partition("=")
@@ -257,9 +311,11 @@ def down_cmd(name: str = typer.Argument(..., help="Cluster name.")) -> None:
 
     Example: hpvc down small
     """
-    ops.require_root("hpvc down")
+    from hpvc.cluster import teardown  # not the planner: down reads journals only
+
+    require_root("hpvc down")
     t0 = time.perf_counter()
-    lifecycle.down(name, progress=lambda m: None, on_wait=_progress)
+    teardown.down(name, progress=lambda m: None, on_wait=_progress)
     console.print(f"cluster {name} down in {time.perf_counter() - t0:.2f} s")
 
 

@@ -5,14 +5,35 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich Console made on first use: importing rich costs ~40 ms, which a
+    command printing JSON or nothing should not pay (issue 16)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
 
 # Piped output (logs, CI) gets 120 columns rather than rich's 80, so tables of
 # CPU lists and addresses stay on one line per row.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+console = cast("Console", _LazyConsole(highlight=False, width=None if sys.stdout.isatty() else 120))
+err_console = cast(
+    "Console",
+    _LazyConsole(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120),
+)
 
 
 @dataclass

@@ -24,7 +24,8 @@ from hpvc.image.model import split_packages
 
 image_app = typer.Typer(
     help=(
-        "Build, list and remove node images: Debian root filesystems made by debootstrap,"
+        "Build, list and remove node images.\n\n"
+        "Images are Debian root filesystems made by debootstrap,"
         " stored by the digest of their recipe (suite, packages, mirror) so an identical"
         " rebuild is instant.\n\n"
         "Examples:\n\n"

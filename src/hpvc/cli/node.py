@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 from hpvc.progress import quiet
-from hpvc.slurm import policy
+
+if TYPE_CHECKING:
+    from hpvc.slurm import policy
 
 # hpvc.slurm.node (host changes: cgroups, netlink, crun) is imported by the
 # commands that need it: `hpvc node check` runs in every srun and sbatch and
@@ -36,6 +39,8 @@ def _progress(msg: str) -> None:
 
 
 def _site(items: list[str] | None) -> policy.Site:
+    from hpvc.slurm import policy
+
     return policy.Site.parse(items or [])
 
 
@@ -66,6 +71,8 @@ def check_cmd(
         0, "--mem-mib", min=0, help="The job's memory per host in MiB (0: not allocated)."
     ),
 ) -> None:
+    from hpvc.slurm import policy
+
     encoded, parsed = policy.check_spec(spec, _site(site), hosts, mem_mib)
     print(encoded)
     print("mem " + " ".join(map(str, policy.memory_row(parsed))))
@@ -105,7 +112,7 @@ def up_cmd(
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
 ) -> None:
-    from hpvc.slurm import node
+    from hpvc.slurm import node, policy
 
     if os.geteuid() != 0:
         raise InputError("hpvc node up", "needs root", "it is run by the SPANK plugin as root")
@@ -173,9 +180,9 @@ Examples:
 
 @node_app.command("ls", help=LS_HELP)
 def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
-    from hpvc.slurm import node
+    from hpvc.slurm.names import listing
 
-    rows = node.listing()
+    rows = listing()
     if as_json:
         print_json(rows)
         return

@@ -10,7 +10,7 @@ from hpvc.cli.cluster import show_status
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.cluster import ops
 from hpvc.cluster.restart import restart
-from hpvc.errors import InputError
+from hpvc.errors import InputError, require_root
 
 RESTART_HELP = """Bring back nodes whose container or VM died.
 
@@ -48,7 +48,7 @@ def restart_cmd(
         False, "--json", help="Print what was done and the cluster's status as JSON."
     ),
 ) -> None:
-    ops.require_root("hpvc restart")
+    require_root("hpvc restart")
     if force and not nodes:
         raise InputError("hpvc restart --force", "names no node", "name the nodes to restart")
     t0 = time.perf_counter()

@@ -15,7 +15,8 @@ from hpvc.topology.model import NumaNode
 from hpvc.units import format_cpulist, format_mib
 
 HELP = (
-    "Show the host's topology as hpvc sees it: packages (sockets), NUMA nodes with their"
+    "Show the host's topology as hpvc sees it.\n\n"
+    "Packages (sockets), NUMA nodes with their"
     " CPUs, memory, free memory and hugepage pools, cores and online CPUs, plus every"
     " assumption made where sysfs said nothing. Like hwloc, only the CPUs and NUMA"
     " nodes this process may use (its cpuset: taskset, cgroup), which is all hpvc plan"

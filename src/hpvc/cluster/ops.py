@@ -18,10 +18,10 @@ from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
-from hpvc.cluster.state import ClusterRecord, Store
-from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.cluster.listing import under_way
+from hpvc.cluster.state import Store
+from hpvc.errors import HpvcError, InputError, MissingDependency, require_root
 from hpvc.host import hugepages, probe, procfs, vxlan
-from hpvc.locks import holder
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
@@ -80,28 +80,6 @@ def _across_hosts(name: str, overlay: dict[str, Any] | None) -> dict[str, Any] |
     }
 
 
-# A record in one of these says a command is under way; when nobody holds the
-# cluster's lock, that command was killed before it finished.
-UNDER_WAY = {"creating": "coming up", "scaling": "scaling", "deleting": "going down"}
-
-
-def under_way(store: Store, rec: ClusterRecord) -> dict[str, Any]:
-    """Whether the up, scale or down that ``rec`` says is under way still runs:
-    ``interrupted`` (nobody holds the cluster's lock: it was killed), ``held_by``
-    (who holds it: ``PID 123 (hpvc up)``) and a ``note`` for people."""
-    held_by = holder(store.cluster_lock_path(rec.name))
-    doing = UNDER_WAY.get(rec.status)
-    if doing is None:
-        return {"interrupted": False, "held_by": held_by, "note": None}
-    if held_by is not None:
-        return {"interrupted": False, "held_by": held_by, "note": f"{doing} ({held_by})"}
-    return {
-        "interrupted": True,
-        "held_by": None,
-        "note": f"interrupted \N{EM DASH} run hpvc down {rec.name}",
-    }
-
-
 def _shared_dir(env: ClusterEnv) -> dict[str, str] | None:
     """The directory every node sees at /shared, where the backend made one (a
     backend that shares none, VMs, says ``"shared_dir": None`` in its summary)."""
@@ -134,29 +112,6 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "across_hosts": _across_hosts(rec.name, rec.overlay),
         "nodes": [_node_status(backend, env, plan, n) for n in plan.nodes],
     }
-
-
-def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
-    store = store or Store()
-    out = []
-    for name in store.names():
-        rec = store.load(name)
-        if rec is None:
-            continue
-        plan = rec.the_plan()
-        out.append(
-            {
-                "name": name,
-                "status": rec.status,
-                "interrupted": under_way(store, rec)["interrupted"],
-                "kind": plan.kind,
-                "nodes": len(plan.nodes),
-                "vcpus": sum(len(n.vcpus) for n in plan.nodes),
-                "subnet": plan.network.subnet,
-                "created": rec.created,
-            }
-        )
-    return out
 
 
 def _open(name: str, store: Store | None) -> tuple[Backend, ClusterEnv, Plan]:
@@ -262,13 +217,6 @@ def mpirun_argv(env: ClusterEnv, n: int, argv: list[str], shared_memory: bool) -
     if not shared_memory:
         out += ["--mca", "btl", "tcp,self"]
     return [*out, str(env.dir / "rankexec"), *argv]
-
-
-def require_root(what: str) -> None:
-    """Refuse, in one line (exit 2), a command on clusters run by someone else
-    than root: hpvc's state and what its nodes are made of are root's."""
-    if os.geteuid() != 0:
-        raise MissingDependency(what, "needs root (cgroups, namespaces, mounts)", "run as root")
 
 
 def no_compute_notice(plan: Plan) -> str | None:

@@ -22,6 +22,7 @@ import hashlib
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from hpvc.errors import InputError
 from hpvc.plan.addresses import IFNAMSIZ, bridge_name, gateway
@@ -35,8 +36,10 @@ from hpvc.plan.overlay import (
     node_mtu,
     vni_for,
 )
-from hpvc.spec.model import Spec
 from hpvc.topology.inventory import Fabric
+
+if TYPE_CHECKING:  # the schema (pydantic) is not loaded to read a stored plan
+    from hpvc.spec.model import Spec
 
 VXLAN_LINK_PREFIX = "vx"
 

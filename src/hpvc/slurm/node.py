@@ -324,26 +324,3 @@ def down(job: int, store: Store | None = None, progress: Progress = quiet) -> li
         if not job_shares(store, job):
             (jobs_dir(store) / f"{job}.lock").unlink(missing_ok=True)
     return names
-
-
-def listing(store: Store | None = None) -> list[dict[str, Any]]:
-    """Shares of Slurm jobs on this host."""
-    store = store or Store()
-    out = []
-    for n in store.names():
-        parsed = parse_share_name(n)
-        rec = store.load(n) if parsed else None
-        if parsed is None or rec is None:
-            continue
-        plan = rec.the_plan()
-        out.append(
-            {
-                "job": parsed[0],
-                "share": parsed[1],
-                "cluster": n,
-                "status": rec.status,
-                "nodes": [x.name for x in plan.nodes],
-                "subnet": plan.network.subnet,
-            }
-        )
-    return out

@@ -14,6 +14,8 @@ from hpvc.errors import DoesNotFit, InputError
 from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.overlay import Overlay, Vtep, host_address, node_mtu, vni_for
 from hpvc.plan.planner import expand
+from hpvc.slurm.names import parse_share_name as parse_share_name
+from hpvc.slurm.names import share_name as share_name
 from hpvc.spec import Spec
 from hpvc.topology.model import Core, NumaNode, Package, Topology
 
@@ -36,18 +38,6 @@ def split(spec: Spec, hosts: int) -> list[list[str]]:
         out.append(names[start : start + size])
         start += size
     return out
-
-
-def share_name(job: int, index: int) -> str:
-    return f"j{job}-{index}"
-
-
-def parse_share_name(name: str) -> tuple[int, int] | None:
-    """(job, index) of a share's cluster name, None for any other cluster."""
-    job, sep, index = name[1:].partition("-")
-    if name[:1] != "j" or not sep or not (job.isdigit() and index.isdigit()):
-        return None
-    return int(job), int(index)
 
 
 def task_pool(share: Sequence[str], roles: dict[str, str]) -> list[str]:

@@ -1,0 +1,58 @@
+"""The clusters on this host and whether a command on one is under way.
+
+Kept apart from ``hpvc.cluster.ops`` (which opens backends and reads the
+kernel) so ``hpvc ls`` reads records and locks only and starts at once
+(issue 16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpvc.cluster.state import ClusterRecord, Store
+from hpvc.locks import holder
+
+# A record in one of these says a command is under way; when nobody holds the
+# cluster's lock, that command was killed before it finished.
+UNDER_WAY = {"creating": "coming up", "scaling": "scaling", "deleting": "going down"}
+
+
+def under_way(store: Store, rec: ClusterRecord) -> dict[str, Any]:
+    """Whether the up, scale or down that ``rec`` says is under way still runs:
+    ``interrupted`` (nobody holds the cluster's lock: it was killed), ``held_by``
+    (who holds it: ``PID 123 (hpvc up)``) and a ``note`` for people."""
+    held_by = holder(store.cluster_lock_path(rec.name))
+    doing = UNDER_WAY.get(rec.status)
+    if doing is None:
+        return {"interrupted": False, "held_by": held_by, "note": None}
+    if held_by is not None:
+        return {"interrupted": False, "held_by": held_by, "note": f"{doing} ({held_by})"}
+    return {
+        "interrupted": True,
+        "held_by": None,
+        "note": f"interrupted \N{EM DASH} run hpvc down {rec.name}",
+    }
+
+
+def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
+    """One row per cluster on this host, from the records (no kernel reads)."""
+    store = store or Store()
+    out = []
+    for name in store.names():
+        rec = store.load(name)
+        if rec is None:
+            continue
+        plan = rec.the_plan()
+        out.append(
+            {
+                "name": name,
+                "status": rec.status,
+                "interrupted": under_way(store, rec)["interrupted"],
+                "kind": plan.kind,
+                "nodes": len(plan.nodes),
+                "vcpus": sum(len(n.vcpus) for n in plan.nodes),
+                "subnet": plan.network.subnet,
+                "created": rec.created,
+            }
+        )
+    return out
