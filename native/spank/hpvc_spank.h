@@ -53,6 +53,8 @@ extern char *hpvc_spec_arg;
  * slurmstepd's or the user's. Without, it keeps the caller's (the user's)
  * environment, directory and ids, with the env entries added. */
 int hpvc_run(char *const argv[], char *const env[], int timeout_s, int as_root, char **out);
+/* Seconds on the monotonic clock (run.c). */
+double hpvc_now(void);
 
 /* Contexts */
 int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg);   /* local.c */

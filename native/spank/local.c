@@ -75,7 +75,10 @@ int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg)
 	}
 	argv[k] = NULL;
 	char *out = NULL;
+	double t0 = hpvc_now();
 	int rc = hpvc_run(argv, NULL, cfg->timeout, 0, &out);
+	char took[32];
+	snprintf(took, sizeof(took), "%.3f", hpvc_now() - t0);
 	if (rc != 0) {
 		free(out);
 		if (rc > 0)
@@ -94,7 +97,9 @@ int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg)
 	/* srun/sbatch/salloc pass their environment on to the job (spank_setenv
 	 * works in remote context only). */
 	(void)sp;
-	int err = setenv(HPVC_SPEC_ENV, out, 1) != 0 || setenv(HPVC_SPEC_PATH_ENV, real, 1) != 0;
+	/* HPVC_CHECK_S: how long the check took (hpvc bench slurm's breakdown). */
+	int err = setenv(HPVC_SPEC_ENV, out, 1) != 0 || setenv(HPVC_SPEC_PATH_ENV, real, 1) != 0 ||
+		  setenv("HPVC_CHECK_S", took, 1) != 0;
 	free(out);
 	if (err) {
 		slurm_error("hpvc: cannot pass the spec on in the job's environment");

@@ -24,7 +24,7 @@ extern char **environ;
 
 #define MAX_OUT (1 << 20)
 
-static double now_s(void)
+double hpvc_now(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -160,10 +160,10 @@ int hpvc_run(char *const argv[], char *const env_in[], int timeout_s, int as_roo
 	size_t olen = 0, ocap = 4096, elen = 0;
 	char *obuf = malloc(ocap), ebuf[4097];
 	int open_fds = 2, timed_out = 0;
-	double deadline = now_s() + timeout_s;
+	double deadline = hpvc_now() + timeout_s;
 	struct pollfd fds[2] = { { opipe[0], POLLIN, 0 }, { epipe[0], POLLIN, 0 } };
 	while (obuf != NULL && open_fds > 0) {
-		int left = (int)((deadline - now_s()) * 1000);
+		int left = (int)((deadline - hpvc_now()) * 1000);
 		if (left <= 0) {
 			timed_out = 1;
 			break;

@@ -37,11 +37,52 @@ def test_document_adds_medians_and_samples() -> None:
     assert {s["higher_is_better"] for s in doc["samples"]} == {False}
     md = slurm.report_md(doc)
     assert (
-        "| srun -N1 true, a new job | 0.100 / 0.110 / 0.120 | 1.000 / 1.100 / 1.200 | +0.990 |"
-        in md
+        "| srun -N1 (one echo per host), a new job | 0.100 / 0.110 / 0.120"
+        " | 1.000 / 1.100 / 1.200 | +0.990 |" in md
     )
 
 
 def test_repeat_must_be_positive() -> None:
     with pytest.raises(InputError, match="at least 1"):
         slurm.run(0)
+
+
+OUT = (
+    "hpvc-times 1 0.210 0.350 cli=0.050,image=0.000,plan=0.010,host=0.020,nodes=0.100,share=0.030\n"
+    "hpvc-times 1 0.210 0.400 cli=0.060,image=0.000,plan=0.010,host=0.020,nodes=0.150,share=0.040\n"
+    "hpvc-times 2 0.210 0.012 running=0.001\n"
+    "hpvc-times 3 - - -\n"
+)
+
+
+def test_breakdown_takes_the_slowest_host_and_splits_its_node_up() -> None:
+    got = slurm.breakdown(OUT, "1", 0.8)
+    assert got is not None
+    assert got["check"] == pytest.approx(0.21)
+    assert got["node_up"] == pytest.approx(0.40)
+    assert got["nodes"] == pytest.approx(0.15)
+    # node up's own phases add up to 0.28 of its 0.40 s: the rest was its start
+    assert got["start"] == pytest.approx(0.12)
+    assert got["rest"] == pytest.approx(0.8 - 0.21 - 0.40)
+    in_allocation = slurm.breakdown(OUT, "1", 0.8, checked=False)
+    assert in_allocation is not None and "check" not in in_allocation
+    assert in_allocation["rest"] == pytest.approx(0.8 - 0.40)
+    assert slurm.breakdown(OUT, "3", 0.1) is None  # no --hpvc
+    assert slurm.breakdown(OUT, "4", 0.1) is None  # no such step
+
+
+def test_the_report_breaks_the_first_step_down() -> None:
+    rs = rows()
+    for r in rs:
+        if r["config"] == "hpvc" and r["what"] in ("srun_N1", "alloc_first_step_N3"):
+            checked = r["what"] == "srun_N1"
+            r["phases"] = slurm.breakdown(OUT, "1", float(r["seconds"]), checked)  # type: ignore[arg-type]
+    doc = slurm.document({"host": "h", "cpu_model": "c", "cpus": 2, "date": "d"}, rs, 3)
+    [n1, first] = doc["phases"]
+    assert (n1["what"], n1["runs"]) == ("srun_N1", 3)
+    assert first["median_s"]["node_up"] == pytest.approx(0.40)
+    assert first["median_s"]["rest"] == pytest.approx(1.1 - 0.40)
+    assert "check" not in first["median_s"]  # at salloc, not in the step
+    md = slurm.report_md(doc)
+    assert "| `hpvc node check` in srun, as the user | 0.210 |  |" in md
+    assert "|   overlay, netns, veth, crun | 0.150 | 0.150 |" in md

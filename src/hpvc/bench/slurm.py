@@ -10,13 +10,18 @@ two compute containers (floating CPUs, no hugepages).
 
 Per repetition, the order rotated:
 
-* ``srun -N{1,3} true`` without and with ``--hpvc``: a new job each time, so
+* ``srun -N{1,3}`` of one short task per host (an ``echo`` of the timings
+  below) without and with ``--hpvc``: a new job each time, so
   the ``--hpvc`` figure includes bringing the job's nodes up (the teardown
   runs in the job epilog, after srun returned; the next run waits for it);
-* one ``salloc -N3 --hpvc`` allocation running ``srun -N3 true`` four times:
+* one ``salloc -N3 --hpvc`` allocation running such an ``srun -N3`` four times:
   the first step brings the virtual cluster up (time to a usable cluster),
   the later ones find it running (the added cost of every further step); the
   same steps in a plain allocation are the reference.
+
+Each task prints what the plugin and ``hpvc node up`` measured (HPVC_CHECK_S,
+HPVC_NODE_UP_S, HPVC_UP_TIMES), so a step that brings the share up is broken
+down into its phases (``breakdown``).
 """
 
 from __future__ import annotations
@@ -83,25 +88,59 @@ def _wait_clean(cluster: SlurmCluster, timeout: float = 60) -> None:
         raise HpvcError("bench slurm", f"job nodes still up after {timeout} s: {cluster.shares()}")
 
 
+# Every task prints what the plugin and `hpvc node up` said of their time
+# (empty without --hpvc): the check in srun, node up's wall clock on its host,
+# and node up's own phases. A step is timed around all of it.
+TASK = 'echo "hpvc-times $HPVC_STEP ${HPVC_CHECK_S:--} ${HPVC_NODE_UP_S:--} ${HPVC_UP_TIMES:--}"'
+
 ALLOC_SCRIPT = """
 for i in $(seq {steps}); do
-  t0=$(date +%s.%N); srun -N3 true || exit 1; t1=$(date +%s.%N)
+  t0=$(date +%s.%N); HPVC_STEP=$i srun -N3 sh -c '{task}' || exit 1; t1=$(date +%s.%N)
   echo "step $i $t0 $t1"
 done
 """
 
 
+def breakdown(out: str, step: str, wall: float, checked: bool = True) -> dict[str, float] | None:
+    """Where a step's time went, from its tasks' ``hpvc-times`` lines: ``check``
+    (srun's `hpvc node check`), ``node_up`` (the slowest host's `hpvc node up`,
+    start to exit) split into ``start`` (interpreter and first imports, to the
+    CLI's first line), ``cli`` and node up's own phases, and ``rest`` (Slurm
+    and the tasks' join: the step's wall clock less check and node up).
+    None when the step ran no `hpvc node up` (a share found running, or no
+    --hpvc). ``checked``: the check ran inside this step's wall clock (a new
+    job's srun); in an allocation it ran at salloc, before the step."""
+    hosts = []
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 5 and f[0] == "hpvc-times" and f[1] == step and f[3] != "-":
+            parts = {k: float(v) for k, v in (kv.split("=") for kv in f[4].split(","))}
+            hosts.append((float(f[3]), float(f[2]) if f[2] != "-" else 0.0, parts))
+    if not hosts:
+        return None
+    node_up, check, parts = max(hosts, key=lambda h: h[0])
+    inner = sum(parts.values())
+    return {
+        **({"check": check} if checked else {}),
+        "node_up": node_up,
+        "start": max(0.0, node_up - inner),
+        **parts,
+        "rest": max(0.0, wall - (check if checked else 0.0) - node_up),
+    }
+
+
 def _allocation(
     cluster: SlurmCluster, user: Submitter, cwd: Path, spec: Path | None
-) -> list[float]:
-    """Wall seconds of each `srun -N3 true` step inside one salloc -N3 allocation."""
+) -> list[tuple[float, dict[str, float] | None]]:
+    """Wall seconds (and breakdown) of each `srun -N3` step inside one salloc -N3 allocation."""
     argv = ["salloc", "-N3"] + ([f"--hpvc={spec}"] if spec else [])
-    argv += ["sh", "-c", ALLOC_SCRIPT.format(steps=STEPS_IN_ALLOCATION)]
+    argv += ["sh", "-c", ALLOC_SCRIPT.format(steps=STEPS_IN_ALLOCATION, task=TASK)]
     _, out = _timed(cluster, user, cwd, argv)
     steps = [line.split() for line in out.splitlines() if line.startswith("step ")]
     if len(steps) != STEPS_IN_ALLOCATION:
         raise HpvcError("bench slurm: allocation", f"expected {STEPS_IN_ALLOCATION} steps: {out}")
-    return [float(s[3]) - float(s[2]) for s in steps]
+    walls = [(s[1], float(s[3]) - float(s[2])) for s in steps]
+    return [(w, breakdown(out, i, w, checked=False)) for i, w in walls]
 
 
 def one_rep(
@@ -113,10 +152,12 @@ def one_rep(
             config = "hpvc" if hp else "plain"
 
             def srun(n: int = n, hp: bool = hp, config: str = config) -> list[dict[str, Any]]:
-                argv = ["srun", f"-N{n}"] + ([f"--hpvc={spec}"] if hp else []) + ["true"]
-                wall, _ = _timed(cluster, user, cwd, argv)
+                argv = ["srun", f"-N{n}"] + ([f"--hpvc={spec}"] if hp else [])
+                argv += ["sh", "-c", TASK.replace("$HPVC_STEP", "1")]
+                wall, out = _timed(cluster, user, cwd, argv)
                 _wait_clean(cluster)
-                return [{"what": f"srun_N{n}", "config": config, "seconds": wall}]
+                row = {"what": f"srun_N{n}", "config": config, "seconds": wall}
+                return [{**row, "phases": breakdown(out, "1", wall)}]
 
             runs.append((f"srun -N{n} {config}", srun))
     for hp in (False, True):
@@ -125,13 +166,16 @@ def one_rep(
         def alloc(hp: bool = hp, config: str = config) -> list[dict[str, Any]]:
             steps = _allocation(cluster, user, cwd, spec if hp else None)
             _wait_clean(cluster)
+            first, phases = steps[0]
             return [
-                {"what": "alloc_first_step_N3", "config": config, "seconds": steps[0]},
+                {"what": "alloc_first_step_N3", "config": config, "seconds": first,
+                 "phases": phases},
                 *(
-                    {"what": "alloc_later_step_N3", "config": config, "seconds": s}
-                    for s in steps[1:]
+                    {"what": "alloc_later_step_N3", "config": config, "seconds": s,
+                     "phases": p}
+                    for s, p in steps[1:]
                 ),
-            ]
+            ]  # fmt: skip
 
         runs.append((f"salloc -N3 {config}", alloc))
     k = rep % len(runs)
@@ -144,8 +188,8 @@ def one_rep(
 
 
 WHAT = {
-    "srun_N1": "srun -N1 true, a new job",
-    "srun_N3": "srun -N3 true, a new job",
+    "srun_N1": "srun -N1 (one echo per host), a new job",
+    "srun_N3": "srun -N3 (one echo per host), a new job",
     "alloc_first_step_N3": "first srun -N3 in a salloc -N3 allocation (virtual cluster comes up)",
     "alloc_later_step_N3": "later srun -N3 in the same allocation (virtual cluster running)",
 }
@@ -189,6 +233,7 @@ def document(
         for r in rows
     ]
     return {
+        "phases": phase_table(rows),
         "benchmark": "slurm-launch",
         **facts,
         "slurm": version,
@@ -199,6 +244,39 @@ def document(
         "table": table,
         "samples": samples,
     }
+
+
+PHASES = {
+    "check": "`hpvc node check` in srun, as the user",
+    "node_up": "`hpvc node up` on the slowest host, start to exit:",
+    "start": "  interpreter start and first imports",
+    "cli": "  typer and the node commands' imports",
+    "image": "  image lookup",
+    "plan": "  topology, plan, record",
+    "host": "  cgroups, bridge, shared memory",
+    "nodes": "  overlay, netns, veth, crun",
+    "share": "  spec checks, locks, join records",
+    "running": "  (the share was running already)",
+    "rest": "Slurm itself and the tasks' join (the step's wall clock less the above)",
+}
+
+
+def phase_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Median seconds per phase of each --hpvc step that ran `hpvc node up`."""
+    out = []
+    for what in ("srun_N1", "srun_N3", "alloc_first_step_N3"):
+        got = [r["phases"] for r in rows if r["what"] == what and r.get("phases")]
+        if not got:
+            continue
+        keys = [k for k in PHASES if any(k in g for g in got)]
+        out.append(
+            {
+                "what": what,
+                "runs": len(got),
+                "median_s": {k: summary([g.get(k, 0.0) for g in got])["median"] for k in keys},
+            }
+        )
+    return out
 
 
 def run(repeat: int = 5, progress: Progress = quiet, user: str = "nobody") -> dict[str, Any]:
@@ -254,4 +332,26 @@ def report_md(doc: dict[str, Any]) -> str:
             f" | {h['min']:.3f} / {h['median']:.3f} / {h['max']:.3f}"
             f" | {t['added_median_s']:+.3f} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _phase_lines(doc)) + "\n"
+
+
+def _phase_lines(doc: dict[str, Any]) -> list[str]:
+    table = doc.get("phases") or []
+    if not table:
+        return []
+    heads = [WHAT[t["what"]].split(",")[0].split(" (")[0] for t in table]
+    lines = [
+        "",
+        "Where an `--hpvc` step that brings the share up spends its time (median s; the hosts"
+        " run `hpvc node up` at once, the slowest counts):",
+        "",
+        "| phase | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(table),
+    ]
+    for key, describe in PHASES.items():
+        if any(key in t["median_s"] for t in table):
+            cells = " | ".join(
+                f"{t['median_s'][key]:.3f}" if key in t["median_s"] else "" for t in table
+            )
+            lines.append(f"| {describe} | {cells} |")
+    return lines

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from hpvc.cli.common import err_console, state
 from hpvc.errors import HpvcError
+
+# When the CLI's own code began (after the interpreter's start and these few
+# imports): `hpvc node up` tells the Slurm plugin how its time went from here.
+STARTED = time.perf_counter()
 
 
 def __getattr__(name: str) -> Any:

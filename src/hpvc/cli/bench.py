@@ -197,12 +197,14 @@ SLURM_HELP = """Launch latency of `srun --hpvc` against plain `srun` (needs root
 
 Starts a private local Slurm cluster (3 slurmd on this machine, own ports,
 the SPANK plugin of native/spank) and measures, alternated every repetition:
-`srun -N1 true` and `srun -N3 true` as new jobs with and without --hpvc (the
-virtual nodes come up inside the measured srun), and four `srun -N3 true`
-steps in one `salloc -N3` allocation with and without --hpvc (the first step
-is the time to a usable virtual cluster, the later ones what every further
-step costs). Every job is submitted by an ordinary user (--user, default
-nobody), as on a site. About 1 minute for 5 repetitions.
+`srun -N1` and `srun -N3` of one short task per host as new jobs with and
+without --hpvc (the virtual nodes come up inside the measured srun), and four
+such `srun -N3` steps in one `salloc -N3` allocation with and without --hpvc
+(the first step is the time to a usable virtual cluster, the later ones what
+every further step costs). The steps that bring nodes up are broken down into
+phases (the check in srun, `hpvc node up` on the slowest host and its own
+phases, Slurm's rest). Every job is submitted by an ordinary user (--user,
+default nobody), as on a site. About 2 minutes for 5 repetitions.
 
 Examples:
 

@@ -7,6 +7,7 @@ can call them by hand to look at or clean up a job's nodes.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -112,6 +113,7 @@ def up_cmd(
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
 ) -> None:
+    from hpvc.cluster.state import Store
     from hpvc.slurm import node, policy
 
     if os.geteuid() != 0:
@@ -137,10 +139,13 @@ def up_cmd(
         nodelist=nodelist,
         mem_mib=mem_mib,
     )
+    began = time.perf_counter()
     joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)
+    times = node.up_times(Store(), req, began, time.perf_counter())
     for j in joins:
         for line in j.lines():
             print(line)
+        print(f"env {j.slot} HPVC_UP_TIMES={times}")  # not in the join cache
 
 
 DOWN_HELP = """Take every share of a job on this host down (idempotent).

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -222,6 +223,27 @@ def up(
         out = joins(store, req.job, index, share, roles, req.mpi)
         _write_cache(store, name, req.mpi, out)
         return out
+
+
+def up_times(store: Store, req: Request, began: float, ended: float) -> str:
+    """Where ``hpvc node up``'s time went, for the step's tasks (HPVC_UP_TIMES,
+    read by hpvc bench slurm): ``cli`` from the CLI's first line to the call of
+    ``up`` (typer, imports), then, when this call brought the share up, the
+    phases of ``up`` (image, plan, host, nodes; ``share`` is the rest: spec
+    checks, locks, topology, join records); ``running`` when it found the
+    share up. Seconds, ``k=v`` joined by commas."""
+    from hpvc.cli import STARTED
+
+    parts = {"cli": began - STARTED}
+    rec = store.load(share_name(req.job, req.index))
+    spent = ended - began
+    if rec is not None and rec.created >= time.time() - spent:
+        phases = {k: float(v) for k, v in rec.phases.items()}
+        parts |= phases
+        parts["share"] = max(0.0, spent - sum(phases.values()))
+    else:
+        parts["running"] = spent
+    return ",".join(f"{k}={v:.3f}" for k, v in parts.items())
 
 
 _MPI_RE = re.compile(r"^[A-Za-z0-9_]{0,32}$")
