@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from hpvc.backends import container as ct
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.concurrent import each
 from hpvc.errors import HpvcError
 from hpvc.faults import inject
 from hpvc.host import blkio, cgroups, layer, net, tree
@@ -164,7 +165,11 @@ class CrunBackend:
         warning = layer.overcommit(env.store.root, [s for s in sizes if s is not None])
         if warning is not None:
             progress(f"warning: {warning}")
-        for name in names:
+        for size in sorted({s for s in sizes if s is not None}):
+            layer.template(env.store.root, size)  # made once, before the nodes use it
+        arp = remote_arp(env)
+
+        def one(name: str) -> None:
             progress(f"node {name}")
             node = plan.node(name)
             j = env.node_journal(name)
@@ -174,11 +179,15 @@ class CrunBackend:
             if node.disk_mib is not None:
                 top = layer.mount_layer(j, env.store.root, node_dir, node.disk_mib)
             ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant, layer=top)
-            ct.wire_node(j, plan, node, remote_arp(env))
+            ct.wire_node(j, plan, node, arp)
             ct.start_container(j, plan, node, ctx, node_dir)
             if node.io is not None:  # bfq weight (crun cannot), and a check of the throttles
                 cgroups.apply_node_extras(env.name, name, io=node.io, device=ctx.block_device)
             inject(f"node:{name}")
+
+        # Each node's changes are its own (journal, folder, netns, veth,
+        # container): they are made side by side (hpvc.concurrent).
+        each(names, one)
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         errors = undo_nodes(env, names, progress)

@@ -5,8 +5,9 @@ every node 1 vCPU floating over the host's CPUs, 128 MiB, no hugepages,
 locality "shm". The image is built beforehand, so ``up`` is planning, host
 changes (cgroups, bridge, shared memory, netns + veth per node) and starting
 the containers. Each repetition brings every size up and down in turn (the
-order rotates); ``up`` and ``down`` are timed by the wall clock around
-``lifecycle.up`` / ``lifecycle.down``, as a user of ``hpvc up`` would see it.
+order rotates); ``up`` and ``down`` are timed by the wall clock around the
+commands ``hpvc up SPEC --quiet`` and ``hpvc down NAME``, each its own
+process, as a user sees them (CLI start included).
 The goal: 8 nodes up in under 2 s (median).
 
 With ``peer``, every repetition also starts and removes as many Podman
@@ -19,16 +20,19 @@ that the ratios (``bench.podman_report``) come from one run.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from hpvc.bench import common, podman, podman_report
+from hpvc.bench import cli_start, common, podman, podman_report
 from hpvc.bench.stats import summary
-from hpvc.cluster import lifecycle, ops
+from hpvc.cluster import ops
 from hpvc.cluster.state import Store
-from hpvc.errors import InputError
+from hpvc.errors import HpvcError, InputError
+from hpvc.paths import image_dir
 from hpvc.progress import Progress, quiet
 
 GOAL_NODES = 8
@@ -81,17 +85,34 @@ def write_specs(tmp: Path, sizes: list[int], kind: str = "container") -> dict[in
     return out
 
 
-def up_down(store: Store, name: str, spec: str) -> dict[str, Any]:
-    """One timed ``up`` and ``down`` (a failed down is finished by the caller's teardown)."""
+def hpvc_argv() -> list[str]:
+    """The ``hpvc`` a user runs: the console script beside this Python."""
+    script = Path(sys.executable).with_name("hpvc")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hpvc"]
+
+
+def timed_cli(argv: list[str], store: Store) -> float:
+    """Wall seconds of one ``hpvc`` command on ``store``'s state, CLI start included."""
+    env = {**os.environ, "HPVC_STATE_DIR": str(store.root), "HPVC_IMAGE_DIR": str(image_dir())}
     t0 = time.perf_counter()
-    rec = lifecycle.up(spec, store)
-    up_s = time.perf_counter() - t0
+    r = subprocess.run([*hpvc_argv(), *argv], env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise HpvcError(f"bench startup: hpvc {' '.join(argv[:2])}", last, "")
+    return took
+
+
+def up_down(store: Store, name: str, spec: str) -> dict[str, Any]:
+    """One timed ``hpvc up --quiet`` and ``hpvc down``, each a process of its own
+    as a user runs them (a failed down is finished by the caller's teardown)."""
+    up_s = timed_cli(["up", spec, "--quiet"], store)
+    rec = store.get(name)
     accel = ops.status(name, store)["accelerator"]  # outside the timed parts
-    t1 = time.perf_counter()
-    lifecycle.down(name, store)
+    down_s = timed_cli(["down", name], store)
     return {
         "up_s": up_s,
-        "down_s": time.perf_counter() - t1,
+        "down_s": down_s,
         "up_inner_s": float(rec.up_seconds or 0.0),
         "phases": dict(rec.phases),
         "accelerator": accel,
@@ -177,12 +198,28 @@ def run(
         with ctx as p:
             runs, peer_runs = repetitions(store, specs, repeat, progress, p)
             about = p.describe() if p else {}
+        container = kind == "container"
+        cli = _cli_start(store, specs[min(sizes)], repeat, progress) if container else None
     doc = _doc(sizes, repeat, kind, facts, runs)
+    if cli is not None:
+        doc["cli"] = cli
     if peer:
         doc["peer"] = about
         for s in doc["sizes"]:
             s["peer"] = podman_report.size_doc(s["nodes"], runs[s["nodes"]], peer_runs[s["nodes"]])
     return doc
+
+
+def _cli_start(
+    store: Store, spec: tuple[str, str], repeat: int, progress: Progress
+) -> dict[str, Any]:
+    """The quick commands' start (``bench.cli_start``), with one cluster up for status."""
+    name, path = spec
+    timed_cli(["up", path, "--quiet"], store)
+    try:
+        return cli_start.measure(hpvc_argv(), store, name, max(repeat, 5), progress)
+    finally:
+        timed_cli(["down", name], store)
 
 
 def _doc(
@@ -209,8 +246,9 @@ def _doc(
             "partition": "commodity",
             "locality": "shm",
         },
-        "timing": "wall clock around lifecycle.up / lifecycle.down (what `hpvc up` does);"
-        " up_inner is hpvc's own up_seconds (after spec load, preflight, image lookup)",
+        "timing": "wall clock around `hpvc up SPEC --quiet` and `hpvc down NAME`, each run as"
+        " its own process (CLI start included, as a user sees it); up_inner is hpvc's own"
+        " up_seconds (after CLI start, spec load, preflight, image lookup)",
         "goal": {"nodes": GOAL_NODES, "median_up_below_s": GOAL_S},
         "sizes": [size_doc(n, runs[n], kind) for n in sizes],
     }
@@ -244,7 +282,8 @@ def report_md(doc: dict[str, Any]) -> str:
             f"| {s['nodes']} | {u['min']:.3f} | {u['median']:.3f} | {u['max']:.3f}"
             f" | {d['min']:.3f} | {d['median']:.3f} | {d['max']:.3f} | {goal} | {met} |"
         )
-    return "\n".join(lines + _phase_table(doc) + podman_report.report_lines(doc)) + "\n"
+    tail = _phase_table(doc) + podman_report.report_lines(doc) + cli_start.report_lines(doc)
+    return "\n".join(lines + tail) + "\n"
 
 
 def _phase_table(doc: dict[str, Any]) -> list[str]:

@@ -9,8 +9,8 @@ cluster's changes on the host-wide ones. So:
 - within a journal, undoing stops at the first step that fails and keeps it
   with every older step (``Journal.undo_all``): the node's folder, which holds
   a VM's disk, is never removed while the domain that was not stopped runs;
-- nodes do not depend on each other: every node's journal is undone, even
-  after another one stopped;
+- nodes do not depend on each other: every node's journal is undone (side
+  by side, ``hpvc.concurrent``), even after another one stopped;
 - the cluster's journal, its record and state folder, and the host-wide
   journal wait until no node journal is left; the record stays, so a later
   ``hpvc down`` retries exactly what is left and finishes.
@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpvc.cluster.state import ClusterRecord, Store, full
+from hpvc.concurrent import each
 from hpvc.errors import HpvcError
 from hpvc.progress import Progress, quiet
 
@@ -43,8 +44,11 @@ def teardown(store: Store, name: str, progress: Progress = quiet) -> list[str]:
     the state when that is clean. Returns the steps that failed, one line per
     stopped journal (``"<what> (<why>)"``); empty when the cluster is gone."""
     errors: list[str] = []
-    for node in _node_names(store, name):
-        errors += store.node_journal(name, node).undo_all(progress)
+
+    def undo_node(node: str) -> None:
+        errors.extend(store.node_journal(name, node).undo_all(progress))
+
+    each(_node_names(store, name), undo_node)  # side by side: nodes are independent
     if errors or any(store.node_journal(name, n).path.exists() for n in _node_names(store, name)):
         return errors or ["a node's journal came back while undoing (another command?)"]
     errors += store.journal(name).undo_all(progress)

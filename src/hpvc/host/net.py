@@ -20,29 +20,26 @@ Namespaces are joined by path (``nsenter --net=PATH``, crun), never with
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import ipaddress
 import os
 import re
 import socket
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypedDict
 
 from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
-from pyroute2 import netns as pr_netns
 
 from hpvc.errors import HpvcError
+from hpvc.host import netns as nsenter
 from hpvc.host.journal import Args, Journal, undoer
 
 NETNS_DIR = "/run/netns"
 NODE_IFNAME = "eth0"
 IFNAME_MAX = 15  # IFNAMSIZ - 1
 NUD_PERMANENT = 0x80
-CLONE_NEWNET = 0x40000000
 _ENODEV = 19
 _NETNS_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 _PREFIX = re.compile(r"[a-z][a-z0-9]{0,6}")
@@ -101,7 +98,7 @@ def _rtnl(what: str, netns: str | None = None) -> Iterator[Any]:
     if netns is not None and not os.path.exists(netns_path(netns)):
         raise HpvcError(what, f"network namespace {netns_path(netns)} does not exist")
     try:
-        ipr = IPRoute() if netns is None else IPRoute(netns=netns_path(netns), flags=0)
+        ipr = IPRoute() if netns is None else nsenter.call_in(netns_path(netns), IPRoute)
     except (NetlinkError, OSError) as e:
         raise _fail(what, e) from e
     try:
@@ -129,24 +126,9 @@ def _kind(ipr: Any, index: int) -> str | None:
     return None if kind is None else str(kind)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 def _in_netns(netns: str, fn: Callable[[], None]) -> None:
-    """Run ``fn`` on a short-lived thread that joined ``netns`` (setns is per thread)."""
-
-    def run() -> None:
-        fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if _libc.setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err), netns_path(netns))
-        finally:
-            os.close(fd)
-        fn()
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpvc-netns") as pool:
-        pool.submit(run).result()
+    """Run ``fn`` with this thread in ``netns`` (setns is per thread; hpvc.host.netns)."""
+    nsenter.call_in(netns_path(netns), fn)
 
 
 def _disable_ipv6(ifname: str, netns: str | None = None) -> None:
@@ -207,7 +189,7 @@ def create_netns(journal: Journal, name: str) -> str:
         raise HpvcError(what, f"{path} already exists", "run 'hpvc down' for its cluster first")
     journal.record("netns", name=name)
     try:
-        pr_netns.create(path)
+        nsenter.create(path)
     except OSError as e:
         raise _fail(what, e) from e
     return path
@@ -338,9 +320,7 @@ def _undo_netns(args: Args) -> None:
     if not os.path.lexists(path):
         return
     try:
-        pr_netns.remove(path)  # lazy unmount, then unlink; fine if never mounted
-    except FileNotFoundError:
-        pass
+        nsenter.remove(path)  # lazy unmount, then unlink; fine if never mounted
     except OSError as e:
         raise _fail(f"network namespace {args['name']}", e) from e
 
