@@ -16,7 +16,8 @@ import contextlib
 import os
 from pathlib import Path
 
-DEFAULT_STATE_DIR = "/var/lib/hpvc"
+from hpvc import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
+
 PRIVATE = 0o700  # the mode of every folder hpvc makes in its state directory
 
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
 
-from hpvc.cli.common import err_console, state
-from hpvc.errors import HpvcError
+# Nothing more is imported here: a command that runs on the resident hpvc
+# (hpvc.resident) needs only the client, and its start is all it costs.
 
 # When the CLI's own code began (after the interpreter's start and these few
 # imports): `hpvc node up` tells the Slurm plugin how its time went from here.
 STARTED = time.perf_counter()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "app":
         from hpvc.cli.tree import app
 
@@ -41,17 +40,32 @@ def command_words(args: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI, turning HpvcError into one line and an exit code.
-
-    Typer (standalone mode) reports usage errors itself with exit code 2 and
-    lets every other exception through; ours become one line, no traceback.
-    """
+    """Entry point: the command runs on this host's resident hpvc when there is
+    one (hpvc.resident: a warm fork, as the caller's user), else here."""
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
         from hpvc import __version__
 
         print(f"hpvc {__version__}")
         return
+    if argv is None:  # the command line, not a call from Python (tests, the server)
+        from hpvc import resident
+
+        code = resident.try_remote(args)
+        if code is not None:
+            sys.exit(code)
+    run_here(args)
+
+
+def run_here(args: list[str]) -> None:
+    """Run the CLI in this process, turning HpvcError into one line and an exit code.
+
+    Typer (standalone mode) reports usage errors itself with exit code 2 and
+    lets every other exception through; ours become one line, no traceback.
+    """
+    from hpvc.cli.common import err_console, state
+    from hpvc.errors import HpvcError
+
     try:
         if args[:1] == ["node"]:
             from hpvc.cli.node import node_app

@@ -13,27 +13,28 @@ if TYPE_CHECKING:
 
 class _LazyConsole:
     """A rich Console made on first use: importing rich costs ~40 ms, which a
-    command printing JSON or nothing should not pay (issue 16)."""
+    command printing JSON or nothing should not pay (issue 16). What it writes
+    to is looked at then too (a resident hpvc's command gets its client's
+    descriptors after the import: hpvc.resident)."""
 
-    def __init__(self, **options: Any) -> None:
-        self._options = options
+    def __init__(self, *, stderr: bool = False) -> None:
+        self._stderr = stderr
         self._console: Console | None = None
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(**self._options)
+            stream = sys.stderr if self._stderr else sys.stdout
+            # Piped output (logs, CI) gets 120 columns rather than rich's 80,
+            # so tables of CPU lists and addresses stay on one line per row.
+            width = None if stream.isatty() else 120
+            self._console = Console(stderr=self._stderr, highlight=False, width=width)
         return getattr(self._console, name)
 
 
-# Piped output (logs, CI) gets 120 columns rather than rich's 80, so tables of
-# CPU lists and addresses stay on one line per row.
-console = cast("Console", _LazyConsole(highlight=False, width=None if sys.stdout.isatty() else 120))
-err_console = cast(
-    "Console",
-    _LazyConsole(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120),
-)
+console = cast("Console", _LazyConsole())
+err_console = cast("Console", _LazyConsole(stderr=True))
 
 
 @dataclass

@@ -68,6 +68,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "node",
         "Node-level commands for Slurm jobs (called by the hpvc SPANK plugin).",
     ),
+    "serve": ("serve", "Keep hpvc loaded on this host: commands start from a warm fork."),
 }
 
 
