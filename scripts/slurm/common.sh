@@ -63,6 +63,18 @@ MUNGE_KEY=$SLURM_DIR/munge/munge.key
 MUNGE_PID=$SLURM_DIR/run/munged.pid
 CTLD_PID=$SLURM_DIR/run/slurmctld.pid
 slurmd_pid() { echo "$SLURM_DIR/run/slurmd-$1.pid"; }
+serve_pid() { echo "$SLURM_DIR/run/hpvc-serve-$1.pid"; }
+
+# serve_ours HOST: the PID of HOST's resident hpvc (`hpvc serve`, started by
+# host.sh beside its slurmd) if it is alive and serves HOST's state directory.
+serve_ours() {
+  local pid
+  pid=$(tr -dc '0-9' <"$(serve_pid "$1")" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+  case "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" in *hpvc\ serve*) ;; *) return 1 ;; esac
+  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "HPVC_STATE_DIR=$(host_state "$1")" || return 1
+  echo "$pid"
+}
 
 # The PID in pid file $1 if that process is alive and is binary $2 started for
 # this state directory (its command line names a file under it); else nothing.

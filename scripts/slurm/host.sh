@@ -63,4 +63,15 @@ export PMIX_MCA_ptl_tcp_remote_connections=1
 # its CpuSpecList in slurm.conf, never given to a job here. (slurmd then logs
 # that it cannot bind itself to those: "core specialization disabled".)
 if [ -d "$(cpuset_dir "$role")" ]; then export HWLOC_ALLOW=all; fi
+# The host's resident hpvc (hpvc serve: the plugin's `hpvc node up` starts
+# from a warm fork of it), in the host's namespaces and cpuset, as a site
+# would run it beside slurmd; down.sh stops it by its pid file.
+hpvc_bin=$(plugstack_arg hpvc)
+if [ -n "$hpvc_bin" ] && [ "${HPVC_SLURM_RESIDENT:-1}" = 1 ]; then
+  if old=$(serve_ours "$role"); then kill "$old" || true; fi  # left by a slurmd that died
+  images=$(plugstack_arg image_dir)
+  HPVC_STATE_DIR=$(host_state "$role") HPVC_IMAGE_DIR=$images setsid "$hpvc_bin" serve \
+    </dev/null >>"$SLURM_DIR/log/hpvc-serve-$role.log" 2>&1 &
+  echo $! >"$(serve_pid "$role")"
+fi
 exec slurmd -D -f "$CONF" -N "$role"

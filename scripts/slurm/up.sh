@@ -13,6 +13,8 @@
 #                          (default <dir>/hpvc/%h)
 #   HPVC_SLURM_CPUS_PER_HOST  CPUs of its own per host (default: a third of
 #                          this machine's, if that is at least 2; else shared)
+#   HPVC_SLURM_RESIDENT    1 (default): a resident hpvc (`hpvc serve`) beside
+#                          each slurmd and one for the submitting side; 0: none
 #   HPVC_SITE_PREFIX       where scripts/slurm/install.sh put hpvc and the
 #                          plugin for every user (default /opt/hpvc)
 #
@@ -402,6 +404,17 @@ while :; do
   fi
   sleep 0.1
 done
+# The submitting side's resident hpvc (the "login node" is this namespace):
+# srun's `hpvc node check` starts from a warm fork of it, run as the user.
+# Clients find it through HPVC_RESIDENT_SOCKET (printed below).
+LOGIN_SOCK=$SLURM_DIR/run/hpvc-login.sock
+login_bin=$(plugstack_arg hpvc)
+if [ -n "$login_bin" ] && [ "${HPVC_SLURM_RESIDENT:-1}" = 1 ] &&
+  ! ours_pid "$(serve_pid login)" hpvc >/dev/null; then
+  setsid "$login_bin" serve --socket "$LOGIN_SOCK" </dev/null >>"$SLURM_DIR/log/hpvc-serve-login.log" 2>&1 &
+  echo $! >"$(serve_pid login)"
+  for _ in $(seq 100); do [ -S "$LOGIN_SOCK" ] && break; sleep 0.05; done
+fi
 echo "slurm-up: $CPU_NOTE"
 where="hosts ${NODES[*]} at $(host_addr n1)-${NODES[-1]#n} (netns $(netns_name 'n*')), slurmctld $(host_addr "$CTL"):$BASE_PORT, bridge $FABRIC $(host_addr root)/24, state in $SLURM_DIR"
 if [ "$already" = 1 ]; then
@@ -409,4 +422,5 @@ if [ "$already" = 1 ]; then
 else
   echo "slurm-up: cluster $CLUSTER_NAME up in $(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}') s: $where"
 fi
+if [ -S "$LOGIN_SOCK" ]; then echo "export HPVC_RESIDENT_SOCKET=$LOGIN_SOCK"; fi
 echo "export SLURM_CONF=$CONF"

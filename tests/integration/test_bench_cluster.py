@@ -119,6 +119,20 @@ def test_bench_startup_one_repetition(clean: None, tmp_path: Path) -> None:
     assert "CLI start" in (tmp_path / "report.md").read_text()
 
 
+def test_bench_startup_through_a_resident_hpvc(clean: None, tmp_path: Path) -> None:
+    run_cli(
+        ["bench", "startup", "--nodes", "1", "--repeat", "1", "--no-peer", "--resident",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["resident"] is True
+    assert "through a resident hpvc" in (tmp_path / "report.md").read_text()
+    [size] = doc["sizes"]
+    assert size["runs"][0]["up_s"] > size["runs"][0]["up_inner_s"] > 0
+    cli = {r["command"]: r for r in doc["cli"]["commands"]}
+    positive_summary(cli["hpvc ls"])
+
+
 def podman_leftovers() -> list[str]:
     """This process's Podman containers, networks and images (named hpvc-bench-PID)."""
     mine = f"hpvc-bench-{os.getpid()}"

@@ -430,3 +430,22 @@ def test_node_up_refuses_a_share_bigger_than_the_job_memory(slurm: Env) -> None:
     assert "compute0" not in text.splitlines(), text  # hostname never ran
     assert "has 100 MiB" in text and "did not come up" in text, text
     slurm.wait_clean(job)
+
+
+def test_the_node_commands_start_from_the_resident_hpvc(slurm: Env, spec: Path) -> None:
+    """up.sh runs `hpvc serve` beside each slurmd and one for the submitting
+    side: srun's check runs there as the user, each host's node up as root."""
+    logs = slurm.cluster.dir / "log"
+    before = {p.name: p.read_text() for p in logs.glob("hpvc-serve-*.log")}
+    assert set(before) == {"hpvc-serve-login.log"} | {f"hpvc-serve-n{i}.log" for i in (1, 2, 3)}
+    r = slurm.run("srun", "-N2", "-n2", f"--hpvc={spec}", "hostname")
+    assert r.returncode == 0, r.stderr
+    slurm.wait_clean(last_job(slurm))
+    new = {
+        name: (logs / name).read_text()[len(text) :].splitlines() for name, text in before.items()
+    }
+    checks = [line for line in new["hpvc-serve-login.log"] if ": node check " in line]
+    assert len(checks) == 1 and f"uid {slurm.user.uid}: node check" in checks[0], new
+    assert checks[0].split(" -> ")[1].startswith("0 ")
+    ups = [line for n in (1, 2, 3) for line in new[f"hpvc-serve-n{n}.log"] if ": node up " in line]
+    assert len(ups) == 2 and all("uid 0: node up" in line for line in ups), new

@@ -10,7 +10,6 @@ The goal (issue 16): each quick command within 0.1 s (median).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench.stats import summary
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
-from hpvc.paths import image_dir
 from hpvc.progress import Progress, quiet
 
 GOAL_S = 0.1
@@ -48,10 +45,9 @@ def _once(argv: list[str], env: dict[str, str]) -> float:
 
 
 def measure(
-    hpvc: list[str], store: Store, cluster: str, repeat: int, progress: Progress = quiet
+    hpvc: list[str], env: dict[str, str], cluster: str, repeat: int, progress: Progress = quiet
 ) -> dict[str, Any]:
-    """Every command ``repeat`` times, alternated; min/median/max per command."""
-    env = {**os.environ, "HPVC_STATE_DIR": str(store.root), "HPVC_IMAGE_DIR": str(image_dir())}
+    """Every command ``repeat`` times, alternated, in ``env``; min/median/max per command."""
     cmds = commands(hpvc, cluster)
     names = list(cmds)
     runs: dict[str, list[float]] = {n: [] for n in names}

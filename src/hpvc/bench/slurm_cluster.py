@@ -137,7 +137,14 @@ class SlurmCluster:
             "LOGNAME": user.name,
             "LANG": "C.UTF-8",
             "SLURM_CONF": self.env["SLURM_CONF"],
+            **self.resident_env(),
         }
+
+    def resident_env(self) -> dict[str, str]:
+        """Where the submitting side's resident hpvc listens (up.sh starts one
+        unless HPVC_SLURM_RESIDENT=0): srun's `hpvc node check` goes there."""
+        sock = self.dir / "run" / "hpvc-login.sock"
+        return {"HPVC_RESIDENT_SOCKET": str(sock)} if sock.exists() else {}
 
     def submit(
         self,

@@ -23,7 +23,8 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,40 @@ def hpvc_argv() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "hpvc"]
 
 
-def timed_cli(argv: list[str], store: Store) -> float:
-    """Wall seconds of one ``hpvc`` command on ``store``'s state, CLI start included."""
+def cli_env(store: Store, resident: str | None) -> dict[str, str]:
+    """The commands' environment: ``store``'s state; with ``resident`` (a
+    socket) through that resident hpvc, else each command on its own
+    (HPVC_RESIDENT=0, even where a site's server runs)."""
     env = {**os.environ, "HPVC_STATE_DIR": str(store.root), "HPVC_IMAGE_DIR": str(image_dir())}
+    return env | ({"HPVC_RESIDENT_SOCKET": resident} if resident else {"HPVC_RESIDENT": "0"})
+
+
+@contextmanager
+def resident_server(tmp: Path, store: Store) -> Iterator[str]:
+    """A private ``hpvc serve`` for the run's state; yields its socket."""
+    sock, log = tmp / "serve.sock", tmp / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*hpvc_argv(), "serve", "--socket", str(sock)],
+            env=cli_env(store, None),
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise HpvcError("bench startup: hpvc serve", log.read_text().strip()[-300:])
+            time.sleep(0.05)
+        yield str(sock)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def timed_cli(argv: list[str], store: Store, resident: str | None = None) -> float:
+    """Wall seconds of one ``hpvc`` command on ``store``'s state, CLI start included."""
+    env = cli_env(store, resident)
     t0 = time.perf_counter()
     r = subprocess.run([*hpvc_argv(), *argv], env=env, capture_output=True, text=True)
     took = time.perf_counter() - t0
@@ -103,13 +135,13 @@ def timed_cli(argv: list[str], store: Store) -> float:
     return took
 
 
-def up_down(store: Store, name: str, spec: str) -> dict[str, Any]:
+def up_down(store: Store, name: str, spec: str, resident: str | None = None) -> dict[str, Any]:
     """One timed ``hpvc up --quiet`` and ``hpvc down``, each a process of its own
     as a user runs them (a failed down is finished by the caller's teardown)."""
-    up_s = timed_cli(["up", spec, "--quiet"], store)
+    up_s = timed_cli(["up", spec, "--quiet"], store, resident)
     rec = store.get(name)
     accel = ops.status(name, store)["accelerator"]  # outside the timed parts
-    down_s = timed_cli(["down", name], store)
+    down_s = timed_cli(["down", name], store, resident)
     return {
         "up_s": up_s,
         "down_s": down_s,
@@ -128,6 +160,7 @@ def repetitions(
     repeat: int,
     progress: Progress,
     peer: podman.Peer | None = None,
+    resident: str | None = None,
 ) -> tuple[dict[int, list[dict[str, Any]]], PeerRuns]:
     """hpvc's runs per size and, with ``peer``, Podman's per size and mode."""
     sizes = list(specs)
@@ -142,7 +175,7 @@ def repetitions(
                 at = {"rep": rep, "order": i * len(turn) + j}
                 if side == "hpvc":
                     name, spec = specs[n]
-                    t = up_down(store, name, spec)
+                    t = up_down(store, name, spec, resident)
                     runs[n].append({**at, **t})
                     what = f"up {t['up_s']:.3f} s, down {t['down_s']:.3f} s"
                 else:
@@ -179,9 +212,11 @@ def run(
     progress: Progress = quiet,
     kind: str = "container",
     peer: bool = False,
+    resident: bool = False,
 ) -> dict[str, Any]:
     """Bring each size up and down ``repeat`` times (and Podman's containers, with
-    ``peer``); return the results document."""
+    ``peer``); with ``resident``, every hpvc command through a resident hpvc
+    (``hpvc serve``) started for the run; return the results document."""
     preflight(sizes, kind)
     if peer and kind != "container":
         raise InputError("--peer", "Podman is the peer of container clusters only", "--no-peer")
@@ -195,12 +230,16 @@ def run(
         ctx: AbstractContextManager[podman.Peer | None] = (
             podman.session(progress) if peer else nullcontext()
         )
-        with ctx as p:
-            runs, peer_runs = repetitions(store, specs, repeat, progress, p)
+        server = resident_server(tmp, store) if resident else nullcontext()
+        with ctx as p, server as sock:
+            runs, peer_runs = repetitions(store, specs, repeat, progress, p, sock)
             about = p.describe() if p else {}
-        container = kind == "container"
-        cli = _cli_start(store, specs[min(sizes)], repeat, progress) if container else None
+            container = kind == "container"
+            cli = (
+                _cli_start(store, specs[min(sizes)], repeat, progress, sock) if container else None
+            )
     doc = _doc(sizes, repeat, kind, facts, runs)
+    doc["resident"] = resident
     if cli is not None:
         doc["cli"] = cli
     if peer:
@@ -211,15 +250,16 @@ def run(
 
 
 def _cli_start(
-    store: Store, spec: tuple[str, str], repeat: int, progress: Progress
+    store: Store, spec: tuple[str, str], repeat: int, progress: Progress, resident: str | None
 ) -> dict[str, Any]:
     """The quick commands' start (``bench.cli_start``), with one cluster up for status."""
     name, path = spec
-    timed_cli(["up", path, "--quiet"], store)
+    timed_cli(["up", path, "--quiet"], store, resident)
     try:
-        return cli_start.measure(hpvc_argv(), store, name, max(repeat, 5), progress)
+        env = cli_env(store, resident)
+        return cli_start.measure(hpvc_argv(), env, name, max(repeat, 5), progress)
     finally:
-        timed_cli(["down", name], store)
+        timed_cli(["down", name], store, resident)
 
 
 def _doc(
@@ -260,7 +300,12 @@ def report_md(doc: dict[str, Any]) -> str:
     lines = [
         f"`hpvc up` / `hpvc down` of {what}, {doc['repeat']} repetitions"
         f" (sizes alternated), on {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs),"
-        f" kernel {doc['kernel']}, {doc['crun']}, {doc['date']}.",
+        f" kernel {doc['kernel']}, {doc['crun']}, {doc['date']}."
+        + (
+            " Every hpvc command went through a resident hpvc (`hpvc serve`) started for the run."
+            if doc.get("resident")
+            else " Every hpvc command started on its own (no resident hpvc)."
+        ),
         "",
         f"Nodes: {doc['shape']}; each 1 vCPU (shared), {doc['node']['memory']}, no hugepages,"
         f" locality shm."

@@ -251,6 +251,11 @@ def startup_cmd(
         "--peer/--no-peer",
         help="Also start and remove as many Podman containers, alternated (containers only).",
     ),
+    resident: bool = typer.Option(
+        False,
+        "--resident/--no-resident",
+        help="Every hpvc command through a resident hpvc (hpvc serve) started for the run.",
+    ),
     out: Path | None = typer.Option(
         None, help="Where results go (default bench/results/startup[-vm])."
     ),
@@ -264,7 +269,9 @@ def startup_cmd(
     skipped = peer and not podman.available() and os.environ.get("HPVC_REQUIRE_ALL") != "1"
     if skipped:
         _progress("podman not found (apt-get install podman): the Podman side is skipped")
-    doc = startup.run(sizes, repeat, progress=_progress, kind=kind, peer=peer and not skipped)
+    doc = startup.run(
+        sizes, repeat, progress=_progress, kind=kind, peer=peer and not skipped, resident=resident
+    )
     if skipped:
         doc["peer"] = {"skipped": "podman not found (apt-get install podman)"}
     if _written(out, doc, startup.report_md(doc), as_json):
