@@ -249,8 +249,8 @@ def document(
 PHASES = {
     "check": "`hpvc node check` in srun, as the user",
     "node_up": "`hpvc node up` on the slowest host, start to exit:",
-    "start": "  interpreter start and first imports",
-    "cli": "  typer and the node commands' imports",
+    "start": "  its start: the interpreter (with a resident hpvc: the client and the fork)",
+    "cli": "  typer and the node commands' imports (none left with a resident hpvc)",
     "image": "  image lookup",
     "plan": "  topology, plan, record",
     "host": "  cgroups, bridge, shared memory",
@@ -279,7 +279,9 @@ def phase_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def run(repeat: int = 5, progress: Progress = quiet, user: str = "nobody") -> dict[str, Any]:
+def run(
+    repeat: int = 5, progress: Progress = quiet, user: str = "nobody", resident: bool = True
+) -> dict[str, Any]:
     """Both paths, ``repeat`` alternated repetitions, every job submitted by
     ``user`` (an ordinary user, as on a site; nobody by default)."""
     if repeat < 1:
@@ -298,7 +300,7 @@ def run(repeat: int = 5, progress: Progress = quiet, user: str = "nobody") -> di
     rows: list[dict[str, Any]] = []
     left: list[tuple[str, str]] = []
     try:
-        with private_slurm(tmp, subnet, progress) as cluster:
+        with private_slurm(tmp, subnet, progress, resident=resident) as cluster:
             # srun needs a configuration even for --version
             r = subprocess.run(
                 ["srun", "--version"], env=cluster.env, capture_output=True, text=True
@@ -311,7 +313,7 @@ def run(repeat: int = 5, progress: Progress = quiet, user: str = "nobody") -> di
         shutil.rmtree(tmp, ignore_errors=True)
     if left:
         raise HpvcError("bench slurm", f"shares left after the runs: {left}", "")
-    return document(facts, rows, repeat, version, submitter.name)
+    return document(facts, rows, repeat, version, submitter.name) | {"resident": resident}
 
 
 def report_md(doc: dict[str, Any]) -> str:
@@ -320,7 +322,12 @@ def report_md(doc: dict[str, Any]) -> str:
         f" (3 slurmd on one machine), {doc['repeat']} repetitions, order rotated;"
         f" {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs), {doc['slurm']},"
         f" {doc['date']}. Virtual cluster: {doc['virtual_cluster']}. Jobs submitted by"
-        f" the unprivileged user {doc.get('submitted_by', 'root')}.",
+        f" the unprivileged user {doc.get('submitted_by', 'root')}."
+        + (
+            " A resident hpvc (`hpvc serve`) ran on each host and for the submitting side."
+            if doc.get("resident")
+            else " No resident hpvc: each hpvc command started on its own."
+        ),
         "",
         "| what | plain min / median / max s | --hpvc min / median / max s | added (median) s |",
         "|---|---|---|---|",

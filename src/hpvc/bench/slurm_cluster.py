@@ -195,12 +195,18 @@ def site_install() -> Path:
 
 @contextmanager
 def private_slurm(
-    tmp: Path, subnets: str, progress: Progress = quiet, extra_args: str = ""
+    tmp: Path,
+    subnets: str,
+    progress: Progress = quiet,
+    extra_args: str = "",
+    resident: bool = True,
 ) -> Iterator[SlurmCluster]:
     """A local Slurm test cluster with the hpvc plugin under ``tmp``/slurm: three
-    hosts apart (namespaces, hpvc state each), jobs allowed ``subnets``. On the
-    way out scripts/slurm/down.sh takes shares a job left down inside their
-    hosts, stops the cluster and removes its fabric and directory."""
+    hosts apart (namespaces, hpvc state each), jobs allowed ``subnets``, a
+    resident hpvc on each host and the submitting side unless not
+    ``resident``. On the way out scripts/slurm/down.sh takes shares a job
+    left down inside their hosts, stops the cluster and removes its fabric
+    and directory."""
     repo = repo_dir()
     progress("building the SPANK plugin")
     b = subprocess.run(
@@ -225,6 +231,7 @@ def private_slurm(
         HPVC_SPANK_SO=str(prefix / "lib" / "hpvc_spank.so"),
         HPVC_BIN=str(prefix / "venv" / "bin" / "hpvc"),
         HPVC_SPANK_ARGS=f"subnets={subnets} {extra_args}".strip(),
+        HPVC_SLURM_RESIDENT="1" if resident else "0",
     )
     scripts = repo / "scripts" / "slurm"
     progress("starting a private Slurm cluster (3 hosts)")

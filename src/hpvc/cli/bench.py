@@ -219,9 +219,14 @@ def slurm_cmd(
     repeat: int = typer.Option(5, min=1, help="Repetitions."),
     out: Path = typer.Option(Path("bench/results/slurm"), help="Where results go."),
     user: str = typer.Option("nobody", help="The ordinary user who submits the jobs."),
+    resident: bool = typer.Option(
+        True,
+        "--resident/--no-resident",
+        help="A resident hpvc (hpvc serve) on each host and the submitting side.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
-    doc = slurm_bench.run(repeat, progress=_progress, user=user)
+    doc = slurm_bench.run(repeat, progress=_progress, user=user, resident=resident)
     if _written(out, doc, slurm_bench.report_md(doc), as_json):
         return
     t = Table(title=f"srun --hpvc vs plain srun, {repeat} repetitions (seconds)")
