@@ -10,7 +10,8 @@
  *
  * Settings come from the kernel command line: hpvc.name=NAME, hpvc.ip=A.B.C.D/N,
  * hpvc.mtu=N, hpvc.key=BASE64 (the authorized_keys line in standard base64, so its
- * comment may hold spaces). Errors are "hpvc-init: ..." lines on the console. Once sshd
+ * comment may hold spaces), hpvc.peers=BASE64 (the cluster's name, then "IP MAC NAME"
+ * per node, a line each: /etc/hosts and permanent ARP entries, before sshd starts). Errors are "hpvc-init: ..." lines on the console. Once sshd
  * accepts connections on 127.0.0.1:22 (or gave up) exactly one line follows:
  * "hpvc-ready NAME" if every step succeeded, else "hpvc-failed NAME".
  */
@@ -19,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <net/if_arp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -279,6 +281,72 @@ static int install_key(void)
 	return fd >= 0 ? close(fd) : -1;
 }
 
+/* One permanent ARP entry on eth0 (what `ip neigh replace ... nud permanent` makes). */
+static int add_neighbour(int fd, const char *ip, const char *mac)
+{
+	struct arpreq r;
+	struct sockaddr_in *pa = (struct sockaddr_in *)&r.arp_pa;
+	unsigned int b[6];
+	char more;
+	memset(&r, 0, sizeof r);
+	pa->sin_family = AF_INET;
+	if (inet_pton(AF_INET, ip, &pa->sin_addr) != 1 ||
+	    sscanf(mac, "%2x:%2x:%2x:%2x:%2x:%2x%c", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5],
+		   &more) != 6)
+		return fail("hpvc.peers=: bad entry %s %s", ip, mac);
+	r.arp_ha.sa_family = ARPHRD_ETHER;
+	for (int i = 0; i < 6; i++)
+		r.arp_ha.sa_data[i] = (char)b[i];
+	r.arp_flags = ATF_PERM | ATF_COM;
+	strcpy(r.arp_dev, "eth0");
+	if (ioctl(fd, SIOCSARP, &r) != 0)
+		return fail("arp %s %s on eth0: %s", ip, mac, strerror(errno));
+	return 0;
+}
+
+/* /etc/hosts (as hpvc renders it for every node) and the other nodes' permanent ARP
+ * entries from hpvc.peers=: the guest knows its cluster from its first moment, and
+ * hpvc needs no ssh round after boot. Absent (a cluster too big for the command
+ * line): hpvc configures the guest over ssh instead. */
+static int install_peers(void)
+{
+	static char b64[2048], text[1600];
+	char own[64] = "";
+	int found = cmdline_get("hpvc.peers", b64, sizeof b64);
+	if (found <= 0)
+		return found < 0 ? fail("hpvc.peers= is too long") : 0;
+	long n = b64_decode(b64, (unsigned char *)text, sizeof text - 1);
+	if (n <= 0)
+		return fail("hpvc.peers=: not base64");
+	text[n] = '\0';
+	if (cmdline_get("hpvc.ip", own, sizeof own) > 0 && strchr(own, '/'))
+		*strchr(own, '/') = '\0';
+	char *save = NULL, *line = strtok_r(text, "\n", &save);
+	int hosts = open("/etc/hosts", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (!line || hosts < 0 || fd < 0) {
+		fail("hpvc.peers=: %s", !line ? "empty" : strerror(errno));
+		goto out;
+	}
+	dprintf(hosts, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+		       "# hpvc cluster %s\n", line);
+	while ((line = strtok_r(NULL, "\n", &save))) {
+		char ip[64], mac[32], node[64];
+		if (sscanf(line, "%63s %31s %63s", ip, mac, node) != 3) {
+			fail("hpvc.peers=: bad line %.80s", line);
+			continue;
+		}
+		dprintf(hosts, "%s\t%s\n", ip, node);
+		if (strcmp(ip, own) != 0)
+			add_neighbour(fd, ip, mac);
+	}
+	if (fsync(hosts) != 0)
+		fail("write /etc/hosts: %s", strerror(errno));
+out:
+	if (fd >= 0) close(fd);
+	return hosts >= 0 ? close(hosts) : -1;
+}
+
 static pid_t spawn(char *const argv[])
 {
 	static char *const env[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
@@ -379,6 +447,7 @@ static int guest_main(void)
 	else if (sethostname(name, strlen(name)) != 0)
 		fail("sethostname %s: %s", name, strerror(errno));
 	configure_network();
+	install_peers();
 	install_key();
 	serve(name[0] ? name : "(unnamed)", start_sshd(), &signals);
 	return 0;

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.backends import guest
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
+from hpvc.plan import Plan
+from hpvc.render import files as render_files
 from tests.helpers import requires
 from tests.integration.test_cluster import bridge_and_mounts, image_ready
 
@@ -56,12 +59,35 @@ def vm_spec(tmp_path: Path, name: str, computes: int = 2) -> str:
 
 
 def test_vm_up_exec_run_status_down(
-    store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    store: Store,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     image_ready()
     name = f"v{os.getpid() % 10000}"
     pages_before = Path("/proc/sys/vm/nr_hugepages").read_text()
+    over_ssh: list[list[str]] = []
+    real_configure = guest.configure
+
+    def configure(st: Store, plan: Plan, names: list[str]) -> None:
+        over_ssh.append(names)
+        real_configure(st, plan, names)
+
+    monkeypatch.setattr(guest, "configure", configure)
     lifecycle.up(vm_spec(tmp_path, name), store)
+    # The guests' init made /etc/hosts and the ARP table from the command line:
+    # no ssh round after boot.
+    assert over_ssh == []
+    plan = store.get(name).the_plan()
+    capfd.readouterr()
+    assert ops.exec_node(name, "compute0", ["cat", "/etc/hosts"], store) == 0
+    assert capfd.readouterr().out == render_files.hosts(plan)
+    assert ops.exec_node(name, "compute0", ["ip", "neigh", "show", "dev", "eth0"], store) == 0
+    neigh = capfd.readouterr().out
+    for n in plan.nodes:
+        if n.name != "compute0":
+            assert f"{n.ip} lladdr {n.mac} PERMANENT" in neigh, neigh
     st = ops.status(name, store)
     assert [n["state"] for n in st["nodes"]] == ["running"] * 3
     # Hugepages read back from the pool: the guests' memory is preallocated there.

@@ -399,3 +399,23 @@ def test_hpvc_init_compiles_hardened_and_refuses_to_run_outside_a_guest(tmp_path
     done = subprocess.run([str(binary)], capture_output=True, text=True)
     assert done.returncode == 2
     assert "must run as PID 1" in done.stderr
+
+
+def test_the_command_line_carries_the_clusters_hosts_and_arp_while_they_fit() -> None:
+    from hpvc.image.guest import CMDLINE_MAX, CmdlineError, kernel_cmdline, peers_text
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGm8Lq1vJ9Yd0u6yqkQ7QhT7bq3hW3nO1cB2bqHq9n4X hpvc"
+    nodes = [(f"10.88.1.{i + 2}", f"52:54:00:00:01:{i + 2:02x}", f"compute{i}") for i in range(3)]
+    text = peers_text("demo", nodes)
+    assert text == (
+        "demo\n10.88.1.2 52:54:00:00:01:02 compute0\n"
+        "10.88.1.3 52:54:00:00:01:03 compute1\n10.88.1.4 52:54:00:00:01:04 compute2\n"
+    )
+    line = kernel_cmdline("compute0", "10.88.1.2/24", 9000, key, peers=text)
+    [word] = [w for w in line.split() if w.startswith("hpvc.peers=")]
+    assert base64.b64decode(word.removeprefix("hpvc.peers=")).decode() == text
+    many = [(f"10.88.0.{i + 2}", "52:54:00:00:00:01", f"compute{i}") for i in range(60)]
+    with pytest.raises(CmdlineError, match=f"fewer than {CMDLINE_MAX}"):
+        kernel_cmdline("compute0", "10.88.0.2/16", 9000, key, peers=peers_text("big", many))
+    with pytest.raises(CmdlineError, match="not a host name"):
+        peers_text("demo", [("10.88.1.2", "52:54:00:00:01:02", "Bad_Name")])

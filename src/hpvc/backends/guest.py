@@ -1,10 +1,14 @@
 """What both VM backends share: guest disks, the cluster's ssh key, readiness, configuration.
 
 Per node: a writable disk over the image's base disk and a kernel command
-line carrying the node's address and the cluster's public key; then, for all
-nodes at once (they boot in parallel), the wait for the guest init's
-``hpvc-ready`` line and /etc/hosts plus static ARP pushed over ssh with the
-key hpvc makes for the cluster. Co-resident guests share an ivshmem region.
+line carrying the node's address, the cluster's public key and, where they
+fit (about 30 nodes), every node's address, MAC and name, which the guest
+init makes /etc/hosts and permanent ARP entries of before it says it is
+ready; then, for all nodes at once (they boot in parallel), the wait for the
+guest init's ``hpvc-ready`` line, and /etc/hosts plus static ARP pushed over
+ssh with the key hpvc makes for the cluster only to guests whose command
+line could not carry them, and to running guests when a scale changes the
+nodes. Co-resident guests share an ivshmem region.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem, tree
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.image.guest import DiskMode, GuestArtifacts, kernel_cmdline, node_disk
+from hpvc.image.guest import (
+    CmdlineError,
+    DiskMode,
+    GuestArtifacts,
+    kernel_cmdline,
+    node_disk,
+    peers_text,
+)
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
@@ -123,10 +134,18 @@ def node_context(
     private_dir(node_dir)
     disk = node_disk(guest.disk, node_dir / f"disk.{DISK_MODE}", DISK_MODE)
     pub = (store.cluster_dir(plan.cluster) / "id_ed25519.pub").read_text().strip()
-    cmdline = kernel_cmdline(
-        node.name, f"{node.ip}/{plan.network.prefixlen}", plan.network.mtu, pub
-    )
+    args = (node.name, f"{node.ip}/{plan.network.prefixlen}", plan.network.mtu, pub)
+    peers = peers_text(plan.cluster, [(n.ip, n.mac, n.name) for n in plan.nodes])
+    try:  # the cluster's hosts and ARP at boot, where they fit on the command line
+        cmdline = kernel_cmdline(*args, peers=peers)
+    except CmdlineError:  # a big cluster: configure() sends them over ssh
+        cmdline = kernel_cmdline(*args)
     return replace(ctx, cmdline=cmdline, disk_images=((node.name, str(disk)),))
+
+
+def configured_at_boot(ctx: RenderContext) -> bool:
+    """Whether the node's command line carried its cluster's hosts and ARP."""
+    return " hpvc.peers=" in f" {ctx.cmdline}"
 
 
 @undoer("node-run-dir")

@@ -139,23 +139,25 @@ class QemuBackend:
         guest = self._guest(plan.image, progress)
         ctx = self._context(env, plan, guest)
         t0 = time.perf_counter()
+        over_ssh = []
         for name in names:
             progress(f"node {name}: starting QEMU")
-            st.pids[name] = self.start_node(
-                env,
-                plan,
-                plan.node(name),
-                g.node_context(env.store, plan, plan.node(name), guest, ctx),
-            )
+            node_ctx = g.node_context(env.store, plan, plan.node(name), guest, ctx)
+            if not g.configured_at_boot(node_ctx):
+                over_ssh.append(name)
+            st.pids[name] = self.start_node(env, plan, plan.node(name), node_ctx)
             inject(f"node:{name}")
         t1 = time.perf_counter()
         progress(f"waiting for {len(names)} guest(s) to boot ({ctx.accel})")
         waited = g.wait_all(env.store, plan, {n: st.pids[n] for n in names}, ctx, g.READY_TIMEOUT_S)
         t2 = time.perf_counter()
         st.boot_seconds.update(waited)
-        g.configure(env.store, plan, names)
-        # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line;
-        # configure: /etc/hosts and ARP over ssh in every new guest.
+        if over_ssh:
+            progress(f"configuring {len(over_ssh)} guest(s) over ssh (too many nodes to boot with)")
+            g.configure(env.store, plan, over_ssh)
+        # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line (the
+        # guests' hosts and ARP made by their init); configure: the same over ssh
+        # for guests whose command line could not carry them.
         env.rec.phases.update(start=t1 - t0, boot=t2 - t1, configure=time.perf_counter() - t2)
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:

@@ -193,6 +193,8 @@ def locality_cmd(
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 
+RESIDENT_HELP = "hpvc commands through a resident hpvc (hpvc serve) started for the run."
+
 SLURM_HELP = """Launch latency of `srun --hpvc` against plain `srun` (needs root, Slurm).
 
 Starts a private local Slurm cluster (3 slurmd on this machine, own ports,
@@ -219,11 +221,7 @@ def slurm_cmd(
     repeat: int = typer.Option(5, min=1, help="Repetitions."),
     out: Path = typer.Option(Path("bench/results/slurm"), help="Where results go."),
     user: str = typer.Option("nobody", help="The ordinary user who submits the jobs."),
-    resident: bool = typer.Option(
-        True,
-        "--resident/--no-resident",
-        help="A resident hpvc (hpvc serve) on each host and the submitting side.",
-    ),
+    resident: bool = typer.Option(True, "--resident/--no-resident", help=RESIDENT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
     doc = slurm_bench.run(repeat, progress=_progress, user=user, resident=resident)
@@ -256,11 +254,7 @@ def startup_cmd(
         "--peer/--no-peer",
         help="Also start and remove as many Podman containers, alternated (containers only).",
     ),
-    resident: bool = typer.Option(
-        False,
-        "--resident/--no-resident",
-        help="Every hpvc command through a resident hpvc (hpvc serve) started for the run.",
-    ),
+    resident: bool = typer.Option(False, "--resident/--no-resident", help=RESIDENT_HELP),
     out: Path | None = typer.Option(
         None, help="Where results go (default bench/results/startup[-vm])."
     ),

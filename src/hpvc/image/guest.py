@@ -55,6 +55,7 @@ __all__ = [
     "cache_key",
     "kernel_cmdline",
     "node_disk",
+    "peers_text",
 ]
 
 # Bump when the builder changes what ends up in a guest artifact.
@@ -94,13 +95,19 @@ class GuestArtifacts:
 
 
 def kernel_cmdline(
-    name: str, ip_cidr: str | None = None, mtu: int | None = None, pubkey: str | None = None
+    name: str,
+    ip_cidr: str | None = None,
+    mtu: int | None = None,
+    pubkey: str | None = None,
+    peers: str | None = None,
 ) -> str:
     """The guest's kernel command line; CmdlineError (a ValueError) if invalid or too long.
 
     ``ip_cidr`` (``10.88.0.3/24``) configures eth0, ``mtu`` its MTU; ``pubkey``
     (one ``authorized_keys`` line) goes to root's authorized_keys, base64-encoded
-    so that its comment may hold spaces. A line of 2048 bytes or more is refused.
+    so that its comment may hold spaces; ``peers`` (``peers_text``: the
+    cluster's name, then ``IP MAC NAME`` per node) becomes /etc/hosts and the
+    ARP table before the guest is ready. A line of 2048 bytes or more is refused.
     """
     words = [*BASE_CMDLINE, f"hpvc.name={_hostname(name)}"]
     if ip_cidr is not None:
@@ -111,6 +118,8 @@ def kernel_cmdline(
         words.append(f"hpvc.mtu={mtu}")
     if pubkey is not None:
         words.append(f"hpvc.key={_encode_key(pubkey)}")
+    if peers is not None:
+        words.append(f"hpvc.peers={base64.b64encode(peers.encode()).decode()}")
     line = " ".join(words)
     if len(line.encode()) >= CMDLINE_MAX:
         raise CmdlineError(
@@ -119,6 +128,12 @@ def kernel_cmdline(
             "use a shorter ssh key (ed25519)",
         )
     return line
+
+
+def peers_text(cluster: str, nodes: list[tuple[str, str, str]]) -> str:
+    """What hpvc-init makes /etc/hosts and the ARP table of: ``cluster``, then
+    ``IP MAC NAME`` for each node, a line each."""
+    return cluster + "\n" + "".join(f"{ip} {mac} {_hostname(n)}\n" for ip, mac, n in nodes)
 
 
 def _hostname(name: str) -> str:
