@@ -73,19 +73,21 @@ def socket_path(state_dir: str | None = None) -> str:
     return f"{RUN_DIR}/{zlib.crc32(root.encode()):08x}.sock"
 
 
-def encode(argv: list[str], env: dict[str, str]) -> bytes:
-    """A request: identity, argc, argv, then KEY=VALUE, NUL-separated (none of
-    them can hold a NUL)."""
-    words = [identity(), str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
+def encode(argv: list[str], env: dict[str, str], umask: int = 0o022) -> bytes:
+    """A request: identity, umask (octal), argc, argv, then KEY=VALUE,
+    NUL-separated (none of them can hold a NUL)."""
+    head = [identity(), f"{umask:o}", str(len(argv))]
+    words = [*head, *argv, *(f"{k}={v}" for k, v in env.items())]
     return "\0".join(words).encode("utf-8", "surrogateescape")
 
 
-def decode(data: bytes) -> tuple[str, list[str], dict[str, str]]:
+def decode(data: bytes) -> tuple[str, int, list[str], dict[str, str]]:
+    """(identity, umask, argv, env) of a request."""
     words = data.decode("utf-8", "surrogateescape").split("\0")
-    argc = int(words[1])
-    argv = words[2 : 2 + argc]
-    env = dict(w.split("=", 1) for w in words[2 + argc :] if "=" in w)
-    return words[0], argv, env
+    argc = int(words[2])
+    argv = words[3 : 3 + argc]
+    env = dict(w.split("=", 1) for w in words[3 + argc :] if "=" in w)
+    return words[0], int(words[1], 8), argv, env
 
 
 def command_words(argv: list[str]) -> set[str]:
@@ -104,7 +106,9 @@ def try_remote(argv: list[str]) -> int | None:
         sock.close()
         return None
     with sock:
-        data = encode(argv, dict(os.environ))
+        umask = os.umask(0o022)
+        os.umask(umask)
+        data = encode(argv, dict(os.environ), umask)
         message = HEADER.pack(len(data)) + data
         cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

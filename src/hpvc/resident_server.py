@@ -93,7 +93,9 @@ class _Server:
         if len(c.buf) < HEADER.size:
             return
         (size,) = HEADER.unpack(c.buf[: HEADER.size])
-        if size > MAX_REQUEST or len(c.fds) != 4:
+        if size > MAX_REQUEST or len(c.fds) != 4:  # not for us: the client runs it
+            with contextlib.suppress(OSError):
+                c.sock.sendall(REFUSED + HEADER.pack(0))
             self.drop(c)
             return
         if len(c.buf) >= HEADER.size + size:
@@ -104,8 +106,8 @@ class _Server:
                 return
             self.start(c, request)
 
-    def start(self, c: _Client, request: tuple[str, list[str], dict[str, str]]) -> None:
-        who, argv, env = request
+    def start(self, c: _Client, request: tuple[str, int, list[str], dict[str, str]]) -> None:
+        who, umask, argv, env = request
         if who != identity():  # another hpvc: the client runs it
             with contextlib.suppress(OSError):
                 c.sock.sendall(REFUSED + HEADER.pack(0))
@@ -122,6 +124,7 @@ class _Server:
                 for other in [*self.clients.values(), *self.children.values()]:
                     if other is not c:
                         other.sock.close()
+                os.umask(umask & 0o777)
                 code = _child(c, argv, env, uid, gid, self.run)
             finally:
                 os._exit(code)

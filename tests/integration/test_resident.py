@@ -178,3 +178,23 @@ def test_signals_reach_the_command_and_a_vanished_client_takes_it_along(
             assert line.split("-> ")[1].startswith(f"{expect} ")
         else:
             assert line.endswith("(the client went away)")
+
+
+def test_files_a_command_makes_get_the_callers_umask(
+    server: Server, base: Path, tmp_path: Path
+) -> None:
+    spec = spec_file(tmp_path, "rsm", computes=1)
+    out = base / "rendered"
+    r = subprocess.run(
+        [*HPVC, "render", spec, "--out", str(out)],
+        env=server.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        umask=0o077,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert server.served(f"render {spec} --out {out}")
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mode & 0o077 == 0 for p in files), files

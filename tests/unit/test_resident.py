@@ -15,8 +15,8 @@ from hpvc import resident
 def test_a_request_comes_back_as_it_was_sent() -> None:
     argv = ["node", "up", "--site", "subnets=10.88.0.0/16", "x=y", "é"]
     env = {"A": "1", "B": "with=equals", "EMPTY": "", "U": "ünï"}
-    who, got_argv, got_env = resident.decode(resident.encode(argv, env))
-    assert (who, got_argv, got_env) == (resident.identity(), argv, env)
+    got = resident.decode(resident.encode(argv, env, 0o027))
+    assert got == (resident.identity(), 0o027, argv, env)
 
 
 def test_the_socket_follows_the_state_directory(monkeypatch: pytest.MonkeyPatch) -> None:
