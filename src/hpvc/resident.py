@@ -52,10 +52,12 @@ EXIT, REFUSED, SIGNAL = b"X", b"R", b"S"
 
 
 def identity() -> str:
-    """Which hpvc this is: a client only uses a server running the same one."""
+    """Which hpvc this is: a client only uses a server running the same one
+    (version, package folder, and when its files were last installed)."""
     import hpvc
 
-    return f"{hpvc.__version__} {os.path.dirname(os.path.realpath(hpvc.__file__))}"
+    init = os.path.realpath(hpvc.__file__)
+    return f"{hpvc.__version__} {os.path.dirname(init)} {os.stat(init).st_mtime_ns}"
 
 
 def socket_path(state_dir: str | None = None) -> str:

@@ -115,6 +115,7 @@ class _Server:
             return
         creds = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, gid = struct.unpack("3i", creds)
+        groups = _peer_groups(c.sock)
         child = os.fork()
         if child == 0:  # pragma: no cover - the child ends in os._exit
             code = 70
@@ -125,7 +126,7 @@ class _Server:
                     if other is not c:
                         other.sock.close()
                 os.umask(umask & 0o777)
-                code = _child(c, argv, env, uid, gid, self.run)
+                code = _child(c, argv, env, (uid, gid, groups), self.run)
             finally:
                 os._exit(code)
         c.child = child
@@ -207,8 +208,26 @@ def serve(
             path.unlink()
 
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python 3.11 has no name for it
+
+
+def _peer_groups(sock: socket.socket) -> list[int] | None:
+    """The caller's supplementary groups as they were when it connected (not
+    the user's from /etc/group: a caller that dropped some keeps them
+    dropped); None where the kernel cannot say (or for more than 256)."""
+    try:  # Python takes at most 1024 bytes: 256 groups; more is ERANGE
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)
+    except OSError:
+        return None
+    return list(struct.unpack(f"{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+
+
 def _child(
-    c: _Client, argv: list[str], env: dict[str, str], uid: int, gid: int, run: Runner
+    c: _Client,
+    argv: list[str],
+    env: dict[str, str],
+    creds: tuple[int, int, list[int] | None],
+    run: Runner,
 ) -> int:
     """In the forked child: become the client (ids, descriptors, directory,
     environment), run the command, return its status."""
@@ -218,8 +237,9 @@ def _child(
     signal.set_wakeup_fd(-1)
     c.sock.close()
     stdin, stdout, stderr, cwd = c.fds
+    uid, gid, groups = creds
     if uid != 0:
-        _become(uid, gid)
+        _become(uid, gid, groups)
     os.fchdir(cwd)
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
@@ -234,14 +254,16 @@ def _child(
     return run(argv)
 
 
-def _become(uid: int, gid: int) -> None:
+def _become(uid: int, gid: int, groups: list[int] | None) -> None:
     """The client's user and groups, for good: no way back to root."""
-    import pwd
+    if groups is not None:
+        os.setgroups(groups)
+    else:  # an old kernel: the user's groups as login gives them
+        import pwd
 
-    try:
-        name = pwd.getpwuid(uid).pw_name
-        os.initgroups(name, gid)
-    except KeyError:  # no passwd entry: just its group
-        os.setgroups([gid])
+        try:
+            os.initgroups(pwd.getpwuid(uid).pw_name, gid)
+        except KeyError:  # no passwd entry: just its group
+            os.setgroups([gid])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from hpvc import resident
+from tests.helpers import requires
 
 
 def test_a_request_comes_back_as_it_was_sent() -> None:
@@ -60,3 +61,21 @@ def test_the_client_loads_no_more_than_it_needs() -> None:
     loaded = set(json.loads(r.stdout))
     heavy = {"typer", "rich", "pydantic", "pyroute2", "pathlib", "dataclasses", "hashlib"}
     assert not loaded & heavy, loaded & heavy
+
+
+def test_the_server_sees_the_callers_own_supplementary_groups() -> None:
+    """The groups of the connecting process, not the user's from /etc/group."""
+    requires("root")  # setpriv --groups (util-linux, always there) needs it
+    code = (
+        "import socket\n"
+        "from hpvc.resident_server import _peer_groups\n"
+        "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "print(sorted(_peer_groups(a)))\n"
+    )
+    r = subprocess.run(
+        ["setpriv", "--groups", "5,7", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert r.stdout.strip() == "[5, 7]"
