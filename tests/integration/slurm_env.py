@@ -16,7 +16,7 @@ from hpvc.bench import slurm_cluster as bench_slurm
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import vni_for
 from hpvc.slurm import node, policy
-from tests.integration.test_cluster import CGROUPS
+from tests.integration.test_cluster import hpvc_cgroups
 
 HOSTS = bench_slurm.HOSTS
 NFT_TABLES = "nft list tables | awk '{print $3}'"
@@ -134,7 +134,7 @@ class Env:
         """What the job could have left on any host, or on this machine as a
         whole (cgroups; a bridge in the root namespace)."""
         found = [x for h in HOSTS for x in self.host_leftovers(h, job)]
-        found += [str(p) for p in CGROUPS.glob(f"*/hpvc/j{job}-*") if p.exists()]
+        found += hpvc_cgroups(f"j{job}-*")
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
         if f" hpvc-j{job}:" in links.stdout:
             found.append(f"root namespace: bridge hpvc-j{job}")

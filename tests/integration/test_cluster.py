@@ -24,6 +24,18 @@ from tests.helpers import ROOT, requires
 CGROUPS = Path("/sys/fs/cgroup")
 
 
+def hpvc_cgroups(pattern: str) -> list[str]:
+    """hpvc's cgroups named ``pattern`` in every hierarchy. A teardown running
+    meanwhile may remove a hierarchy's hpvc folder under the walk: gone is gone."""
+    found: list[str] = []
+    for hierarchy in CGROUPS.iterdir():
+        try:
+            found += [str(p) for p in (hierarchy / "hpvc").glob(pattern) if p.exists()]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return found
+
+
 def leftovers(name: str) -> list[str]:
     """Everything a cluster called ``name`` could have left on this host."""
     found: list[str] = []
@@ -32,7 +44,7 @@ def leftovers(name: str) -> list[str]:
     netns = Path("/run/netns")
     if netns.is_dir():
         found += [p.name for p in netns.iterdir() if p.name.startswith(f"hpvc-{name}-")]
-    found += [str(p) for p in CGROUPS.glob(f"*/hpvc/{name}") if p.exists()]
+    found += hpvc_cgroups(name)
     return found + bridge_and_mounts(name)
 
 
