@@ -357,3 +357,21 @@ def test_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
         main(["doctor", "--help"])
     out = capsys.readouterr().out
     assert "Examples" in out and "hpvc doctor --json" in out
+
+
+def test_the_report_says_whether_a_resident_hpvc_answers(tmp_path: Path) -> None:
+    import socket
+
+    from hpvc.cluster import doctor as cluster_doctor
+
+    path = str(tmp_path / "serve.sock")
+    missing = cluster_doctor.resident_check(path)
+    assert (missing.name, missing.status) == ("resident hpvc", "warn")
+    assert missing.fix.startswith("hpvc serve")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(1)
+        assert cluster_doctor.resident_check(path).status == "ok"
+    # A snapshot is not this host: nothing about its resident hpvc.
+    names = [c.name for c in cluster_doctor.run_checks(tmp_path, which=lambda _: None).checks]
+    assert "resident hpvc" not in names
