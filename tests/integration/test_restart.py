@@ -29,10 +29,18 @@ from hpvc.errors import HpvcError
 from hpvc.units import format_cpulist
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file
-from tests.integration.test_vm_cluster import vm_leftovers, vm_spec
-from tests.integration.test_vm_libvirt import PrivateLibvirtd, domain_names, libvirtd
+from tests.integration.test_vm_cluster import store, vm_leftovers, vm_spec
+from tests.integration.test_vm_libvirt import (
+    PrivateLibvirtd,
+    answers_then_goes,
+    domain_names,
+    libvirtd,
+    teardown_all,
+)
 
-__all__ = ["libvirtd"]  # the fixture (a private libvirtd), shared with test_vm_libvirt
+# Fixtures shared with test_vm_libvirt (a private libvirtd) and test_vm_cluster
+# (the VM clusters' state, torn down after each test).
+__all__ = ["libvirtd", "store"]
 
 NET = os.getpid() % 250
 HPVC = [sys.executable, "-m", "hpvc"]
@@ -46,17 +54,6 @@ def ct_store(tmp_path: Path) -> Iterator[Store]:
     for name in {p.name for p in (s.root / "clusters").glob("*")}:
         lifecycle.teardown(s, name)
         assert leftovers(name) == [], f"left behind by {name}"
-    s.host_journal().undo_all()
-
-
-@pytest.fixture
-def vm_store(tmp_path: Path) -> Iterator[Store]:
-    requires("root", "qemu", "ip")
-    s = Store(tmp_path / "state")
-    yield s
-    for name in {p.name for p in (s.root / "clusters").glob("*")}:
-        lifecycle.teardown(s, name)
-        assert vm_leftovers(name, s) == [], f"left behind by {name}"
     s.host_journal().undo_all()
 
 
@@ -193,9 +190,8 @@ def test_a_restart_that_fails_leaves_the_node_stopped_and_can_be_retried(
 
 
 def test_a_dead_qemu_comes_back_pinned_and_reachable(
-    vm_store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    store: Store, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    store = vm_store
     image_ready()
     name = f"rv{os.getpid() % 10000}"
     spec = Path(vm_spec(tmp_path, name, computes=1))
@@ -261,13 +257,6 @@ def test_a_dead_libvirt_domain_comes_back(
         assert ops.node_pid(name, "compute0", store) != dead
         st = ops.status(name, store)["nodes"][0]
         assert [v["cpus"] for v in st["vm"]["vcpus"]] == [st["planned"]["cpus"]]
-        capfd.readouterr()
-        assert ops.exec_node(name, "compute0", ["hostname"], store) == 0
-        assert capfd.readouterr().out.strip() == "compute0"
-        lifecycle.down(name, store)
-        assert domain_names(libvirtd) == []
-        assert vm_leftovers(name, store) == []
+        answers_then_goes(libvirtd, store, name, capfd)
     finally:
-        for n in {p.name for p in (store.root / "clusters").glob("*")}:
-            lifecycle.teardown(store, n)
-        store.host_journal().undo_all()
+        teardown_all(store)

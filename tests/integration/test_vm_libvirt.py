@@ -34,6 +34,8 @@ import pytest
 
 from hpvc.backends import vm_libvirt, vm_qemu
 from hpvc.backends.guest import ssh_argv, ssh_key
+from hpvc.cluster import lifecycle, ops
+from hpvc.cluster.state import Store
 from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency
 from hpvc.host import net
 from hpvc.host.journal import Journal
@@ -46,6 +48,7 @@ from hpvc.spec.model import Spec
 from hpvc.topology import read_topology
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready
+from tests.integration.test_vm_cluster import vm_leftovers, vm_spec
 
 pytestmark = pytest.mark.integration
 
@@ -368,6 +371,25 @@ def assert_undefined(daemon: PrivateLibvirtd, name: str) -> None:
 # --- tests ---------------------------------------------------------------------------
 
 
+def answers_then_goes(
+    libvirtd: PrivateLibvirtd, store: Store, name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """compute0 answers `hostname` inside; down leaves no domain and nothing else."""
+    capfd.readouterr()
+    assert ops.exec_node(name, "compute0", ["hostname"], store) == 0
+    assert capfd.readouterr().out.strip() == "compute0"
+    lifecycle.down(name, store)
+    assert domain_names(libvirtd) == []
+    assert vm_leftovers(name, store) == []
+
+
+def teardown_all(store: Store) -> None:
+    """Whatever a failed test left in ``store``: every cluster, then host-wide changes."""
+    for n in {p.name for p in (store.root / "clusters").glob("*")}:
+        lifecycle.teardown(store, n)
+    store.host_journal().undo_all()
+
+
 def test_boot_pin_read_back_undo(
     libvirtd: PrivateLibvirtd, guest: GuestArtifacts, node: Node
 ) -> None:
@@ -506,10 +528,6 @@ def test_cluster_up_status_exec_down_through_libvirt(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from hpvc.cluster import lifecycle, ops
-    from hpvc.cluster.state import Store
-    from tests.integration.test_vm_cluster import vm_leftovers, vm_spec
-
     monkeypatch.setenv("HPVC_LIBVIRT_URI", libvirtd.uri)
     store = Store(tmp_path / "state")
     name = f"l{os.getpid() % 10000}"
@@ -525,13 +543,6 @@ def test_cluster_up_status_exec_down_through_libvirt(
         for n in st["nodes"]:  # libvirt applied the plan's pinning from <cputune>
             assert n["state"] == "running"
             assert [v["cpus"] for v in n["vm"]["vcpus"]] == [n["planned"]["cpus"]]
-        capfd.readouterr()
-        assert ops.exec_node(name, "compute0", ["hostname"], store) == 0
-        assert capfd.readouterr().out.strip() == "compute0"
-        lifecycle.down(name, store)
-        assert domain_names(libvirtd) == []
-        assert vm_leftovers(name, store) == []
+        answers_then_goes(libvirtd, store, name, capfd)
     finally:
-        for n in {p.name for p in (store.root / "clusters").glob("*")}:
-            lifecycle.teardown(store, n)
-        store.host_journal().undo_all()
+        teardown_all(store)
