@@ -79,6 +79,8 @@ def test_vm_up_exec_run_status_down(
     # The guests' init made /etc/hosts and the ARP table from the command line:
     # no ssh round after boot.
     assert over_ssh == []
+    # The backend's own split of its start, and no "nodes" remainder beside it.
+    assert set(store.get(name).phases) == {"image", "plan", "host", "start", "boot", "configure"}
     plan = store.get(name).the_plan()
     capfd.readouterr()
     assert ops.exec_node(name, "compute0", ["cat", "/etc/hosts"], store) == 0
