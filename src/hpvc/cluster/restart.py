@@ -15,7 +15,8 @@ and /dev/shm, ivshmem region, VXLAN, hugepage pools) is in the cluster's
 journal and is left alone. The other nodes need no refresh: the restarted node
 has the same MAC and address, so their /etc/hosts and static ARP entries
 still fit, and the backend gives the restarted node both (containers through
-the bind-mounted hosts file and ``wire_node``, VMs over ssh in ``start``).
+the bind-mounted hosts file and ``wire_node``, VMs from their kernel command
+line at boot).
 
 Which nodes: the ones named; with none, every node that does not run. A named
 node that runs is left as it is (and said so) unless ``force``. If a node
@@ -33,6 +34,7 @@ from typing import Any
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env, stopped_by
 from hpvc.cluster.state import Store
+from hpvc.cluster.teardown import waiting
 from hpvc.errors import HpvcError, InputError
 from hpvc.plan import Plan
 from hpvc.progress import Progress, quiet
@@ -63,13 +65,8 @@ def restart(
     does not run); a node that runs only with ``force``. One entry per node
     considered, in the plan's order."""
     store = store or Store()
-    on_wait = _waiting(name, progress)
-    with store.cluster_lock(name, "hpvc restart", on_wait):
+    with store.cluster_lock(name, "hpvc restart", waiting(name, progress)):
         return _restart_locked(name, list(nodes or []), store, progress, force)
-
-
-def _waiting(name: str, progress: Progress) -> Progress:
-    return lambda holder: progress(f"cluster {name} is busy: waiting for {holder} to finish")
 
 
 def _check_names(plan: Plan, name: str, nodes: list[str]) -> None:
