@@ -46,7 +46,7 @@ PHASES = {
     "image": "image: guest kernel/initramfs/disk (cached)",
     "plan": "plan: topology, plan, state record",
     "host": "host: cgroups, hugepages, bridge, shared memory",
-    "nodes": "nodes: overlay, netns, veth, crun",
+    "nodes": "nodes: layer, overlay, netns, veth, crun",
     "start": "start: disks, taps, QEMU, pinning",
     "boot": "boot: to every guest's ready line",
     "configure": "configure: /etc/hosts and ARP over ssh",
