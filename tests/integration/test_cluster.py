@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -59,16 +59,23 @@ def bridge_and_mounts(name: str) -> list[str]:
     return found
 
 
+def clean_up(s: Store, left: Callable[[str], list[str]] = leftovers) -> None:
+    """After a test: every cluster ``s`` still knows is torn down and leaves
+    nothing (``left(name)`` lists what it would have left), then the host-wide
+    changes of this state dir (kept while in use) go."""
+    names = s.names() + [p.name for p in (s.root / "clusters").glob("*")]
+    for name in set(names):
+        lifecycle.teardown(s, name)
+        assert left(name) == [], f"left behind by {name}"
+    s.host_journal().undo_all()
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     requires("root", "crun", "ip")
     s = Store(tmp_path / "state")
     yield s
-    names = s.names() + [p.name for p in (s.root / "clusters").glob("*")]
-    for name in set(names):
-        lifecycle.teardown(s, name)
-        assert leftovers(name) == [], f"left behind by {name}"
-    s.host_journal().undo_all()  # host-wide changes of this state dir (kept while in use)
+    clean_up(s)
 
 
 def spec_file(tmp_path: Path, name: str, extra: str = "", computes: int = 2) -> str:

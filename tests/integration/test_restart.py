@@ -28,7 +28,7 @@ from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
 from hpvc.units import format_cpulist
 from tests.helpers import ROOT, requires
-from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file
+from tests.integration.test_cluster import clean_up, cli_env, image_ready, leftovers, spec_file
 from tests.integration.test_vm_cluster import store, vm_leftovers, vm_spec
 from tests.integration.test_vm_libvirt import (
     PrivateLibvirtd,
@@ -51,10 +51,7 @@ def ct_store(tmp_path: Path) -> Iterator[Store]:
     requires("root", "crun", "ip")
     s = Store(tmp_path / "state")
     yield s
-    for name in {p.name for p in (s.root / "clusters").glob("*")}:
-        lifecycle.teardown(s, name)
-        assert leftovers(name) == [], f"left behind by {name}"
-    s.host_journal().undo_all()
+    clean_up(s)
 
 
 def state_of(store: Store, name: str, node: str) -> str:

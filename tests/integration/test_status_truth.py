@@ -23,7 +23,14 @@ import pytest
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from tests.helpers import ROOT, requires
-from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file, store
+from tests.integration.test_cluster import (
+    clean_up,
+    cli_env,
+    image_ready,
+    leftovers,
+    spec_file,
+    store,
+)
 
 __all__ = ["store"]  # the fixture, used by the tests below
 
@@ -179,10 +186,7 @@ def vm_store(tmp_path: Path) -> Iterator[Store]:
     requires("root", "qemu", "ip")
     s = Store(tmp_path / "vm-state")
     yield s
-    for name in {p.name for p in (s.root / "clusters").glob("*")}:
-        lifecycle.teardown(s, name)
-        assert vm_leftovers(name, s) == [], f"left behind by {name}"
-    s.host_journal().undo_all()
+    clean_up(s, lambda name: vm_leftovers(name, s))
 
 
 def test_vm_status_after_a_killed_up_finds_the_qemus(vm_store: Store, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from tests.integration.test_vm_libvirt import (
     DAEMON_START_S,
     PrivateLibvirtd,
     domain_names,
-    requires_libvirt,
+    running_libvirtd,
 )
 
 pytestmark = pytest.mark.integration
@@ -110,20 +110,10 @@ def restart_libvirtd(daemon: PrivateLibvirtd) -> None:
 
 @pytest.fixture
 def libvirtd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateLibvirtd]:
-    """A private libvirtd of this test alone (it is stopped and started again)."""
-    requires_libvirt()
-    daemon = PrivateLibvirtd(tmp_path_factory.mktemp("libvirtd"))
-    try:
-        daemon.start()
+    """A private libvirtd of this test alone (it is stopped and started again;
+    a test that failed half-way leaves it stopped: restarted, its domains go)."""
+    with running_libvirtd(tmp_path_factory.mktemp("libvirtd"), restart_libvirtd) as daemon:
         yield daemon
-    finally:
-        try:
-            if daemon.proc is not None and daemon.proc.poll() is not None:
-                restart_libvirtd(daemon)  # a test that failed half-way: its domains go too
-            if daemon.proc is not None and daemon.proc.poll() is None:
-                daemon.remove_domains()
-        finally:
-            daemon.stop()
 
 
 def libvirt_spec(tmp_path: Path, name: str) -> Path:

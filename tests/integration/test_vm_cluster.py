@@ -16,7 +16,7 @@ from hpvc.errors import HpvcError
 from hpvc.plan import Plan
 from hpvc.render import files as render_files
 from tests.helpers import requires
-from tests.integration.test_cluster import bridge_and_mounts, image_ready
+from tests.integration.test_cluster import bridge_and_mounts, clean_up, image_ready
 
 
 def vm_leftovers(name: str, store: Store) -> list[str]:
@@ -40,10 +40,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
     requires("root", "qemu", "ip")
     s = Store(tmp_path / "state")
     yield s
-    for name in {p.name for p in (s.root / "clusters").glob("*")}:
-        lifecycle.teardown(s, name)
-        assert vm_leftovers(name, s) == [], f"left behind by {name}"
-    s.host_journal().undo_all()
+    clean_up(s, lambda name: vm_leftovers(name, s))
 
 
 def vm_spec(tmp_path: Path, name: str, computes: int = 2) -> str:

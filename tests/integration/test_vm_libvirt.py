@@ -26,7 +26,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -261,19 +261,33 @@ def _stop_pid(pid: int, marker: str) -> None:
             time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def libvirtd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateLibvirtd]:
+@contextlib.contextmanager
+def running_libvirtd(
+    root: Path, revive: Callable[[PrivateLibvirtd], None] | None = None
+) -> Iterator[PrivateLibvirtd]:
+    """A private libvirtd in ``root``; afterwards its domains are removed and it
+    stops. ``revive``: how to start it again when a test left it stopped (so
+    its domains can go too)."""
     requires_libvirt()
-    daemon = PrivateLibvirtd(tmp_path_factory.mktemp("libvirtd"))
+    daemon = PrivateLibvirtd(root)
     try:
         daemon.start()
         yield daemon
     finally:
         try:
+            stopped = daemon.proc is not None and daemon.proc.poll() is not None
+            if stopped and revive is not None:
+                revive(daemon)
             if daemon.proc is not None and daemon.proc.poll() is None:
                 daemon.remove_domains()
         finally:
             daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def libvirtd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateLibvirtd]:
+    with running_libvirtd(tmp_path_factory.mktemp("libvirtd")) as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,9 @@ def commands(hpvc: list[str], cluster: str) -> dict[str, list[str]]:
     }
 
 
-def _once(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one command, start to exit; a failure is an HpvcError
+    with the command's last line on stderr."""
     t0 = time.perf_counter()
     r = subprocess.run(argv, env=env, capture_output=True, text=True)
     took = time.perf_counter() - t0
@@ -53,7 +55,7 @@ def measure(
     runs: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(repeat):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            runs[name].append(_once(cmds[name], env))
+            runs[name].append(timed(cmds[name], env))
         progress(f"CLI start {rep + 1}/{repeat}: hpvc ls {runs['hpvc ls'][-1]:.3f} s")
     rows = []
     for name in names:

@@ -125,14 +125,7 @@ def resident_server(tmp: Path, store: Store) -> Iterator[str]:
 
 def timed_cli(argv: list[str], store: Store, resident: str | None = None) -> float:
     """Wall seconds of one ``hpvc`` command on ``store``'s state, CLI start included."""
-    env = cli_env(store, resident)
-    t0 = time.perf_counter()
-    r = subprocess.run([*hpvc_argv(), *argv], env=env, capture_output=True, text=True)
-    took = time.perf_counter() - t0
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
-        raise HpvcError(f"bench startup: hpvc {' '.join(argv[:2])}", last, "")
-    return took
+    return cli_start.timed([*hpvc_argv(), *argv], cli_env(store, resident))
 
 
 def up_down(store: Store, name: str, spec: str, resident: str | None = None) -> dict[str, Any]:

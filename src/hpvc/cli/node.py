@@ -113,6 +113,7 @@ def up_cmd(
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
 ) -> None:
+    from hpvc.cli import STARTED  # now: a resident hpvc's fork sets it anew
     from hpvc.cluster.state import Store
     from hpvc.slurm import node, policy
 
@@ -141,7 +142,7 @@ def up_cmd(
     )
     began = time.perf_counter()
     joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)
-    times = node.up_times(Store(), req, began, time.perf_counter())
+    times = node.up_times(Store(), req, began - STARTED, time.perf_counter() - began)
     for j in joins:
         for line in j.lines():
             print(line)

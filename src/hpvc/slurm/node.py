@@ -225,18 +225,15 @@ def up(
         return out
 
 
-def up_times(store: Store, req: Request, began: float, ended: float) -> str:
+def up_times(store: Store, req: Request, cli_s: float, spent: float) -> str:
     """Where ``hpvc node up``'s time went, for the step's tasks (HPVC_UP_TIMES,
-    read by hpvc bench slurm): ``cli`` from the CLI's first line to the call of
-    ``up`` (typer, imports), then, when this call brought the share up, the
-    phases of ``up`` (image, plan, host, nodes; ``share`` is the rest: spec
-    checks, locks, topology, join records); ``running`` when it found the
-    share up. Seconds, ``k=v`` joined by commas."""
-    from hpvc.cli import STARTED
-
-    parts = {"cli": began - STARTED}
+    read by hpvc bench slurm): ``cli`` (``cli_s``: from the CLI's first line to
+    the call of ``up``: typer, imports), then, when this call of ``spent``
+    seconds brought the share up, the phases of ``up`` (image, plan, host,
+    nodes; ``share`` is the rest: spec checks, locks, topology, join records);
+    ``running`` when it found the share up. Seconds, ``k=v`` joined by commas."""
+    parts = {"cli": cli_s}
     rec = store.load(share_name(req.job, req.index))
-    spent = ended - began
     if rec is not None and rec.created >= time.time() - spent:
         phases = {k: float(v) for k, v in rec.phases.items()}
         parts |= phases
