@@ -132,7 +132,7 @@ def test_commands_run_in_the_server_and_give_what_they_give_here(
 def test_a_users_command_runs_as_that_user(
     server: Server, base: Path, tmp_path: Path, tenants: tuple[Submitter, Submitter]
 ) -> None:
-    a, _ = tenants
+    a, b = tenants
     mine = base / "mine.toml"
     mine.write_text(Path(spec_file(tmp_path, "rsu", computes=1)).read_text())
     os.chown(mine, a.uid, a.gid)
@@ -142,6 +142,11 @@ def test_a_users_command_runs_as_that_user(
     roots.chmod(0o600)
     ok = hpvc(server, "node", "check", str(mine), user=a)
     assert ok.returncode == 0, ok.stderr
+    # The same server runs the other tenant's commands as that tenant: a's
+    # 0600 spec is not b's to read.
+    theirs = hpvc(server, "node", "check", str(mine), user=b)
+    assert theirs.returncode == 2, theirs.stderr
+    assert f"uid {b.uid}: node check {mine} -> 2" in server.served(f"node check {mine}")[-1]
     refused = hpvc(server, "node", "check", str(roots), user=a)
     assert refused.returncode == 2, refused.stderr
     assert hpvc(server, "node", "check", str(roots)).returncode == 0  # root may read it
