@@ -13,6 +13,12 @@ APT_PACKAGES=(
   fio              # block-I/O throttle measurements
   hpcc             # HPC Challenge (native side of the benchmarks)
   hwloc            # hwloc-calc: reference counts for the topology tests
+  fuse3            # fusermount3: the nodes' NFS client (native/nfsfuse) mounts through FUSE
+  libfuse3-dev     # builds native/nfsfuse (this host kernel has no NFS client; HOST-NOTES)
+  libnfs-dev       # the NFS protocol client native/nfsfuse speaks to NFS-Ganesha
+  nfs-ganesha      # the cluster's NFS server (docs/storage.md): user space, runs in the server node
+  nfs-ganesha-vfs  # Ganesha's back end for a directory on the host
+  openjdk-17-jdk-headless  # Spark's JRE (native runs) and javac for the TeraSort application
   iperf3           # TCP bandwidth of `hpvc bench network` (cluster network vs fabric)
   iproute2         # ip, bridge: inspected by tests
   iputils-ping     # ping: tests check reachability and the MTU (-M do) across hosts
@@ -79,3 +85,6 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/pip install -q -e '.[dev]'
   echo "$want" > "$stamp"
 fi
+
+# hpvc-nfsfuse: the nodes' NFS client (docs/storage.md); rebuilt when its source changes.
+make -s -C native/nfsfuse

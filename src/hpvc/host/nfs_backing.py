@@ -1,0 +1,130 @@
+"""Where a cluster's shared directory keeps its data on the host.
+
+``backing`` gives NFS-Ganesha (``hpvc.host.nfs_server``) the directory it
+exports: a plain directory, or, with a size, an ext4 file system of that
+size in a sparse image file beside it, on a loop device (the same loop set-up
+as the nodes' writable layers, ``hpvc.host.layer``: autoclear, direct I/O),
+so that a cluster filling its shared directory gets ``ENOSPC`` instead of
+filling the host's disk. Unlike a layer, this file system has a journal: it
+may hold data that outlives the cluster.
+
+The root of the shared directory is mode 1777 (like /tmp): any user of the
+cluster may make files and folders in it, and only remove their own.
+
+Journaled (kind ``"nfs-backing"``) before anything is made. The undo
+unmounts the file system (its loop device then goes by itself); then, when
+``keep`` is False, removes the data this call made (the directory, or the
+image file and the mount point); when ``keep`` is True, leaves the directory
+or the image, and a later ``backing`` with the same path attaches the same
+data again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from hpvc.errors import HpvcError, MissingDependency
+from hpvc.host import layer
+from hpvc.host.journal import Args, Journal, undoer
+
+MODE = 0o1777  # the shared directory's root: everyone's, sticky
+MKFS_OPTS = ("-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard")
+
+
+def image_of(path: Path) -> Path:
+    """The image file of the file system mounted at ``path``: beside it."""
+    return path.with_name(path.name + ".img")
+
+
+def _mkfs(image: Path, size_mib: int) -> None:
+    mkfs = shutil.which("mkfs.ext4", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if mkfs is None:
+        raise MissingDependency("NFS backing", "mkfs.ext4 not found", "apt-get install e2fsprogs")
+    tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")  # a crash leaves no half image
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.truncate(size_mib * layer.MiB)
+        done = subprocess.run([mkfs, *MKFS_OPTS, str(tmp)], capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr or done.stdout).strip().splitlines()
+            raise HpvcError("NFS backing", f"mkfs.ext4: {why[-1] if why else done.returncode}")
+        os.rename(tmp, image)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _mount(image: Path, path: Path) -> None:
+    backing_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fd, dev = layer._attach(backing_fd)
+    finally:
+        os.close(backing_fd)
+    try:  # closing ``fd`` frees the device unless the mount holds it (autoclear)
+        if layer._libc.mount(dev.encode(), str(path).encode(), b"ext4", 0, layer.MOUNT_OPTS) != 0:
+            raise HpvcError("NFS backing", str(layer._os_error(f"mount {dev} on {path}")))
+    finally:
+        os.close(fd)
+
+
+def backing(journal: Journal, *, path: Path, size_mib: int | None, keep: bool) -> Path:
+    """The directory to export, at ``path``: plain when ``size_mib`` is None,
+    else an ext4 file system of ``size_mib`` MiB mounted there. Data kept by an
+    earlier call with ``keep`` is used as it is. Returns ``path``.
+
+    The undo removes only what this call made: a directory or image that was
+    there before it is some earlier call's (or a person's) data, and stays."""
+    path = Path(os.path.abspath(path))
+    if size_mib is not None and size_mib < 16:
+        raise HpvcError(
+            f"NFS backing {path}", f"{size_mib} MiB is too small", "give 16 MiB or more"
+        )
+    image = None if size_mib is None else image_of(path)
+    made_dir = not path.exists()
+    made_image = image is not None and not image.exists()
+    journal.record(
+        "nfs-backing",
+        path=str(path),
+        image=None if image is None else str(image),
+        keep=keep,
+        made_dir=made_dir,
+        made_image=made_image,
+    )
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)  # opened below, once it is what it will be
+    if image is not None:
+        if made_image:
+            _mkfs(image, size_mib or 0)
+        if not os.path.ismount(path):
+            _mount(image, path)
+    if made_image or (image is None and made_dir):
+        os.chmod(path, MODE)
+    return path
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        raise HpvcError(f"NFS backing {path}", "is not a directory: left as it is")
+    shutil.rmtree(path)
+
+
+@undoer("nfs-backing", what=lambda a: f"NFS backing {a['path']}")
+def _undo_backing(args: Args) -> None:
+    path, keep = Path(args["path"]), bool(args["keep"])
+    image = Path(args["image"]) if args.get("image") else None
+    if image is not None:
+        try:
+            layer.unmount_layer(str(path))  # lazily when still busy; the loop device follows
+        except OSError as e:
+            raise HpvcError(f"NFS backing {path}", f"unmount: {e.strerror}") from e
+        if not keep and args.get("made_image"):
+            image.unlink(missing_ok=True)
+    if keep or not args.get("made_dir") or not path.exists():
+        return
+    if image is not None:
+        path.rmdir()  # the mount point, empty once unmounted
+    else:
+        _remove_tree(path)
