@@ -54,6 +54,8 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "iperf3": (_tool("iperf3"), False),
     "sockperf": (_tool("sockperf"), False),
     "podman": (_tool("podman"), False),
+    "java": (_tool("javac"), False),  # openjdk-17-jdk-headless: Spark's JRE and javac
+    "ganesha": (_tool("ganesha.nfsd"), False),  # nfs-ganesha: the clusters' NFS server
     "kvm": (_kvm, True),
 }
 

@@ -25,6 +25,7 @@ from types import FrameType
 from hpvc.errors import InputError, MissingDependency
 from hpvc.image import debootstrap, rootfs
 from hpvc.image.catalog import StoreArg, as_store
+from hpvc.image.extras import lookup, with_extras
 from hpvc.image.model import DEFAULT_SUITE, Image, ImageSpec, check_name
 from hpvc.image.store import InUse, Store, remove_tree
 from hpvc.progress import Progress, quiet
@@ -147,6 +148,9 @@ def _populate(job: _Job, tmp: Path) -> None:
         rc, tail = debootstrap.run(cmd, tmp / "build.log", job.progress)
     if rc != 0:
         raise debootstrap.failure(job.name, rc, tail, target, job.store.logs_dir, job.digest)
+    for extra in lookup(spec.extras):
+        job.progress(f"extra {extra.name}: installing")
+        extra.install(target, job.progress)
     job.progress("cleaning apt caches, stamping the image")
     rootfs.finish(target, job.digest)
     image = Image(
@@ -160,6 +164,7 @@ def _populate(job: _Job, tmp: Path) -> None:
         size_bytes=rootfs.tree_size(target),
         build_seconds=time.monotonic() - started,
         debootstrap_version=debootstrap.version(job.exe),
+        extras=spec.extras,
     )
     job.store.write_metadata(tmp, image.metadata())
 
@@ -221,6 +226,7 @@ def build_image(
     debootstrap_path: str | Path | None = None,
     require_root: bool = True,
     in_use: InUse = lambda d: False,
+    extras: Iterable[str] = (),
 ) -> Image:
     """Build (or reuse) the image for this recipe and point ``name`` at it.
 
@@ -229,8 +235,11 @@ def build_image(
     ``force``. ``progress`` receives debootstrap's steps ("Retrieving libc6 ...").
     ``cache_dir`` keeps downloaded .debs between builds (None: no cache).
     ``debootstrap_path`` and ``require_root`` exist for tests (a fake debootstrap).
+    ``extras`` (``hpvc.image.extras``, e.g. ``spark-3.5.3``) are installed after
+    debootstrap; the Debian packages they need join ``packages``.
     """
-    spec = ImageSpec.make(packages, suite, mirror or "")
+    chosen = tuple(extras)
+    spec = ImageSpec.make(with_extras(packages, chosen), suite, mirror or "", chosen)
     store_ = as_store(store)
     check_name(name)
     if not force and (image := _reuse(store_, name, spec.digest, in_use)):

@@ -2,7 +2,10 @@
 
 Pure: no file, no subprocess. The digest is the sha256 of a canonical JSON of
 the recipe, so the same recipe always lands in the same store directory and a
-change of suite, package set, mirror or builder format lands in a new one.
+change of suite, package set, mirror, extras or builder format lands in a new
+one. Extras (pinned software installed after debootstrap, ``hpvc.image.extras``)
+enter the canonical JSON only when there are some, so every recipe without
+extras keeps the digest it had before extras existed.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 _SUITE_RE = re.compile(r"[a-z][a-z0-9-]*")
 _MIRROR_RE = re.compile(r"(https?|file)://[^\s,'\"]+")
+_EXTRA_RE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,62}")
 
 
 def check_name(name: str) -> str:
@@ -71,6 +75,20 @@ def normalize_packages(packages: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+def normalize_extras(extras: Iterable[str]) -> tuple[str, ...]:
+    """Sorted, de-duplicated extra names (``spark-3.5.3``); whether they exist is the
+    registry's business (``hpvc.image.extras``), their spelling is checked here."""
+    out = set()
+    for raw in extras:
+        name = raw.strip()
+        if not name:
+            continue
+        if not _EXTRA_RE.fullmatch(name):
+            raise InputError(f"extra {name!r}", "not an extra's name", "e.g. --extras spark-3.5.3")
+        out.add(name)
+    return tuple(sorted(out))
+
+
 def split_packages(text: str) -> list[str]:
     """``"a, b,,c"`` -> ``["a", "b", "c"]`` (the CLI's --packages notation)."""
     return [p.strip() for p in text.split(",") if p.strip()]
@@ -85,10 +103,15 @@ class ImageSpec:
     mirror: str = DEFAULT_MIRROR
     variant: str = VARIANT
     format_version: int = FORMAT_VERSION
+    extras: tuple[str, ...] = ()
 
     @classmethod
     def make(
-        cls, packages: Iterable[str] | None = None, suite: str = DEFAULT_SUITE, mirror: str = ""
+        cls,
+        packages: Iterable[str] | None = None,
+        suite: str = DEFAULT_SUITE,
+        mirror: str = "",
+        extras: Iterable[str] = (),
     ) -> ImageSpec:
         """Validated and normalized: packages sorted and unique, no trailing '/' on the mirror."""
         if not _SUITE_RE.fullmatch(suite):
@@ -99,16 +122,18 @@ class ImageSpec:
                 f"mirror {mirror!r}", "not a URL", "e.g. --mirror http://deb.debian.org/debian"
             )
         pkgs = normalize_packages(DEFAULT_PACKAGES if packages is None else packages)
-        return cls(suite=suite, packages=pkgs, mirror=url)
+        return cls(suite=suite, packages=pkgs, mirror=url, extras=normalize_extras(extras))
 
     def canonical_json(self) -> str:
-        doc = {
+        doc: dict[str, Any] = {
             "format": self.format_version,
             "mirror": self.mirror,
             "packages": sorted(set(self.packages)),
             "suite": self.suite,
             "variant": self.variant,
         }
+        if self.extras:  # absent, not empty: recipes without extras keep their digests
+            doc["extras"] = sorted(set(self.extras))
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -132,6 +157,7 @@ class Image:
     debootstrap_version: str
     names: tuple[str, ...] = ()
     reused: bool = field(default=False, compare=False)
+    extras: tuple[str, ...] = ()
 
     @property
     def rootfs(self) -> Path:
@@ -150,6 +176,7 @@ class Image:
             "suite": self.suite,
             "variant": VARIANT,
             "packages": list(self.packages),
+            "extras": list(self.extras),
             "mirror": self.mirror,
             "created": self.created,
             "size_bytes": self.size_bytes,
@@ -179,4 +206,5 @@ class Image:
             build_seconds=float(doc["build_seconds"]),
             debootstrap_version=str(doc.get("debootstrap_version", "unknown")),
             names=tuple(doc.get("names", ())),
+            extras=tuple(doc.get("extras", ())),
         )

@@ -1,0 +1,85 @@
+"""Extras: pinned software an image gets after debootstrap, and the presets that name them.
+
+An extra is what Debian does not package the way hpvc needs it (Apache Spark,
+pinned, the same bytes the native benchmarks run). Its name carries its pin
+(``spark-3.5.3``), is part of the recipe's digest, and is recorded in
+``image.json``; its installer copies files into the finished rootfs, never
+outside it. An extra also names the Debian packages it needs, which join the
+recipe's packages.
+
+A preset is an image name that picks a recipe by itself: ``hpvc image build
+spark`` is the default packages plus the ``spark-3.5.3`` extra. Any other name
+keeps the plain default recipe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpvc.errors import InputError
+from hpvc.image.model import DEFAULT_PACKAGES, normalize_extras, normalize_packages
+from hpvc.progress import Progress
+
+Installer = Callable[[Path, Progress], None]
+
+
+@dataclass(frozen=True)
+class Extra:
+    """One extra: its pinned name, the Debian packages it needs, how it gets into a rootfs."""
+
+    name: str
+    packages: tuple[str, ...]
+    install: Installer
+    about: str
+
+
+def _spark(rootfs: Path, progress: Progress) -> None:
+    from hpvc.spark.install import install_spark  # Spark's code only when an image wants it
+
+    install_spark(rootfs, progress)
+
+
+SPARK_EXTRA = "spark-3.5.3"  # hpvc.spark.dist.VERSION; a test keeps the two equal
+
+EXTRAS: dict[str, Extra] = {
+    SPARK_EXTRA: Extra(
+        name=SPARK_EXTRA,
+        # Java for Spark; ps for Spark's launch scripts (load-spark-env.sh).
+        packages=("openjdk-17-jre-headless", "procps"),
+        install=_spark,
+        about="Apache Spark 3.5.3 at /opt/spark, hpvc's TeraSort at /opt/hpvc/terasort.jar",
+    ),
+}
+
+
+# Image names that pick a recipe by themselves: name -> its extras (with the
+# default packages, and whatever --packages adds).
+PRESETS: dict[str, tuple[str, ...]] = {"spark": (SPARK_EXTRA,)}
+
+
+def preset_extras(name: str) -> tuple[str, ...]:
+    """The extras the image name ``name`` stands for; () for a name that is no preset."""
+    return PRESETS.get(name, ())
+
+
+def lookup(names: Iterable[str]) -> list[Extra]:
+    """The registered extras for ``names`` (sorted, unique); InputError for an unknown one."""
+    out = []
+    for name in normalize_extras(names):
+        extra = EXTRAS.get(name)
+        if extra is None:
+            known = ", ".join(sorted(EXTRAS))
+            raise InputError(f"extra {name!r}", "not known", f"known extras: {known}")
+        out.append(extra)
+    return out
+
+
+def with_extras(packages: Iterable[str] | None, extras: Iterable[str]) -> tuple[str, ...] | None:
+    """``packages`` plus what ``extras`` need; None (the defaults) stays None without extras."""
+    found = lookup(extras)
+    if not found:
+        return None if packages is None else normalize_packages(packages)
+    base = DEFAULT_PACKAGES if packages is None else tuple(packages)
+    return normalize_packages([*base, *(p for e in found for p in e.packages)])

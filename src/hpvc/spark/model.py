@@ -1,0 +1,169 @@
+"""What is the same for Spark on the host and in a virtual cluster; pure, no I/O.
+
+How much of a node a worker offers, the command lines of the master, the
+workers and spark-submit, the TeraSort result lines, and the master's JSON
+status. ``hpvc.spark.native`` runs these on the host; a virtual cluster runs
+the same argv inside its nodes (Spark at ``/opt/spark``, the jar at
+``/opt/hpvc/terasort.jar`` in the ``spark`` image).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Any
+
+from hpvc.errors import InputError
+
+MAIN_CLASS = "hpvc.terasort.TeraSort"
+RECORD_BYTES = 100
+# The master's and each worker's own JVM heap (SPARK_DAEMON_MEMORY): both only
+# keep book, 256 MiB is plenty for clusters of this size.
+DAEMON_MEMORY_MIB = 256
+OS_RESERVE_MIN_MIB = 512  # the node's kernel, init, sshd, page-cache headroom
+JVM_OVERHEAD_MIN_MIB = 384  # an executor's memory beyond its heap (metaspace, threads, NIO)
+MIN_WORKER_MIB = 512
+# Where the pieces are in the spark image.
+IMAGE_SPARK_HOME = "/opt/spark"
+IMAGE_JAR = "/opt/hpvc/terasort.jar"
+
+
+def worker_memory_mib(node_memory_mib: int) -> int:
+    """The memory a worker on a node of ``node_memory_mib`` offers its executor (its heap).
+
+    The node keeps ``max(512 MiB, 10 %)`` for the OS and 256 MiB for the worker
+    daemon; of the rest, the executor JVM needs ``max(384 MiB, 10 % of its
+    heap)`` beyond the heap. Rounded down to 64 MiB.
+
+    >>> worker_memory_mib(4096)
+    2944
+    >>> worker_memory_mib(16384)
+    13120
+    """
+    os_reserve = max(OS_RESERVE_MIN_MIB, node_memory_mib // 10)
+    rest = node_memory_mib - os_reserve - DAEMON_MEMORY_MIB
+    heap = min(rest - JVM_OVERHEAD_MIN_MIB, rest * 10 // 11)
+    heap -= heap % 64
+    if heap < MIN_WORKER_MIB:
+        raise InputError(
+            f"spark worker on a {node_memory_mib} MiB node",
+            f"leaves {max(heap, 0)} MiB for the executor, under {MIN_WORKER_MIB} MiB",
+            "give the nodes at least 2 GiB of memory",
+        )
+    return heap
+
+
+def master_url(host: str, port: int) -> str:
+    return f"spark://{host}:{port}"
+
+
+def _class_argv(spark_home: str | PurePath, cls: str) -> list[str]:
+    return [str(PurePath(spark_home) / "bin" / "spark-class"), cls]
+
+
+def master_argv(spark_home: str | PurePath, host: str, port: int, ui_port: int) -> list[str]:
+    """The standalone master in the foreground (``spark-class`` execs java: its PID is java's)."""
+    argv = _class_argv(spark_home, "org.apache.spark.deploy.master.Master")
+    return [*argv, "--host", host, "--port", str(port), "--webui-port", str(ui_port)]
+
+
+def worker_argv(
+    spark_home: str | PurePath,
+    master: str,
+    *,
+    host: str,
+    cores: int,
+    memory_mib: int,
+    work_dir: str | PurePath,
+    port: int = 0,
+    ui_port: int = 0,
+) -> list[str]:
+    """One worker offering ``cores`` and ``memory_mib`` to ``master`` (port 0: any)."""
+    if cores < 1 or memory_mib < 1:
+        raise InputError("spark worker", f"cores={cores} memory={memory_mib} MiB", "both >= 1")
+    argv = _class_argv(spark_home, "org.apache.spark.deploy.worker.Worker")
+    argv += ["--host", host, "--port", str(port), "--webui-port", str(ui_port)]
+    argv += ["--cores", str(cores), "--memory", f"{memory_mib}M", "--work-dir", str(work_dir)]
+    return [*argv, master]
+
+
+def app_conf(workers: int, cores: int, memory_mib: int) -> dict[str, str]:
+    """One executor per worker taking the whole worker (its cores, its memory as
+    heap), and the application waiting for all of them before its first job, so
+    the timings TeraSort prints measure work, not executors starting."""
+    return {
+        "spark.executor.cores": str(cores),
+        "spark.executor.memory": f"{memory_mib}m",
+        "spark.cores.max": str(workers * cores),
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+    }
+
+
+def submit_argv(
+    spark_home: str | PurePath,
+    master: str,
+    jar: str | PurePath,
+    args: Sequence[str],
+    conf: Mapping[str, str] | None = None,
+    main_class: str = MAIN_CLASS,
+) -> list[str]:
+    """``spark-submit --master M --class C [--conf k=v ...] JAR ARGS`` (conf sorted by key)."""
+    argv = [str(PurePath(spark_home) / "bin" / "spark-submit"), "--master", master]
+    argv += ["--class", main_class]
+    for key, value in sorted((conf or {}).items()):
+        if not key.startswith("spark.") or "=" in key or any(c.isspace() for c in key):
+            raise InputError(f"spark conf {key!r}", "not a Spark property name", "e.g. spark.x.y")
+        argv += ["--conf", f"{key}={value}"]
+    return [*argv, str(jar), *args]
+
+
+_INT_FIELDS = frozenset({"records", "partitions", "samples"})
+_TAGS = ("TERAGEN", "TERASORT", "TERAVALIDATE", "TERATIME")
+
+
+def _value(key: str, text: str) -> Any:
+    if key in _INT_FIELDS:
+        return int(text)
+    if key.endswith("_s"):
+        return float(text)
+    if key == "sorted":
+        if text not in ("true", "false"):
+            raise ValueError(f"sorted={text}")
+        return text == "true"
+    return text
+
+
+def parse_result(text: str) -> dict[str, dict[str, Any]]:
+    """The TERA* lines of TeraSort's output: tag -> fields (the last line of a tag wins).
+
+    Counts are int, ``*_s`` times float, ``sorted`` bool, the rest (checksum in
+    hex, cmd, problem) str; everything else in ``text`` (Spark's log) is ignored.
+
+    >>> parse_result("x\\nTERAVALIDATE records=3 checksum=1f sorted=true partitions=1\\n")
+    {'TERAVALIDATE': {'records': 3, 'checksum': '1f', 'sorted': True, 'partitions': 1}}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        tag, _, rest = line.strip().partition(" ")
+        if tag not in _TAGS:
+            continue
+        fields: dict[str, Any] = {}
+        for token in rest.split():
+            key, eq, value = token.partition("=")
+            if not eq or not key:
+                raise ValueError(f"malformed field {token!r} in {line.strip()!r}")
+            fields[key] = _value(key, value)
+        out[tag] = fields
+    return out
+
+
+def workers_alive(master_json: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ALIVE workers in the master's ``/json/`` status (dead ones stay listed as DEAD)."""
+    workers = master_json.get("workers") or []
+    return [dict(w) for w in workers if isinstance(w, Mapping) and w.get("state") == "ALIVE"]
+
+
+def rows_for(size_bytes: int) -> int:
+    """TeraGen rows for about ``size_bytes`` of data (100-byte records, rounded down)."""
+    return size_bytes // RECORD_BYTES

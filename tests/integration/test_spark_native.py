@@ -1,0 +1,89 @@
+"""Real Spark on this host: TeraGen's bytes against the gensort reference, and a
+native standalone cluster (master + 2 workers of 1 core, 1 GiB) running TeraGen,
+TeraSort and TeraValidate on 64 MiB, leaving no JVM behind.
+
+The pinned Spark is fetched once (pip, ~320 MB) into the default cache
+(/var/cache/hpvc/spark, or $HPVC_CACHE_DIR/spark) and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from hpvc.spark import model
+from hpvc.spark.app import build_jar
+from hpvc.spark.dist import cache_dir, java_home, spark_home
+from hpvc.spark.native import NativeSpark
+from tests import gensort
+from tests.helpers import requires
+
+ROWS_64MIB = model.rows_for(64 << 20) + 1  # 671089 rows: just over 64 MiB
+
+
+def _pgid(pid: str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[2])
+
+
+def processes_in_groups(groups: set[int]) -> list[int]:
+    """PIDs of live processes whose process group is one of ``groups``."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(p) in groups]
+
+
+def test_teragen_writes_gensort_records(tmp_path: Path) -> None:
+    requires("java")
+    home = spark_home()
+    jar = build_jar(home, cache_dir() / "jars")
+    out = tmp_path / "gen"
+    argv = model.submit_argv(
+        home, "local[2]", jar, ["gen", "2000", str(out), "--partitions", "3"],
+        {"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1"},
+    )  # fmt: skip
+    env = dict(os.environ, JAVA_HOME=str(java_home()), SPARK_LOCAL_IP="127.0.0.1")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(out.iterdir())
+    assert [f.name for f in files] == ["part-00000", "part-00001", "part-00002"]
+    assert [f.stat().st_size for f in files] == [66700, 66700, 66600]  # 667, 667, 666 rows
+    data = b"".join(f.read_bytes() for f in files)
+    assert data == gensort.records(0, 2000)
+    result = model.parse_result(done.stdout)
+    assert result["TERAGEN"]["records"] == 2000
+    assert int(result["TERAGEN"]["checksum"], 16) == gensort.checksum(data)
+
+
+def test_native_terasort_64mib(tmp_path: Path) -> None:
+    requires("java")
+    groups: set[int] = set()
+    spark = NativeSpark(tmp_path / "run", workers=2, cores=1, memory_mib=1024)
+    with spark:
+        groups.update(spark.pids())
+        data, out = tmp_path / "data", tmp_path / "sorted"
+        results = {}
+        for args in (
+            ["gen", str(ROWS_64MIB), str(data)],
+            ["sort", str(data), str(out)],
+            ["validate", str(out)],
+        ):
+            done = spark.submit(args)
+            assert done.returncode == 0, f"{args[0]}: {done.stderr[-3000:]}"
+            results[args[0]] = model.parse_result(done.stdout)
+    gen, sort, valid = results["gen"], results["sort"], results["validate"]
+    assert gen["TERAGEN"]["records"] == sort["TERASORT"]["records"] == ROWS_64MIB
+    assert valid["TERAVALIDATE"] == {
+        "records": ROWS_64MIB,
+        "checksum": gen["TERAGEN"]["checksum"],
+        "sorted": True,
+        "partitions": sort["TERASORT"]["partitions"],
+    }
+    assert sum(f.stat().st_size for f in out.iterdir()) == ROWS_64MIB * 100
+    for r in results.values():
+        assert r["TERATIME"]["total_s"] > 0
+    assert list((tmp_path / "run" / "events").iterdir())  # event logs where we asked
+    assert len(groups) == 3 and processes_in_groups(groups) == []
+    assert spark.daemons == []

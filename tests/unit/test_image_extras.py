@@ -1,0 +1,158 @@
+"""Image extras and presets: digests stay put without extras, the spark preset's
+recipe, installers run into the rootfs and are recorded, with a fake debootstrap
+and a fake extra. No root, no network."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpvc.cli import image as cli_image
+from hpvc.errors import InputError
+from hpvc.image import DEFAULT_PACKAGES, ImageSpec, Store, build_image, resolve_image
+from hpvc.image import extras as image_extras
+from hpvc.image.extras import EXTRAS, SPARK_EXTRA, Extra, preset_extras, with_extras
+from hpvc.progress import Progress
+from tests.unit.test_image import DEFAULT_DIGEST, Fake, build, leftovers, run_cli
+
+# The spark preset's recipe digest: changes only with its recipe (see DEFAULT_DIGEST).
+SPARK_DIGEST = "f5ae00853fd17d537d38d21a487d60f65536988d599fb859099a315d09ad4680"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store")
+
+
+def spark_spec() -> ImageSpec:
+    return ImageSpec.make(with_extras(None, [SPARK_EXTRA]), extras=[SPARK_EXTRA])
+
+
+def test_no_extras_keeps_every_digest() -> None:
+    assert ImageSpec.make(extras=()).digest == DEFAULT_DIGEST
+    assert "extras" not in ImageSpec.make().canonical_json()
+    assert ImageSpec.make(["fio"], extras=[" "]).digest == ImageSpec.make(["fio"]).digest
+
+
+def test_extras_are_in_the_digest_sorted_and_unique() -> None:
+    a = ImageSpec.make(extras=["spark-3.5.3"])
+    assert a.digest != DEFAULT_DIGEST and '"extras":["spark-3.5.3"]' in a.canonical_json()
+    b = ImageSpec.make(extras=["x-1", "spark-3.5.3", "x-1"])
+    assert b.extras == ("spark-3.5.3", "x-1")
+    assert b.digest == ImageSpec.make(extras=["spark-3.5.3", "x-1"]).digest != a.digest
+    with pytest.raises(InputError, match="not an extra's name"):
+        ImageSpec.make(extras=["Spark 3"])
+
+
+def test_the_spark_preset_is_the_defaults_plus_java_and_spark() -> None:
+    assert preset_extras("spark") == (SPARK_EXTRA,)
+    assert preset_extras("hpc") == () and preset_extras("spark2") == ()
+    spec = spark_spec()
+    assert set(DEFAULT_PACKAGES) < set(spec.packages)
+    assert set(spec.packages) - set(DEFAULT_PACKAGES) == {"openjdk-17-jre-headless"}
+    assert spec.extras == (SPARK_EXTRA,)
+    assert spec.digest == SPARK_DIGEST
+
+
+def test_with_extras() -> None:
+    assert with_extras(None, []) is None
+    assert with_extras(["vim", "fio"], []) == ("fio", "vim")
+    assert with_extras(["busybox"], [SPARK_EXTRA]) == (
+        "busybox", "openjdk-17-jre-headless", "procps",
+    )  # fmt: skip
+    with pytest.raises(InputError, match=r"known extras: spark-3\.5\.3"):
+        with_extras(None, ["hadoop-9"])
+
+
+@pytest.fixture
+def fake_extra(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """spark-3.5.3 replaced by an extra that drops a file into the rootfs."""
+    calls: list[Path] = []
+
+    def install(rootfs: Path, progress: Progress) -> None:
+        calls.append(rootfs)
+        (rootfs / "opt/spark").mkdir(parents=True)
+        (rootfs / "opt/spark/RELEASE").write_text("fake\n")
+        progress("copying Spark")
+
+    fake = Extra(SPARK_EXTRA, ("openjdk-17-jre-headless",), install, "fake")
+    monkeypatch.setitem(EXTRAS, SPARK_EXTRA, fake)
+    return calls
+
+
+def test_build_runs_the_extras_and_records_them(
+    tmp_path: Path, store: Store, fake_extra: list[Path]
+) -> None:
+    fake = Fake(tmp_path)
+    steps: list[str] = []
+    image = build(fake, store, "spark", extras=[SPARK_EXTRA], progress=steps.append)
+    assert image.extras == (SPARK_EXTRA,) and image.digest == SPARK_DIGEST
+    assert (image.rootfs / "opt/spark/RELEASE").read_text() == "fake\n"
+    assert len(fake_extra) == 1 and fake_extra[0].parent.name.startswith(SPARK_DIGEST + ".tmp-")
+    meta = json.loads((image.path / "image.json").read_text())
+    assert meta["extras"] == [SPARK_EXTRA] and "openjdk-17-jre-headless" in meta["packages"]
+    assert "--include=" in fake.runs()[0] and "openjdk-17-jre-headless" in fake.runs()[0]
+    assert f"extra {SPARK_EXTRA}: installing" in steps
+    assert resolve_image("spark", store).extras == (SPARK_EXTRA,)
+    assert build(fake, store, "spark", extras=[SPARK_EXTRA]).reused and len(fake_extra) == 1
+
+
+def test_images_without_extras_record_none(tmp_path: Path, store: Store) -> None:
+    image = build(Fake(tmp_path), store, "hpc")
+    assert image.extras == () and image.digest == DEFAULT_DIGEST
+    meta = json.loads((image.path / "image.json").read_text())
+    meta.pop("extras")  # an image.json written before extras existed
+    (image.path / "image.json").write_text(json.dumps(meta))
+    assert resolve_image("hpc", store).extras == ()
+
+
+def test_a_failing_extra_leaves_nothing(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def install(rootfs: Path, progress: Progress) -> None:
+        raise InputError("image extra spark", "no Java 17 in the rootfs")
+
+    monkeypatch.setitem(EXTRAS, SPARK_EXTRA, Extra(SPARK_EXTRA, (), install, "broken"))
+    with pytest.raises(InputError, match="no Java 17"):
+        build(Fake(tmp_path), store, "spark", extras=[SPARK_EXTRA])
+    assert leftovers(store) == [] and store.all_names() == {}
+
+
+def test_cli_build_spark_picks_the_preset(
+    tmp_path: Path,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fake_extra: list[Path],
+) -> None:
+    seen: list[dict[str, Any]] = []
+    real = functools.partial(build_image, debootstrap_path=Fake(tmp_path).path, require_root=False)
+
+    def recording(name: str, packages: list[str] | None, **kw: Any) -> Any:
+        seen.append({"name": name, "packages": packages, "extras": list(kw["extras"])})
+        return real(name, packages, **kw)
+
+    monkeypatch.setattr(cli_image, "build_image", recording)
+    s = str(store.root)
+    code, out, err = run_cli(["image", "build", "spark", "--store", s, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["extras"] == [SPARK_EXTRA] and doc["digest"] == SPARK_DIGEST
+    code, out, err = run_cli(["image", "build", "hpc", "--store", s, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["digest"] == DEFAULT_DIGEST and json.loads(out)["extras"] == []
+    assert [e["extras"] for e in seen] == [[SPARK_EXTRA], []]
+    assert [e["packages"] for e in seen] == [None, None]
+    code, out, _ = run_cli(["image", "ls", "--store", s], capsys)
+    assert code == 0 and f"+{SPARK_EXTRA}" in out
+    code, _, err = run_cli(["image", "build", "x", "--extras", "nope-1", "--store", s], capsys)
+    assert code == 2 and "known extras" in err
+
+
+def test_the_registry_names_real_installers() -> None:
+    for name, extra in image_extras.EXTRAS.items():
+        assert extra.name == name and callable(extra.install) and extra.about
