@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpvc.backends import container as ct
+from hpvc.backends import shared
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError
@@ -38,7 +39,6 @@ from hpvc.spec import Spec
 from hpvc.units import format_cpulist
 
 SHM_MIB = 1024
-SHARED_MOUNT = "/shared"
 
 RANK_SCRIPT = """#!/bin/bash
 # hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its node (see ranks beside this file).
@@ -71,6 +71,7 @@ def render_context(env: ClusterEnv) -> RenderContext:
     """How the OCI config of this cluster's nodes is rendered on this host."""
     st = _state(env)
     dev = st.block_device
+    plan = env.rec.the_plan()
     return RenderContext(
         base_dir=str(env.store.root),
         node_rootfs=True,
@@ -82,11 +83,13 @@ def render_context(env: ClusterEnv) -> RenderContext:
         binds=(
             # Open MPI's session dir: same path inside as outside (PMIx files).
             (str(env.dir / "mpi"), str(env.dir / "mpi"), False),
-            # A directory every node sees, like a cluster's shared home.
-            (str(env.dir / "shared"), SHARED_MOUNT, False),
+            # A host folder every node sees, like a cluster's shared home
+            # (none here when it is served over NFS: see node_binds).
+            *shared.binds(env, plan),
             # Host directories a site shares with Slurm jobs' nodes (hpvc.slurm).
             *((p, p, False) for p in env.rec.binds),
         ),
+        node_binds=shared.node_binds(plan),
         block_device=(int(dev[0]), int(dev[1])) if dev else None,
         tenant=env.rec.tenant,
     )
@@ -125,6 +128,7 @@ class CrunBackend:
 
     def preflight(self, spec: Spec) -> None:
         ct.runtime()
+        shared.preflight(spec)
 
     def build_image(self, spec: Spec, progress: Progress) -> None:
         resolve_image(spec.image)  # the rootfs `hpvc image build` made, or exit 2
@@ -144,7 +148,7 @@ class CrunBackend:
             exclusive=any(n.partition == "hpc" for n in plan.nodes),
         )
         inject("cgroup")
-        (env.dir / "shared").mkdir(parents=True, exist_ok=True)
+        shared.prepare(env, plan)
         if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
             ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB, tenant=env.rec.tenant)
             st.shm = str(env.dir / "shm")
@@ -180,14 +184,18 @@ class CrunBackend:
                 top = layer.mount_layer(j, env.store.root, node_dir, node.disk_mib)
             ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant, layer=top)
             ct.wire_node(j, plan, node, arp)
+            shared.before_container(env, plan, name, net.netns_path(ct.netns_name(env.name, name)))
             ct.start_container(j, plan, node, ctx, node_dir)
             if node.io is not None:  # bfq weight (crun cannot), and a check of the throttles
                 cgroups.apply_node_extras(env.name, name, io=node.io, device=ctx.block_device)
             inject(f"node:{name}")
 
         # Each node's changes are its own (journal, folder, netns, veth,
-        # container): they are made side by side (hpvc.concurrent).
-        each(names, one)
+        # container): they are made side by side (hpvc.concurrent), after the
+        # node that serves the shared directory over NFS, if it starts now.
+        server, others = shared.server_first(plan, names)
+        each(server, one)
+        each(others, one)
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         errors = undo_nodes(env, names, progress)
@@ -225,7 +233,12 @@ class CrunBackend:
         return out
 
     def summary(self, env: ClusterEnv) -> dict[str, Any]:
-        return {"backend": self.name, "io_warning": io_warning(env, env.rec.the_plan())}
+        plan = env.rec.the_plan()
+        return {
+            "backend": self.name,
+            "io_warning": io_warning(env, plan),
+            "shared_dir": shared.status(env, plan),
+        }
 
     def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
         return ct.container_pid(ct.container_id(plan.cluster, node.name))

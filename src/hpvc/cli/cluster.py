@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.services_view import show_services
 from hpvc.errors import HpvcError, InputError, SpecError, require_root
 from hpvc.units import format_cpulist
 
@@ -163,6 +164,7 @@ def show_status(st: dict[str, Any]) -> None:
         )
     console.print(t)
     _across_hosts(st.get("across_hosts"))
+    show_services(st)
     _notes(st)
 
 

@@ -73,6 +73,18 @@ def show(p: Plan) -> None:
     across = describe(p.network)
     if across:
         console.print(across, markup=False, soft_wrap=True)
+    sh = p.shared
+    if sh.server == "nfs":
+        size = f"{sh.size_mib} MiB ext4 loop file system" if sh.size_mib else "a host folder"
+        console.print(
+            f"shared {sh.path}: NFS from {sh.node} ({sh.address}:{sh.export})"
+            f" to {p.network.subnet}, on {size}{', kept after down' if sh.keep else ''}",
+            markup=False,
+        )
+    if p.spark is not None:
+        ws = ", ".join(f"{w.node} {w.cores} cores {w.memory_mib} MiB" for w in p.spark.workers)
+        console.print(f"spark: master {p.spark.url} on {p.spark.master}, UI {p.spark.ui};"
+                      f" workers: {ws or 'none'}", markup=False)  # fmt: skip
     for note in p.notes:
         console.print(f"[dim]note: {escape(note)}[/dim]")
 

@@ -68,6 +68,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "node",
         "Node-level commands for Slurm jobs (called by the hpvc SPANK plugin).",
     ),
+    "spark": (
+        "spark",
+        "Run Spark applications on a Spark virtual cluster (spec [spark], docs/spark.md).",
+    ),
     "serve": ("serve", "Keep hpvc loaded on this host: commands start from a warm fork."),
 }
 

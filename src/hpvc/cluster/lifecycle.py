@@ -187,6 +187,9 @@ def _up_locked(
         backend.start(env, plan, [n.name for n in plan.nodes], progress)
         if set(phases) == own:  # a backend that splits its start (VMs) said how
             phases["nodes"] = time.perf_counter() - t0 - sum(phases.values())
+        if plan.spark is not None:
+            start_services(backend, env, plan, [n.name for n in plan.nodes], progress)
+            phases["services"] = time.perf_counter() - t0 - sum(phases.values())
         rec.status = "running"
         rec.up_seconds = time.perf_counter() - t0
         env.save()
@@ -374,6 +377,19 @@ def _apply_scale(
     if gone:
         backend.stop(env, old, gone, progress)
     _grow_pages(env, plan, progress)
-    backend.start(env, plan, [n.name for n in plan.nodes if n.name not in before], progress)
+    new = [n.name for n in plan.nodes if n.name not in before]
+    backend.start(env, plan, new, progress)
     backend.refresh(env, old, plan, progress)
     backend.repin(env, old, plan)
+    start_services(backend, env, plan, new, progress)
+
+
+def start_services(
+    backend: Backend, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress
+) -> None:
+    """What the cluster serves itself from inside its nodes (Spark's daemons),
+    on the nodes ``names`` that just started."""
+    if plan.spark is not None and names:
+        from hpvc.spark import cluster as spark  # only Spark clusters pay its import
+
+        spark.start(backend, env, plan, names, progress)

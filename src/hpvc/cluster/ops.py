@@ -87,6 +87,15 @@ def _shared_dir(env: ClusterEnv) -> dict[str, str] | None:
     return {"host": str(host), "node": "/shared"} if host.is_dir() else None
 
 
+def _spark(plan: Plan) -> dict[str, Any]:
+    """A Spark cluster's master and live workers (read from the master itself)."""
+    if plan.spark is None:
+        return {}
+    from hpvc.spark import cluster as spark  # only Spark clusters pay its import
+
+    return {"spark": spark.status(plan)}
+
+
 def status(name: str, store: Store | None = None) -> dict[str, Any]:
     """Nodes, states, addresses and limits as the kernel reports them now."""
     store = store or Store()
@@ -110,6 +119,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         "accelerator_warning": None,
         **backend.summary(env),
         "across_hosts": _across_hosts(rec.name, rec.overlay),
+        **_spark(plan),
         "nodes": [_node_status(backend, env, plan, n) for n in plan.nodes],
     }
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
-from hpvc.cluster.lifecycle import open_env, stopped_by
+from hpvc.cluster.lifecycle import open_env, start_services, stopped_by
 from hpvc.cluster.state import Store
 from hpvc.cluster.teardown import waiting
 from hpvc.errors import HpvcError, InputError
@@ -123,6 +123,7 @@ def _bring_back(
         if dead:
             listed = ", ".join(f"{n} ({s})" for n, s in dead.items())
             raise HpvcError(f"restart {env.name}", f"started, but not running: {listed}")
+        start_services(backend, env, plan, names, progress)
     except BaseException as e:
         progress(f"restart {stopped_by(e)}; undoing {', '.join(names)}")
         try:

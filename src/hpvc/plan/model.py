@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpvc.plan.services import DEFAULT_SHARED, SharedPlan, SparkPlan
+
 
 @dataclass(frozen=True)
 class VcpuPin:
@@ -185,6 +187,10 @@ class Plan:
     nodes: tuple[PlannedNode, ...]
     hosts: tuple[HostPlan, ...]
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # What the cluster serves itself (hpvc.plan.services); plans made before
+    # these existed read as a host folder at /shared and no Spark.
+    shared: SharedPlan = DEFAULT_SHARED
+    spark: SparkPlan | None = None
 
     def node(self, name: str) -> PlannedNode:
         for n in self.nodes:
@@ -206,6 +212,9 @@ class Plan:
             "hosts": [h.to_json() for h in self.hosts],
             "locality": self.locality(),
             "notes": list(self.notes),
+            # The default (a host folder at /shared) is left out: plans stay as they were.
+            **({"shared": self.shared.to_json()} if self.shared != DEFAULT_SHARED else {}),
+            **({"spark": self.spark.to_json()} if self.spark else {}),
         }
 
 
@@ -274,4 +283,6 @@ def plan_from_json(d: dict[str, Any]) -> Plan:
         nodes=nodes,
         hosts=hosts,
         notes=tuple(d.get("notes", ())),
+        shared=SharedPlan.from_json(d["shared"]) if d.get("shared") else DEFAULT_SHARED,
+        spark=SparkPlan.from_json(d["spark"]) if d.get("spark") else None,
     )

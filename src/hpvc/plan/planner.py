@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from hpvc.errors import DoesNotFit, InputError
+from hpvc.plan import services
 from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.hoststate import HostState, host_state
 from hpvc.plan.model import (
@@ -130,6 +131,8 @@ def plan_cluster(
         nodes=nodes,
         hosts=tuple(_host_plan(h, rules, tuple(on_host[h.name])) for h in used),
         notes=tuple(sorted({note for _, t in hosts for note in t.notes})) + net_notes,
+        shared=services.shared_plan(spec, nodes),
+        spark=services.spark_plan(spec, nodes),
     )
 
 

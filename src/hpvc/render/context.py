@@ -73,6 +73,8 @@ class RenderContext:
     shared_ns_pid: int | None = None
     shared_shm: str | None = None
     binds: tuple[tuple[str, str, bool], ...] = ()  # (host path, container path, read-only)
+    # Binds whose host path is relative to each node's own folder (its NFS mount).
+    node_binds: tuple[tuple[str, str, bool], ...] = ()
     # A tenant's nodes (a Slurm share): the folders bound into them are nosuid,nodev.
     tenant: bool = False
     # VMs: co-resident nodes map this host file (size in MiB, a power of two) as

@@ -6,6 +6,7 @@ Pure: returns a dict; the container backend writes it into the node's bundle.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from hpvc.plan.model import Plan, PlannedNode
@@ -98,7 +99,9 @@ def _mounts(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[dict[str,
         # The host's hugetlbfs mount of this page size; co-resident nodes share it.
         hp = ctx.hugetlbfs_path(node.hugepages.size_kib)
         mounts.append(_mount("/dev/hugepages", "bind", hp, ["rbind", "nosuid", "nodev"]))
-    for src, dst, ro in ctx.binds:
+    node_dir = ctx.node_dir(plan.cluster, node.name)
+    binds = [*ctx.binds, *((os.path.join(node_dir, s), d, ro) for s, d, ro in ctx.node_binds)]
+    for src, dst, ro in binds:
         mounts.append(_mount(dst, "bind", src, ["rbind", "ro" if ro else "rw", *user]))
     return mounts
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from hpvc.errors import HpvcError
 from hpvc.units import parse_size
 
 MIB = 1024 * 1024
@@ -117,6 +118,62 @@ class Tuning(Strict):
         return HUGEPAGE_KIB[self.hugepages]
 
 
+# Absolute, no '..', and not where a node's system lives.
+SHARED_PATH_RE = re.compile(r"(/[A-Za-z0-9._-]+)+")
+SYSTEM_DIRS = frozenset(
+    [
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/lib",
+        "/lib64",
+        "/proc",
+        "/run",
+        "/sbin",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/var",
+    ]
+)
+
+
+def _shared_size(value: object) -> int:
+    return _disk_to_mib(value)
+
+
+class Shared(Strict):
+    """The cluster-wide shared directory (docs/storage.md)."""
+
+    # "host": a host folder bound into every node (one host only, no server);
+    # "nfs": exported over NFS by the storage node (or the head) to the subnet.
+    server: Literal["host", "nfs"] = "host"
+    path: str = "/shared"
+    size: Annotated[int, BeforeValidator(_shared_size)] | None = None  # MiB; None: a folder
+    keep: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        parts = v.split("/")
+        if not SHARED_PATH_RE.fullmatch(v) or ".." in parts or "." in parts:
+            raise ValueError(f"{v!r} is not an absolute folder path such as '/shared'")
+        if "/" + parts[1] in SYSTEM_DIRS:
+            raise ValueError(
+                f"{v!r} is inside the node's system ({'/' + parts[1]}); use e.g. /shared"
+            )
+        return v
+
+
+class Spark(Strict):
+    """Apache Spark standalone on the cluster (docs/spark.md): the head runs the
+    master, every compute node a worker sized from its vCPUs and memory."""
+
+    master_port: int = Field(default=7077, ge=1024, le=65535)
+    ui_port: int = Field(default=8080, ge=1024, le=65535)
+
+
 class Spec(Strict):
     name: str
     kind: Literal["container", "vm"] = "container"
@@ -125,6 +182,8 @@ class Spec(Strict):
     network: Network = Network()
     tuning: Tuning = Tuning()
     nodes: list[NodeGroup] = Field(min_length=1)
+    shared: Shared = Shared()
+    spark: Spark | None = None
 
     @field_validator("name")
     @classmethod
@@ -168,7 +227,34 @@ class Spec(Strict):
             )
         if total == 0:
             raise ValueError("nodes: every group has count = 0; give at least one node")
+        self._check_services()
         return self
+
+    def _check_services(self) -> None:
+        if self.shared.server == "nfs" and self.kind != "container":
+            raise ValueError(
+                'shared.server = "nfs": served to container nodes only for now'
+                ' (docs/storage.md); use kind = "container" or server = "host"'
+            )
+        if self.shared.server == "host" and self.shared.size is not None:
+            raise ValueError('shared.size: applies to server = "nfs" only; remove it')
+        if self.spark is None:
+            return
+        roles = {g.role for g in self.nodes if g.count}
+        if "head" not in roles or "compute" not in roles:
+            raise ValueError(
+                "spark: needs a head node (the master) and compute nodes (the workers)"
+            )
+        if self.spark.master_port == self.spark.ui_port:
+            raise ValueError("spark: master_port and ui_port must differ")
+        from hpvc.spark.model import worker_memory_mib  # pure: the worker sizing rule
+
+        for i, g in enumerate(self.nodes):
+            if g.role == "compute" and g.count:
+                try:
+                    worker_memory_mib(g.memory)
+                except HpvcError as e:
+                    raise ValueError(f"nodes[{i}].memory: {e.why}; {e.fix}") from None
 
     def pinning_of(self, group: NodeGroup) -> str:
         return group.pinning or self.tuning.pinning

@@ -1,0 +1,174 @@
+"""The shared directory of container nodes (spec ``[shared]``, docs/storage.md).
+
+``server = "host"``: one host folder bound into every node at the spec's path.
+``server = "nfs"``: the same data served over NFS by one node of the cluster,
+as the seed's storage node does: NFS-Ganesha (``hpvc.host.nfs_server``) runs
+in that node's network namespace on its cluster address, exporting a backing
+on the host (a folder, or an ext4 loop file system of ``size``) to the
+cluster's subnet only; every node, the server's own included, mounts it with
+hpvc-nfsfuse (``hpvc.host.nfs_mount``) from inside its own network namespace,
+on a folder in the node's state directory that its container binds at the
+spec's path. So a node's file traffic is real NFS over the cluster network,
+across hosts too.
+
+The data lives in the cluster's folder (gone at ``down``), or with
+``keep = true`` in ``<state>/shared/<cluster>`` where the next ``up`` of the
+same name finds it again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpvc.backends.base import ClusterEnv
+from hpvc.errors import InputError
+from hpvc.host import nfs_backing, nfs_mount, nfs_server
+from hpvc.image import resolve_image
+from hpvc.image.extras import SPARK_EXTRA
+from hpvc.plan import Plan
+from hpvc.plan.services import DEFAULT_SHARED, SharedPlan
+from hpvc.spec import Spec
+
+MOUNT_TIMEOUT_S = 30.0  # a node waits this long for the server (another host may be slower)
+SERVER_TIMEOUT_S = 20.0
+
+
+def preflight(spec: Spec) -> None:
+    """Refuse, before any host change, a spec this host cannot serve: the NFS
+    server's and client's programs, and Spark without Spark in the image."""
+    if spec.shared.server == "nfs":
+        nfs_server.tools()
+        nfs_mount.client_binary()
+    if spec.spark is not None:
+        image = resolve_image(spec.image)
+        if SPARK_EXTRA not in image.extras:
+            raise InputError(
+                f"image {spec.image!r}",
+                "has no Spark, which the spec's [spark] needs",
+                'hpvc image build spark, and image = "spark" in the spec',
+            )
+
+
+def shared_of(plan: Plan) -> SharedPlan:
+    return plan.shared or DEFAULT_SHARED
+
+
+def kept_dir(env: ClusterEnv) -> Path:
+    """Where a ``keep = true`` cluster's data lives between its ups."""
+    return env.store.root / "shared" / env.name
+
+
+def host_folder(env: ClusterEnv, sh: SharedPlan) -> Path:
+    """The host folder of ``server = "host"``."""
+    return kept_dir(env) if sh.keep else env.dir / "shared"
+
+
+def export_dir(env: ClusterEnv, sh: SharedPlan) -> Path:
+    """What the NFS server exports: the backing folder, or the loop file
+    system's mount point (its image file beside it)."""
+    return kept_dir(env) if sh.keep else env.dir / "export"
+
+
+def binds(env: ClusterEnv, plan: Plan) -> tuple[tuple[str, str, bool], ...]:
+    """The cluster-wide bind of a host folder (none with NFS: see ``node_binds``)."""
+    sh = shared_of(plan)
+    if sh.server != "host":
+        return ()
+    return ((str(host_folder(env, sh)), sh.path, False),)
+
+
+def node_binds(plan: Plan) -> tuple[tuple[str, str, bool], ...]:
+    """With NFS, each node binds its own mount (``<node dir>/shared``)."""
+    sh = shared_of(plan)
+    return (("shared", sh.path, False),) if sh.server == "nfs" else ()
+
+
+def prepare(env: ClusterEnv, plan: Plan) -> None:
+    """The folder or backing file system the shared directory lives in."""
+    sh = shared_of(plan)
+    if sh.server == "host":
+        host_folder(env, sh).mkdir(parents=True, exist_ok=True)
+        return
+    if sh.keep:
+        kept_dir(env).parent.mkdir(parents=True, exist_ok=True)
+    nfs_backing.backing(env.journal(), path=export_dir(env, sh), size_mib=sh.size_mib, keep=sh.keep)
+
+
+def server_first(plan: Plan, names: list[str]) -> tuple[list[str], list[str]]:
+    """(the server node if it starts now, the other nodes): the server's node
+    starts first so the others can mount from it."""
+    sh = shared_of(plan)
+    if sh.server == "nfs" and sh.node in names:
+        return [sh.node], [n for n in names if n != sh.node]
+    return [], list(names)
+
+
+def before_container(env: ClusterEnv, plan: Plan, name: str, netns_path: str) -> None:
+    """After the node's network namespace is wired, before its container starts:
+    the server (on its node), then the node's own mount."""
+    sh = shared_of(plan)
+    if sh.server != "nfs":
+        return
+    assert sh.node is not None and sh.address is not None
+    j = env.node_journal(name)
+    node_dir = env.node_dir(name)
+    if name == sh.node:
+        nfs_server.start(
+            j,
+            netns=netns_path,
+            cgroup_procs=None,
+            folder=node_dir / "nfs-server",
+            export_dir=export_dir(env, sh),
+            subnet=plan.network.subnet,
+            address=sh.address,
+            pseudo=sh.export,
+            root_squash=env.rec.tenant,
+            timeout_s=SERVER_TIMEOUT_S,
+        )
+    nfs_mount.mount(
+        j,
+        netns=netns_path,
+        server=sh.address,
+        export=sh.export,
+        mountpoint=node_dir / "shared",
+        pidfile=node_dir / "nfs-client.pid",
+        timeout_s=MOUNT_TIMEOUT_S,
+    )
+
+
+def status(env: ClusterEnv, plan: Plan) -> dict[str, Any] | None:
+    """What ``hpvc status`` shows of the shared directory."""
+    sh = shared_of(plan)
+    out: dict[str, Any] = {"server": sh.server, "path": sh.path, "keep": sh.keep}
+    if sh.server == "host":
+        folder = host_folder(env, sh)
+        if not folder.is_dir():
+            return None
+        out["host"] = str(folder)
+        out.update(_usage(folder))
+        return out
+    export = export_dir(env, sh)
+    out.update(
+        node=sh.node,
+        export=f"{sh.address}:{sh.export}",
+        backing=str(export),
+        size_mib=sh.size_mib,
+    )
+    if export.is_dir():
+        out.update(_usage(export))
+    out["mounts"] = {
+        n.name: nfs_mount.health(env.node_dir(n.name) / "shared") or "ok"
+        for n in plan.nodes
+        if env.node_dir(n.name).is_dir()
+    }
+    return out
+
+
+def _usage(path: Path) -> dict[str, int]:
+    st = os.statvfs(path)
+    return {
+        "size_bytes": st.f_blocks * st.f_frsize,
+        "used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize,
+    }

@@ -1,0 +1,198 @@
+"""Spark standalone on a virtual cluster: daemons in the nodes, status, submit.
+
+The head runs the master and every compute node a worker offering all its
+vCPUs and most of its memory (``hpvc.plan.services``, ``hpvc.spark.model``). The
+daemons run inside the nodes through the backend's own exec (crun exec for
+containers), as the node's root, with Debian's JRE and the Spark of the
+image (``/opt/spark``, ``hpvc image build spark``). Node-local scratch (shuffle
+files, the workers' folders) is in the node's own disk; logs and event logs go
+to the shared directory, where the host and every node read them. The daemons
+are processes of the nodes: they end with them, so they leave nothing on the
+host to undo.
+
+Status comes from the master's own JSON endpoint (``/json/`` on its web UI),
+read from the host over the cluster network.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from hpvc.backends.base import Backend, ClusterEnv
+from hpvc.errors import HpvcError
+from hpvc.plan import Plan
+from hpvc.plan.services import DEFAULT_SHARED, SparkPlan
+from hpvc.progress import Progress
+from hpvc.spark import model
+
+SPARK_HOME = model.IMAGE_SPARK_HOME
+JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
+SCRATCH = "/var/lib/spark"  # node-local: the node's own disk
+WAIT_S = 180.0  # JVMs start slowly on small hosts (and under TCG)
+
+
+def spark_dir(plan: Plan) -> str:
+    """Logs and event logs, on the shared directory (as the nodes see it)."""
+    return f"{(plan.shared or DEFAULT_SHARED).path}/spark"
+
+
+def _env(sp: SparkPlan, address: str, plan: Plan) -> dict[str, str]:
+    return {
+        "JAVA_HOME": JAVA_HOME,
+        "SPARK_HOME": SPARK_HOME,
+        "SPARK_LOCAL_IP": address,
+        "SPARK_LOCAL_DIRS": f"{SCRATCH}/local",
+        "SPARK_WORKER_DIR": f"{SCRATCH}/work",
+        "SPARK_DAEMON_MEMORY": f"{model.DAEMON_MEMORY_MIB}m",
+        "SPARK_LOG_DIR": f"{spark_dir(plan)}/logs",
+        "SPARK_NO_DAEMONIZE": "1",
+    }
+
+
+def daemon_argv(sp: SparkPlan, plan: Plan, node: str) -> list[str]:
+    """The shell line that starts ``node``'s daemon in the background (master
+    on the master node, else a worker) and returns at once."""
+    if node == sp.master:
+        address = sp.address
+        argv = model.master_argv(SPARK_HOME, address, sp.port, sp.ui_port)
+    else:
+        w = next(w for w in sp.workers if w.node == node)
+        address = w.address
+        argv = model.worker_argv(SPARK_HOME, sp.url, host=address, cores=w.cores,
+                                 memory_mib=w.memory_mib, work_dir=f"{SCRATCH}/work",
+                                 ui_port=8081)  # fmt: skip
+    env = _env(sp, address, plan)
+    log = f"{env['SPARK_LOG_DIR']}/{node}.log"
+    line = " ".join(
+        [
+            f"mkdir -p {SCRATCH}/local {SCRATCH}/work {shlex.quote(env['SPARK_LOG_DIR'])} &&",
+            "env",
+            *(shlex.quote(f"{k}={v}") for k, v in env.items()),
+            "setsid",
+            *map(shlex.quote, argv),
+            f">{shlex.quote(log)} 2>&1 </dev/null &",
+        ]
+    )
+    return ["/bin/sh", "-c", line]
+
+
+def _run(backend: Backend, env: ClusterEnv, plan: Plan, node: str, argv: list[str]) -> None:
+    full = backend.exec_argv(env, plan, plan.node(node), argv)
+    r = subprocess.run(full, capture_output=True, text=True, check=False, timeout=60)
+    if r.returncode != 0:
+        raise HpvcError(
+            f"spark on {node}", (r.stderr or r.stdout).strip() or f"exit {r.returncode}"
+        )
+
+
+def start(
+    backend: Backend, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress
+) -> None:
+    """Start the daemons of ``names`` (the master first), then wait until the
+    master lists every planned worker alive."""
+    sp = plan.spark
+    if sp is None:
+        return
+    here = {n.name for n in plan.nodes}
+    todo = [n for n in names if n in here and (n == sp.master or _is_worker(sp, n))]
+    todo.sort(key=lambda n: n != sp.master)
+    for node in todo:
+        progress(f"spark: {'master' if node == sp.master else 'worker'} on {node}")
+        _run(backend, env, plan, node, daemon_argv(sp, plan, node))
+    if sp.master in here:
+        wait_workers(sp, {w.node for w in sp.workers}, progress)
+
+
+def _is_worker(sp: SparkPlan, node: str) -> bool:
+    return any(w.node == node for w in sp.workers)
+
+
+def master_json(sp: SparkPlan, timeout_s: float = 2.0) -> dict[str, Any]:
+    """The master's own view (its web UI's /json/); HpvcError when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{sp.ui}/json/", timeout=timeout_s) as r:
+            doc = json.load(r)
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        raise HpvcError("spark master", f"{sp.ui} does not answer ({e})") from None
+    if not isinstance(doc, dict):
+        raise HpvcError("spark master", f"{sp.ui}/json/ is not a JSON object")
+    return doc
+
+
+def alive_workers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ALIVE workers of a master's JSON: host, cores and memory (MiB)."""
+    return [
+        {"host": w.get("host"), "cores": w.get("cores"), "memory_mib": w.get("memory")}
+        for w in doc.get("workers", [])
+        if w.get("state") == "ALIVE"
+    ]
+
+
+def wait_workers(sp: SparkPlan, nodes: set[str], progress: Progress) -> None:
+    want = {w.address for w in sp.workers if w.node in nodes}
+    deadline = time.monotonic() + WAIT_S
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            alive = {w["host"] for w in alive_workers(master_json(sp))}
+            if want <= alive:
+                progress(f"spark: master {sp.url}, {len(alive)} worker(s) alive, UI {sp.ui}")
+                return
+            last = f"{len(want & alive)} of {len(want)} workers alive"
+        except HpvcError as e:
+            last = e.why
+        time.sleep(0.5)
+    raise HpvcError(
+        "spark", f"not ready after {WAIT_S:.0f} s: {last}", "see the logs in /shared/spark/logs"
+    )
+
+
+def status(plan: Plan) -> dict[str, Any] | None:
+    """What ``hpvc status`` shows of Spark: the master and its live workers."""
+    sp = plan.spark
+    if sp is None:
+        return None
+    out: dict[str, Any] = {"master": sp.url, "ui": sp.ui, "planned_workers": len(sp.workers)}
+    try:
+        doc = master_json(sp)
+    except HpvcError as e:
+        out["error"] = e.why
+        return out
+    out["master_status"] = doc.get("status")
+    out["workers"] = alive_workers(doc)
+    out["applications"] = len(doc.get("activeapps", []))
+    return out
+
+
+def submit_argv(plan: Plan, app: str, args: list[str], *, cls: str | None = None,
+                conf: dict[str, str] | None = None) -> list[str]:  # fmt: skip
+    """spark-submit in the master node, in client mode, event logs on the shared directory."""
+    sp = plan.spark
+    assert sp is not None
+    head = plan.node(sp.master) if sp.master in {n.name for n in plan.nodes} else None
+    try:
+        driver_mib = model.worker_memory_mib(head.memory_mib if head else 2048)
+    except HpvcError:  # a small head: the driver keeps Spark's own default
+        driver_mib = 512
+    settings = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": f"file://{spark_dir(plan)}/events",
+        "spark.driver.host": sp.address,
+        "spark.local.dir": f"{SCRATCH}/local",
+        **(conf or {}),
+    }
+    argv = [f"{SPARK_HOME}/bin/spark-submit", "--master", sp.url, "--deploy-mode", "client"]
+    argv += ["--driver-memory", f"{driver_mib}m"]
+    if cls:
+        argv += ["--class", cls]
+    for k, v in settings.items():
+        argv += ["--conf", f"{k}={v}"]
+    line = f"mkdir -p {shlex.quote(spark_dir(plan))}/events && exec env JAVA_HOME={JAVA_HOME} "
+    line += " ".join(map(shlex.quote, [*argv, app, *args]))
+    return ["/bin/sh", "-c", line]

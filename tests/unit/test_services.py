@@ -1,0 +1,109 @@
+"""Spec [shared] and [spark], and what the plan makes of them (hpvc.plan.services)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hpvc.errors import SpecError
+from hpvc.plan import Reservations, plan_cluster
+from hpvc.plan.model import plan_from_json
+from hpvc.plan.services import DEFAULT_SHARED, server_node
+from hpvc.spark.model import worker_memory_mib
+from hpvc.spec import Spec, parse_spec
+from tests.unit.topogen import make_topology
+
+
+def spec(**extra: Any) -> Spec:
+    doc: dict[str, Any] = {
+        "name": "sp",
+        "tuning": {"pinning": "shared", "hugepages": "none"},
+        "nodes": [
+            {"role": "head", "memory": "1GiB"},
+            {"role": "compute", "count": 2, "vcpus": 2, "memory": "3GiB"},
+        ],
+    }
+    doc.update(extra)
+    return parse_spec(doc, "t.toml")
+
+
+def plan(s: Spec):  # type: ignore[no-untyped-def]
+    return plan_cluster(s, [("h", make_topology())], Reservations())
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"kind": "vm", "shared": {"server": "nfs"}}, 'kind = "container"'),
+        ({"shared": {"size": "1GiB"}}, 'server = "nfs" only'),
+        ({"shared": {"path": "shared"}}, "absolute folder path"),
+        ({"shared": {"path": "/a/../etc"}}, "absolute folder path"),
+        ({"shared": {"path": "/usr/share/x"}}, "inside the node's system"),
+        ({"shared": {"server": "nfs", "size": "12"}}, "write the unit"),
+        ({"shared": {"servr": "nfs"}}, "servr"),
+        ({"spark": {"master_port": 8080}}, "must differ"),
+        (
+            {"spark": {}, "nodes": [{"role": "head"}, {"role": "compute", "memory": "1GiB"}]},
+            "give the nodes at least 2 GiB",
+        ),
+    ],
+)
+def test_bad_sections_are_refused(extra: dict[str, Any], needle: str) -> None:
+    with pytest.raises(SpecError) as e:
+        spec(**extra)
+    assert needle in str(e.value)
+
+
+def test_spark_needs_head_and_computes() -> None:
+    with pytest.raises(SpecError, match="needs a head node"):
+        parse_spec({"name": "x", "nodes": [{"role": "compute"}], "spark": {}}, "t.toml")
+    with pytest.raises(SpecError, match="needs a head node"):
+        parse_spec({"name": "x", "nodes": [{"role": "head"}], "spark": {}}, "t.toml")
+
+
+def test_server_is_storage_then_head_then_first() -> None:
+    s = spec(nodes=[{"role": "compute", "count": 2}, {"role": "storage"}, {"role": "head"}])
+    assert server_node(s) == "storage0"
+    s = spec(nodes=[{"role": "compute", "count": 2}, {"role": "head"}])
+    assert server_node(s) == "head0"
+    s = spec(nodes=[{"role": "compute", "count": 2}])
+    assert server_node(s) == "compute0"
+
+
+def test_nfs_plan_names_server_address_and_roundtrips() -> None:
+    s = spec(
+        nodes=[{"role": "compute", "count": 2}, {"role": "storage"}],
+        shared={"server": "nfs", "size": "2GiB", "path": "/data", "keep": True},
+    )
+    p = plan(s)
+    assert p.shared.server == "nfs"
+    assert p.shared.node == "storage0"
+    assert p.shared.address == p.node("storage0").ip == "10.88.0.4"
+    assert (p.shared.size_mib, p.shared.path, p.shared.keep) == (2048, "/data", True)
+    assert plan_from_json(p.to_json()) == p
+
+
+def test_default_shared_leaves_plan_json_as_it_was() -> None:
+    p = plan(spec())
+    assert p.shared == DEFAULT_SHARED
+    assert "shared" not in p.to_json() and "spark" not in p.to_json()
+    assert plan_from_json(p.to_json()) == p
+
+
+def test_spark_workers_sized_from_their_nodes() -> None:
+    p = plan(spec(spark={}))
+    sp = p.spark
+    assert sp is not None
+    assert (sp.master, sp.address, sp.url) == (
+        "head0",
+        p.node("head0").ip,
+        "spark://10.88.0.2:7077",
+    )
+    assert sp.ui == "http://10.88.0.2:8080"
+    assert [(w.node, w.cores, w.memory_mib) for w in sp.workers] == [
+        ("compute0", 2, worker_memory_mib(3072)),
+        ("compute1", 2, worker_memory_mib(3072)),
+    ]
+    assert [w.address for w in sp.workers] == [p.node("compute0").ip, p.node("compute1").ip]
+    assert plan_from_json(p.to_json()) == p
