@@ -35,6 +35,8 @@ APT_PACKAGE = {
     "mpicc": "libopenmpi-dev",
     "make": "make",
     "ip": "iproute2",
+    "javac": "openjdk-17-jdk-headless",
+    "ganesha.nfsd": "nfs-ganesha nfs-ganesha-vfs",
 }
 
 # Where benchmark clusters take their /24 networks (first free one from here).
@@ -58,8 +60,10 @@ def ensure_image(name: str, progress: Progress = quiet) -> None:
         return
     except InputError:
         pass
+    from hpvc.image.extras import preset_extras  # `spark`: the preset's extras
+
     progress(f"image {name!r} not built yet: building it (about a minute)")
-    build_image(name, progress=lambda m: progress(f"image: {m}"))
+    build_image(name, progress=lambda m: progress(f"image: {m}"), extras=preset_extras(name))
 
 
 def native_dir() -> Path:

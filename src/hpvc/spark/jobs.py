@@ -105,12 +105,14 @@ def terasort(
     out: dict[str, Any] = {"cluster": name, "records": rows, "bytes": rows * model.RECORD_BYTES,
                            "dir": base}  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
+    steps: dict[str, dict[str, Any]] = {}
     for step, args in (("gen", ["gen", str(rows), src]), ("sort", ["sort", src, dst]),
                        ("validate", ["validate", dst])):  # fmt: skip
         progress(f"terasort {step}")
         text, seconds = _submit(name, plan, args, store)
         out[f"{step}_s"] = seconds
-        results.update(model.parse_result(text))
+        steps[step] = model.parse_result(text)
+        results.update(steps[step])
     gen, val = results.get("TERAGEN", {}), results.get("TERAVALIDATE", {})
     out["checksum"] = val.get("checksum")
     out["valid"] = bool(
@@ -118,4 +120,5 @@ def terasort(
         and val.get("checksum") == gen.get("checksum")
     )  # fmt: skip
     out["results"] = results
+    out["steps"] = steps  # each step's own lines (TERATIME: its phases, without JVM start)
     return out

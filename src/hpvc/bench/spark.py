@@ -1,0 +1,191 @@
+"""TeraSort on a Spark virtual cluster against native Spark on the host (issue 14).
+
+Three configurations run the same Spark 3.5.3, the same JVM build (the native
+side runs the image's own JRE, ``<rootfs>/usr/lib/jvm/...``: Debian's host
+package can be a newer security build), the same TeraSort jar and the same
+worker shape (2 workers of 1 core and ``worker_memory_mib(node)`` each, one
+whole-worker executor each, the same driver memory):
+
+- ``native``: master and workers as host processes, data on the host's disk;
+- ``container``: the virtual cluster (head + 2 computes, containers), data on
+  its shared directory, a host folder on the same disk bound into the nodes
+  (``[shared] server = "host"``): the same storage as native, so the ratio is
+  what the virtual cluster itself costs;
+- ``container-nfs``: the same cluster with the shared directory served over
+  NFS by the head (``server = "nfs"``): against ``container``, what the
+  shared storage costs.
+
+Both clusters and the native daemons stay up for the whole run; every
+repetition runs each configuration once (gen, sort, validate of a fresh
+data set), in an order that rotates, for each size. The timed figure is the
+sort's own time (TeraSort's ``TERATIME total_s``: after the executors are up,
+so JVM start-up is not in it) and the wall time of the whole sort step as a
+user sees it (spark-submit included). Ratios are native/config per
+repetition: above 1 the cluster sorts faster.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from hpvc.bench import common
+from hpvc.cluster import lifecycle
+from hpvc.cluster.state import Store
+from hpvc.errors import HpvcError
+from hpvc.image import resolve_image
+from hpvc.progress import Progress, quiet
+from hpvc.spark import jobs, model
+from hpvc.spark.native import NativeSpark
+
+CONFIGS = ("native", "container", "container-nfs")
+WORKERS = 2
+NODE_MIB = 4096  # each compute node (and so each native worker's share)
+HEAD_MIB = 2048
+GOAL = 0.95  # container/native sort throughput
+
+
+def spec(name: str, subnet: str, server: str, size_gib: int) -> str:
+    shared = f'server = "nfs"\nsize = "{size_gib}GiB"' if server == "nfs" else 'server = "host"'
+    return (
+        f'name = "{name}"\nkind = "container"\nimage = "spark"\n'
+        f'[network]\nsubnet = "{subnet}"\n'
+        '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
+        f"[shared]\n{shared}\n[spark]\n"
+        f'[[nodes]]\nrole = "head"\nmemory = "{HEAD_MIB}MiB"\n'
+        f'[[nodes]]\nrole = "compute"\ncount = {WORKERS}\nmemory = "{NODE_MIB}MiB"\n'
+    )
+
+
+Runner = Callable[[int, str], dict[str, Any]]  # (rows, tag) -> terasort result
+
+
+def _native_runner(spark: NativeSpark, data: Path, driver_mib: int) -> Runner:
+    conf = {"spark.driver.memory": f"{driver_mib}m"}
+
+    def run(rows: int, tag: str) -> dict[str, Any]:
+        base = data / tag
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        out: dict[str, Any] = {"steps": {}}
+        for step, args in (("gen", ["gen", str(rows), str(base / "in")]),
+                           ("sort", ["sort", str(base / "in"), str(base / "out")]),
+                           ("validate", ["validate", str(base / "out")])):  # fmt: skip
+            t0 = time.perf_counter()
+            r = spark.submit(args, conf)
+            out[f"{step}_s"] = time.perf_counter() - t0
+            if r.returncode != 0:
+                tail = "\n".join(r.stderr.strip().splitlines()[-5:])
+                raise HpvcError(f"native terasort {step}", f"exit {r.returncode}: {tail}")
+            out["steps"][step] = model.parse_result(r.stdout)
+        shutil.rmtree(base, ignore_errors=True)
+        return out
+
+    return run
+
+
+def _cluster_runner(name: str, store: Store, progress: Progress) -> Runner:
+    def run(rows: int, tag: str) -> dict[str, Any]:
+        return jobs.terasort(name, rows, None, store, progress)
+
+    return run
+
+
+def _verdict(result: dict[str, Any], rows: int) -> None:
+    gen = result["steps"]["gen"].get("TERAGEN", {})
+    val = result["steps"]["validate"].get("TERAVALIDATE", {})
+    ok = (
+        val.get("sorted")
+        and val.get("records") == rows
+        and val.get("checksum") == gen.get("checksum")
+    )
+    if not ok:
+        raise HpvcError("terasort", f"did not validate: {val} vs {gen}")
+
+
+def _samples(config: str, rep: int, size: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    sort_time = result["steps"]["sort"]["TERATIME"]["total_s"]
+    base = {"suite": "spark", "config": config, "rep": rep, "unit": "s",
+            "higher_is_better": False}  # fmt: skip
+    return [
+        {**base, "metric": f"sort {size}", "value": sort_time},
+        {**base, "metric": f"sort step wall {size}", "value": result["sort_s"]},
+        {**base, "metric": f"gen {size}", "value": result["steps"]["gen"]["TERATIME"]["total_s"]},
+        {
+            **base,
+            "metric": f"validate {size}",
+            "value": result["steps"]["validate"]["TERATIME"]["total_s"],
+        },
+    ]
+
+
+@contextmanager
+def _setups(
+    store: Store, tmp: Path, configs: tuple[str, ...], max_gib: int, progress: Progress
+) -> Iterator[dict[str, Runner]]:
+    """The configurations' Spark, up for the whole run; everything stopped after."""
+    rootfs = resolve_image("spark").rootfs
+    java = rootfs / "usr/lib/jvm/java-17-openjdk-amd64"
+    worker_mib = model.worker_memory_mib(NODE_MIB)
+    driver_mib = model.worker_memory_mib(HEAD_MIB)
+    runners: dict[str, Runner] = {}
+    with ExitStack() as stack:
+        subnets = iter(common.free_subnets(2))
+        for config in configs:
+            if config == "native":
+                progress(f"native spark: {WORKERS} workers x 1 core, {worker_mib} MiB")
+                native = NativeSpark(tmp / "native", WORKERS, 1, worker_mib, java=java)
+                stack.enter_context(native)
+                runners[config] = _native_runner(native, tmp / "native" / "data", driver_mib)
+                continue
+            server = "nfs" if config == "container-nfs" else "host"
+            name = "bsparknfs" if server == "nfs" else "bsparkhost"
+            path = tmp / f"{name}.toml"
+            path.write_text(spec(name, next(subnets), server, 3 * max_gib + 2))
+            progress(f"up {name} (shared directory: {server})")
+            lifecycle.up(str(path), store, progress)
+            stack.callback(lifecycle.down, name, store)
+            runners[config] = _cluster_runner(name, store, progress)
+        yield runners
+
+
+def run(
+    sizes_gib: list[int],
+    repeat: int = 3,
+    configs: tuple[str, ...] = CONFIGS,
+    progress: Progress = quiet,
+) -> dict[str, Any]:
+    """Every size, ``repeat`` times each configuration, alternated; results.json's doc."""
+    common.require("bench spark", ["crun", "javac", "ganesha.nfsd"], root=True)
+    common.ensure_image("spark", progress)
+    samples: list[dict[str, Any]] = []
+    facts = common.host_facts(mpi=False)
+    with ExitStack() as stack:
+        tmp, store = stack.enter_context(common.scratch_state("bench spark", progress))
+        runners = stack.enter_context(_setups(store, tmp, configs, max(sizes_gib), progress))
+        for size in sizes_gib:
+            rows = model.rows_for(size << 30)
+            label = f"{size}GiB"
+            for rep in range(repeat):
+                shift = rep % len(configs)
+                for config in configs[shift:] + configs[:shift]:
+                    progress(f"{label} rep {rep + 1}/{repeat}: {config}")
+                    result = runners[config](rows, f"r{rep}")
+                    _verdict(result, rows)
+                    samples += _samples(config, rep, label, result)
+    return {
+        "suite": "spark",
+        "host": facts,
+        "configs": list(configs),
+        "sizes_gib": sizes_gib,
+        "repeat": repeat,
+        "workers": WORKERS,
+        "node_mib": NODE_MIB,
+        "worker_mib": model.worker_memory_mib(NODE_MIB),
+        "samples": samples,
+        "goal": {"metric": "sort", "config": "container", "median_ratio_at_least": GOAL},
+    }

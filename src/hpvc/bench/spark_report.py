@@ -1,0 +1,81 @@
+"""report.md of ``hpvc bench spark``: TeraSort times per configuration, and the
+ratios native/config paired per repetition (above 1: faster than native)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpvc.bench.ratios import goal_of, ratio_rows, table_md
+
+WHAT = {
+    "native": "Spark standalone on the host: master and workers as host processes, data on"
+    " the host's disk",
+    "container": "the Spark virtual cluster (head + computes, containers), data on its shared"
+    " directory, a host folder on the same disk bound into the nodes",
+    "container-nfs": "the same cluster with its shared directory served over NFS by the head"
+    " (what the shared storage costs, against `container`)",
+}
+
+
+def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    g = doc["goal"]
+    return [
+        {
+            "metric": f"sort {s}GiB",
+            "config": g["config"],
+            "median_ratio_at_least": g["median_ratio_at_least"],
+        }
+        for s in doc["sizes_gib"]
+    ]
+
+
+def verdicts(doc: dict[str, Any]) -> list[tuple[str, bool | None, dict[str, Any] | None]]:
+    """(metric, met, ratio summary) of every goal row."""
+    rows = ratio_rows(doc["samples"])
+    out = []
+    for g in goals(doc):
+        row = next((r for r in rows if (r["metric"], r["config"]) == (g["metric"], g["config"])),
+                   None)  # fmt: skip
+        out.append((g["metric"], goal_of(row, goals(doc), "native") if row else None,
+                    row["ratio"] if row else None))  # fmt: skip
+    return out
+
+
+def report_md(doc: dict[str, Any]) -> str:
+    h = doc["host"]
+    lines = [
+        "# hpvc bench spark: TeraSort, virtual cluster vs native Spark",
+        "",
+        f"{h['date']}, {h['host']} ({h['cpu_model']}, {h['cpus']} CPUs, kernel {h['kernel']}),"
+        f" load at start {h['loadavg_start'][0]:.2f}. {doc['repeat']} repetitions per size,"
+        " configurations alternated (the order rotates every repetition).",
+        "",
+        f"Every configuration: Spark 3.5.3, the spark image's JRE, hpvc's TeraSort jar,"
+        f" {doc['workers']} workers of 1 core and {doc['worker_mib']} MiB (one whole-worker"
+        f" executor each; cluster nodes of {doc['node_mib']} MiB).",
+        "",
+        *(f"- `{c}`: {WHAT[c]}" for c in doc["configs"]),
+        "",
+        "`sort` is TeraSort's own time for the sort (sampling, shuffle, sort, write; after the"
+        " executors are up); `sort step wall` is the whole spark-submit as a user waits for it"
+        " (JVM and executors starting included). Ratios are native/config per repetition:"
+        " above 1 the configuration is faster.",
+        "",
+        "## Goals",
+        "",
+    ]
+    for metric, met, r in verdicts(doc):
+        cell = "no data" if r is None else (
+            f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}")  # fmt: skip
+        state = {True: "met", False: "NOT met", None: "n/a"}[met]
+        lines.append(f"- container/native, {metric} (>= {doc['goal']['median_ratio_at_least']}):"
+                     f" min/median/max {cell}: {state}")  # fmt: skip
+    nfs = [r for r in ratio_rows(doc["samples"], baseline="container")
+           if r["config"] == "container-nfs" and r["ratio"]]  # fmt: skip
+    if nfs:
+        lines += ["", "## What NFS costs (container-nfs against container, per repetition)", ""]
+        lines += [f"- {r['metric']}: {r['ratio']['min']:.3f} / {r['ratio']['median']:.3f} /"
+                  f" {r['ratio']['max']:.3f} (min/median/max; below 1: slower on NFS)"
+                  for r in nfs]  # fmt: skip
+    lines += ["", "## All figures", "", table_md(ratio_rows(doc["samples"]), goals(doc))]
+    return "\n".join(lines) + "\n"

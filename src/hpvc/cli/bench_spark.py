@@ -1,0 +1,72 @@
+"""``hpvc bench spark``: TeraSort on the Spark virtual cluster vs native Spark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hpvc.bench import common, spark_report
+from hpvc.bench import spark as spark_bench
+from hpvc.cli.common import console, err_console, print_json
+from hpvc.errors import InputError
+
+SPARK_HELP = """TeraSort on a Spark virtual cluster against native Spark (root).
+
+Builds the spark image if needed, brings up two Spark clusters (head + 2
+compute containers: one with its shared directory a host folder, as native
+Spark's data is, one with it over NFS) and a native Spark standalone on the
+host with the same workers, JRE and jar, then per size and repetition
+generates, sorts and validates TeraSort data on each, the order rotating.
+Reports TeraSort's sort time and the whole sort step's wall time,
+min/median/max, ratios native/config paired per repetition, and NFS against
+the host folder. Goal: container/native >= 0.95 on the sort.
+
+Examples:
+
+  hpvc bench spark --sizes 1 --repeat 3
+
+  hpvc bench spark --sizes 1,4 --repeat 3 --out docs/results/spark --json
+"""
+
+
+def _progress(msg: str) -> None:
+    err_console.print(f"[dim]{msg}[/dim]")
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"--sizes {text!r}", "want whole GiB, comma-separated", "e.g. 1,4")
+    return sizes
+
+
+def spark_cmd(
+    sizes: str = typer.Option("1,4", "--sizes", help="Data sizes in GiB, comma-separated."),
+    repeat: int = typer.Option(3, min=1, help="Repetitions per size and configuration."),
+    configs: str = typer.Option(",".join(spark_bench.CONFIGS), help="Configurations to run."),
+    out: Path = typer.Option(Path("bench/results/spark"), help="Where results go."),
+    as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
+) -> None:
+    chosen = tuple(c for c in configs.split(",") if c)
+    unknown = [c for c in chosen if c not in spark_bench.CONFIGS]
+    if unknown or "native" not in chosen:
+        raise InputError(f"--configs {configs!r}", "needs native and known configurations",
+                         f"from: {', '.join(spark_bench.CONFIGS)}")  # fmt: skip
+    doc = spark_bench.run(_sizes(sizes), repeat, chosen, progress=_progress)
+    common.write_results(out, doc, spark_report.report_md(doc))
+    if as_json:
+        print_json(doc)
+        return
+    for metric, met, r in spark_report.verdicts(doc):
+        cell = "n/a" if r is None else f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}"
+        verdict = {True: "met", False: "NOT met", None: "n/a"}[met]
+        console.print(f"container/native {metric}: {cell} (min/median/max), goal: {verdict}")
+    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("spark", help=SPARK_HELP)(spark_cmd)

@@ -1,0 +1,131 @@
+"""The pure parts of Spark on a virtual cluster and of ``hpvc bench spark``."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+
+from hpvc.bench import spark_report
+from hpvc.errors import InputError
+from hpvc.plan import Plan, Reservations, plan_cluster
+from hpvc.spark import cluster as spark
+from hpvc.spark import jobs, model
+from hpvc.spec import parse_spec
+from tests.unit.topogen import make_topology
+
+
+def spark_plan(**shared: Any) -> Plan:
+    spec = parse_spec(
+        {
+            "name": "sp",
+            "image": "spark",
+            "tuning": {"pinning": "shared", "hugepages": "none"},
+            "shared": shared or {"server": "nfs", "path": "/data"},
+            "spark": {"master_port": 7100, "ui_port": 8100},
+            "nodes": [
+                {"role": "head", "memory": "2GiB"},
+                {"role": "compute", "count": 2, "vcpus": 2, "memory": "4GiB"},
+            ],
+        },
+        "t.toml",
+    )
+    return plan_cluster(spec, [("h", make_topology())], Reservations())
+
+
+def _line(argv: list[str]) -> str:
+    assert argv[:2] == ["/bin/sh", "-c"]
+    return argv[2]
+
+
+def test_master_and_worker_lines_start_in_the_background_with_their_sizes() -> None:
+    plan = spark_plan()
+    sp = plan.spark
+    assert sp is not None
+    master = _line(spark.daemon_argv(sp, plan, "head0"))
+    assert "org.apache.spark.deploy.master.Master" in master
+    assert "--port 7100 --webui-port 8100" in master and master.endswith("&")
+    assert "SPARK_LOCAL_IP=10.88.0.2" in master
+    assert ">/data/spark/logs/head0.log" in master  # logs on the shared directory
+    worker = _line(spark.daemon_argv(sp, plan, "compute1"))
+    assert "org.apache.spark.deploy.worker.Worker" in worker
+    assert f"--cores 2 --memory {model.worker_memory_mib(4096)}M" in worker
+    assert worker.split(" >")[0].endswith("spark://10.88.0.2:7100")
+    assert "SPARK_LOCAL_IP=10.88.0.4" in worker
+    shlex.split(worker)  # a well-formed shell line
+
+
+def test_submit_runs_in_client_mode_with_event_logs_on_shared() -> None:
+    plan = spark_plan()
+    line = _line(spark.submit_argv(plan, "/data/app.jar", ["a b", "c"], cls="x.Main",
+                                   conf={"spark.foo": "1"}))  # fmt: skip
+    words = shlex.split(line.split("&& exec ", 1)[1])
+    assert words[words.index("--master") + 1] == "spark://10.88.0.2:7100"
+    assert words[words.index("--deploy-mode") + 1] == "client"
+    assert words[words.index("--class") + 1] == "x.Main"
+    assert "spark.eventLog.dir=file:///data/spark/events" in words
+    assert "spark.foo=1" in words
+    assert words[-3:] == ["/data/app.jar", "a b", "c"]
+    assert words[words.index("--driver-memory") + 1] == f"{model.worker_memory_mib(2048)}m"
+
+
+def test_alive_workers_reads_the_masters_json() -> None:
+    doc = {
+        "status": "ALIVE",
+        "workers": [
+            {"host": "10.0.0.3", "cores": 2, "memory": 2944, "state": "ALIVE"},
+            {"host": "10.0.0.4", "cores": 2, "memory": 2944, "state": "DEAD"},
+        ],
+    }
+    assert spark.alive_workers(doc) == [{"host": "10.0.0.3", "cores": 2, "memory_mib": 2944}]
+
+
+def test_job_inputs() -> None:
+    assert jobs.resolve_app("terasort", None) == (model.IMAGE_JAR, model.MAIN_CLASS)
+    assert jobs.resolve_app("/shared/x.py", None) == ("/shared/x.py", None)
+    assert jobs.parse_conf(["spark.a=1", "spark.b=x=y"]) == {"spark.a": "1", "spark.b": "x=y"}
+    with pytest.raises(InputError):
+        jobs.parse_conf(["a=1"])
+    assert jobs.rows_of("64MiB") == 671088
+    for bad in ("lots", "50B"):
+        with pytest.raises(InputError):
+            jobs.rows_of(bad)
+
+
+def _doc(native: list[float], container: list[float]) -> dict[str, Any]:
+    base = {"suite": "spark", "unit": "s", "higher_is_better": False, "metric": "sort 1GiB"}
+    nfs = [v * 2 for v in container]
+    samples = [
+        {**base, "config": config, "rep": rep, "value": v}
+        for config, values in (("native", native), ("container", container), ("container-nfs", nfs))
+        for rep, v in enumerate(values)
+    ]
+    return {
+        "host": {
+            "date": "d",
+            "host": "h",
+            "cpu_model": "c",
+            "cpus": 2,
+            "kernel": "k",
+            "loadavg_start": [0.5],
+        },
+        "repeat": len(native),
+        "workers": 2,
+        "worker_mib": 2944,
+        "node_mib": 4096,
+        "configs": ["native", "container", "container-nfs"],
+        "sizes_gib": [1],
+        "samples": samples,
+        "goal": {"metric": "sort", "config": "container", "median_ratio_at_least": 0.95},
+    }
+
+
+def test_report_goal_is_paired_per_repetition() -> None:
+    met = spark_report.verdicts(_doc([10.0, 20.0, 30.0], [10.0, 21.0, 30.0]))
+    assert [(m, ok) for m, ok, _ in met] == [("sort 1GiB", True)]
+    missed = spark_report.verdicts(_doc([10.0, 10.0, 10.0], [11.0, 11.0, 11.0]))
+    assert missed[0][1] is False and missed[0][2] is not None
+    assert missed[0][2]["median"] == pytest.approx(10 / 11)
+    md = spark_report.report_md(_doc([10.0, 10.0, 10.0], [11.0, 11.0, 11.0]))
+    assert "NOT met" in md and "What NFS costs" in md and "0.500 / 0.500 / 0.500" in md
