@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.bench.common import ensure_image
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
-from hpvc.image import resolve_image
 from hpvc.plan.services import SparkPlan
 from hpvc.spark import cluster as spark
 from hpvc.spark.model import worker_memory_mib
@@ -62,8 +62,8 @@ def jvms_of(root: Path) -> list[str]:
 
 
 def test_spark_cluster_terasort(store: Store, tmp_path: Path) -> None:
-    requires("root", "crun", "ip", "ganesha", "java")
-    resolve_image("spark")  # built by tests/integration/test_spark_image.py (same session)
+    requires("root", "crun", "ip", "ganesha", "java", "debootstrap")
+    ensure_image("spark")  # built once (about 70 s), then reused from the store
     name = f"sk{os.getpid() % 10000}"
     rec = lifecycle.up(spec(tmp_path, name), store)
     try:

@@ -98,6 +98,8 @@ def test_load_enforces_the_site() -> None:
         policy.load('kind = "vm"\n' + spec_of(), "t", site)
     with pytest.raises(InputError, match="not valid TOML"):
         policy.load("name = ", "t", site)
+    with pytest.raises(InputError, match="not in Slurm jobs yet"):
+        policy.load(spec_of() + '[shared]\nserver = "nfs"\n', "t", site)
     with pytest.raises(InputError, match="larger than"):
         policy.load("#" * (policy.MAX_SPEC_BYTES + 1), "t", site)
 

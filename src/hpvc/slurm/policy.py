@@ -171,6 +171,12 @@ def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
             "not allowed on this site",
             "use one of: " + ", ".join(site.images),
         )
+    if spec.shared.server != "host" or spec.spark is not None:
+        raise InputError(
+            f"{origin}: " + ("[spark]" if spec.spark is not None else "shared.server = \"nfs\""),
+            "not in Slurm jobs yet (a share would have to wait for a server on another host)",
+            "remove it; hpvc up runs NFS and Spark clusters on one host (docs/storage.md)",
+        )
     weighted = [g.role for g in spec.nodes if g.io is not None and g.io.weight is not None]
     if weighted and not site.io_weight:
         raise InputError(
