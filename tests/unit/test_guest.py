@@ -33,7 +33,10 @@ from hpvc.image.guest_initramfs import (
     pack_initramfs,
 )
 from hpvc.image.guest_kernel import (
+    ALL_MODULES,
     MODULES,
+    NFS_MODULES,
+    Kernel,
     check_order,
     decompress,
     modinfo_depends,
@@ -59,6 +62,17 @@ REAL_DEPENDS: dict[str, tuple[str, ...]] = {
     "failover": (),
     "net_failover": ("failover",),
     "virtio_net": ("virtio_ring", "virtio", "net_failover"),
+}
+# The same for the NFS client's modules (the kernel asks for none of them by itself).
+REAL_NFS_DEPENDS: dict[str, tuple[str, ...]] = {
+    "sunrpc": (),
+    "grace": (),
+    "lockd": ("sunrpc", "grace"),
+    "nfs_acl": ("sunrpc",),
+    "netfs": (),
+    "fscache": ("netfs",),
+    "nfs": ("sunrpc", "fscache", "lockd"),
+    "nfsv3": ("nfs", "lockd", "sunrpc", "nfs_acl"),
 }
 
 
@@ -159,6 +173,50 @@ def test_module_order_loads_every_dependency_first() -> None:
     swapped[4], swapped[0] = swapped[0], swapped[4]  # virtio_pci before virtio_ring
     with pytest.raises(HpvcError, match="virtio_pci"):
         check_order(REAL_DEPENDS, swapped)
+
+
+def test_nfs_modules_load_after_the_virtio_ones_each_after_its_dependencies() -> None:
+    assert set(NFS_MODULES) == set(REAL_NFS_DEPENDS) and ALL_MODULES == MODULES + NFS_MODULES
+    check_order({**REAL_DEPENDS, **REAL_NFS_DEPENDS}, ALL_MODULES)
+    with pytest.raises(HpvcError, match="nfsv3"):
+        check_order(REAL_NFS_DEPENDS, ["sunrpc", "grace", "lockd", "nfs_acl", "nfsv3"])
+
+
+def test_a_kernel_fetched_with_fewer_modules_is_completed_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older hpvc kept only the virtio modules: the NFS ones are added to its
+    folder, and its guest builds (base disks in use by running VMs) stay."""
+    kdir = tmp_path / KVER
+    (kdir / "modules").mkdir(parents=True)
+    (kdir / "builds" / "k").mkdir(parents=True)
+    (kdir / "vmlinuz").write_bytes(b"kernel")
+    (kdir / "kernel.json").write_text(json.dumps({"version": KVER, "modules": list(MODULES)}))
+    assert not Kernel(KVER, kdir).is_complete()
+    depends = {**REAL_DEPENDS, **REAL_NFS_DEPENDS}
+
+    def unpack(kver: str, tmp: Path) -> tuple[Path, str]:
+        tree = tmp / "tree"
+        mods = tree / "lib" / "modules" / kver / "kernel"
+        mods.mkdir(parents=True)
+        (tree / "boot").mkdir()
+        (tree / "boot" / f"vmlinuz-{kver}").write_bytes(b"kernel")
+        (tree / "boot" / f"config-{kver}").write_text("CONFIG_NFS_FS=m\n")
+        for name in ALL_MODULES:
+            blob = f"\0depends={','.join(depends[name])}\0name={name}\0".encode()
+            (mods / f"{name}.ko").write_bytes(blob)
+        (tmp / "deb").mkdir(exist_ok=True)
+        return tree, "6.1.192-2"
+
+    monkeypatch.setattr(guest_kernel, "_unpack", unpack)
+    kernel = guest_kernel.ensure_kernel(tmp_path, KVER, lambda _m: None)
+    assert kernel.is_complete()
+    assert (kdir / "builds" / "k").is_dir()
+    assert sorted(p.name for p in (kdir / "modules").iterdir()) == sorted(
+        f"{m}.ko" for m in ALL_MODULES
+    )
+    assert [p.name for p in kernel.nfs_modules] == [f"{m}.ko" for m in ALL_MODULES]
+    assert not list(tmp_path.glob(f"{KVER}.tmp-*"))
 
 
 def test_compressed_modules_are_decompressed(tmp_path: Path) -> None:
@@ -295,7 +353,7 @@ def fake_image(tmp_path: Path) -> Image:
 def fake_kernel(guest_dir: Path) -> Path:
     kdir = guest_dir / KVER
     kdir.mkdir(parents=True)
-    (kdir / "kernel.json").write_text(json.dumps({"version": KVER}))
+    (kdir / "kernel.json").write_text(json.dumps({"version": KVER, "modules": ALL_MODULES}))
     return kdir
 
 
@@ -315,6 +373,7 @@ def test_a_finished_build_is_reused_without_any_tool(
         disk=build / "disk.raw",
         kernel_version=KVER,
         key=key,
+        initrd_nfs=build / "initrd-nfs.img",
     )
     assert art.reused
 

@@ -20,7 +20,7 @@ from hpvc.progress import Progress
 from tests.unit.test_image import DEFAULT_DIGEST, Fake, build, leftovers, run_cli
 
 # The spark preset's recipe digest: changes only with its recipe (see DEFAULT_DIGEST).
-SPARK_DIGEST = "f5ae00853fd17d537d38d21a487d60f65536988d599fb859099a315d09ad4680"
+SPARK_DIGEST = "ce29b2d290e28f59ed72b3e787b7a99787339aedd65f687090d65524d2d82f84"
 
 
 @pytest.fixture
@@ -48,12 +48,15 @@ def test_extras_are_in_the_digest_sorted_and_unique() -> None:
         ImageSpec.make(extras=["Spark 3"])
 
 
-def test_the_spark_preset_is_the_defaults_plus_java_and_spark() -> None:
+def test_the_spark_preset_is_the_defaults_plus_java_the_nfs_server_and_spark() -> None:
     assert preset_extras("spark") == (SPARK_EXTRA,)
     assert preset_extras("hpc") == () and preset_extras("spark2") == ()
     spec = spark_spec()
     assert set(DEFAULT_PACKAGES) < set(spec.packages)
-    assert set(spec.packages) - set(DEFAULT_PACKAGES) == {"openjdk-17-jre-headless"}
+    # Java for Spark; Ganesha and rpcbind for a VM cluster's shared directory.
+    assert set(spec.packages) - set(DEFAULT_PACKAGES) == {
+        "openjdk-17-jre-headless", "nfs-ganesha", "nfs-ganesha-vfs", "rpcbind",
+    }  # fmt: skip
     assert spec.extras == (SPARK_EXTRA,)
     assert spec.digest == SPARK_DIGEST
 
@@ -62,7 +65,8 @@ def test_with_extras() -> None:
     assert with_extras(None, []) is None
     assert with_extras(["vim", "fio"], []) == ("fio", "vim")
     assert with_extras(["busybox"], [SPARK_EXTRA]) == (
-        "busybox", "openjdk-17-jre-headless", "procps",
+        "busybox", "nfs-ganesha", "nfs-ganesha-vfs", "openjdk-17-jre-headless", "procps",
+        "rpcbind",
     )  # fmt: skip
     with pytest.raises(InputError, match=r"known extras: spark-3\.5\.3"):
         with_extras(None, ["hadoop-9"])
@@ -79,7 +83,7 @@ def fake_extra(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         (rootfs / "opt/spark/RELEASE").write_text("fake\n")
         progress("copying Spark")
 
-    fake = Extra(SPARK_EXTRA, ("openjdk-17-jre-headless",), install, "fake")
+    fake = Extra(SPARK_EXTRA, EXTRAS[SPARK_EXTRA].packages, install, "fake")  # the same recipe
     monkeypatch.setitem(EXTRAS, SPARK_EXTRA, fake)
     return calls
 

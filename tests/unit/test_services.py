@@ -9,7 +9,7 @@ import pytest
 from hpvc.errors import SpecError
 from hpvc.plan import Reservations, plan_cluster
 from hpvc.plan.model import plan_from_json
-from hpvc.plan.services import DEFAULT_SHARED, server_node
+from hpvc.plan.services import DEFAULT_SHARED, VM_SHARED_MIB, server_node
 from hpvc.spark.model import worker_memory_mib
 from hpvc.spec import Spec, parse_spec
 from tests.unit.topogen import make_topology
@@ -35,7 +35,6 @@ def plan(s: Spec):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        ({"kind": "vm", "shared": {"server": "nfs"}}, 'kind = "container"'),
         ({"shared": {"size": "1GiB"}}, 'server = "nfs" only'),
         ({"shared": {"path": "shared"}}, "absolute folder path"),
         ({"shared": {"path": "/a/../etc"}}, "absolute folder path"),
@@ -82,6 +81,18 @@ def test_nfs_plan_names_server_address_and_roundtrips() -> None:
     assert p.shared.address == p.node("storage0").ip == "10.88.0.4"
     assert (p.shared.size_mib, p.shared.path, p.shared.keep) == (2048, "/data", True)
     assert plan_from_json(p.to_json()) == p
+
+
+def test_vm_nfs_is_planned_with_a_default_size() -> None:
+    """A guest cannot export a host folder: a VM cluster's NFS backing is a disk,
+    4 GiB unless the spec sizes it; containers keep a folder without a size."""
+    vm = plan(spec(kind="vm", shared={"server": "nfs"}))
+    assert (vm.shared.server, vm.shared.node, vm.shared.size_mib) == ("nfs", "head0", VM_SHARED_MIB)
+    assert VM_SHARED_MIB == 4096
+    sized = plan(spec(kind="vm", shared={"server": "nfs", "size": "256MiB"}))
+    assert sized.shared.size_mib == 256
+    assert plan(spec(shared={"server": "nfs"})).shared.size_mib is None
+    assert plan_from_json(vm.to_json()) == vm
 
 
 def test_default_shared_leaves_plan_json_as_it_was() -> None:

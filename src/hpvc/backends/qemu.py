@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from hpvc.backends import guest as g
-from hpvc.backends import vm_qemu
+from hpvc.backends import guest_shared, vm_qemu
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
@@ -86,6 +86,7 @@ class QemuBackend:
                 "VM nodes", f"{QEMU} not found", "apt-get install qemu-system-x86"
             )
         accelerator()  # a bad HPVC_ACCEL is bad input: refused before any change
+        guest_shared.preflight(spec)  # an NFS shared directory needs Ganesha in the image
 
     def build_image(self, spec: Spec, progress: Progress) -> None:
         self._guest(spec.image, progress)
@@ -108,6 +109,7 @@ class QemuBackend:
         # nodes' table `up` and `scale` print; their boot line names the accelerator.
         choice = accelerator()
         st.accel, st.accel_warning = choice.name, choice.warning
+        guest_shared.prepare(env, plan)  # the NFS server's backing image
 
     # --- nodes ---------------------------------------------------------------
 
@@ -129,7 +131,7 @@ class QemuBackend:
         if shm is not None:
             st.ivshmem = list(shm)
             ctx = replace(ctx, ivshmem=shm)
-        return ctx
+        return guest_shared.context(env, plan, guest, ctx)  # NFS: its initramfs and disk
 
     def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         """Start the VMs (they boot in parallel), wait for all, configure them."""
@@ -155,10 +157,13 @@ class QemuBackend:
         if over_ssh:
             progress(f"configuring {len(over_ssh)} guest(s) over ssh (too many nodes to boot with)")
             g.configure(env.store, plan, over_ssh)
+        t3 = time.perf_counter()
+        shared_s = guest_shared.start(env, plan, names, progress)
         # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line (the
         # guests' hosts and ARP made by their init); configure: the same over ssh
-        # for guests whose command line could not carry them.
-        env.rec.phases.update(start=t1 - t0, boot=t2 - t1, configure=time.perf_counter() - t2)
+        # for guests whose command line could not carry them; shared: NFS.
+        env.rec.phases.update(start=t1 - t0, boot=t2 - t1, configure=t3 - t2)
+        env.rec.phases.update({"shared": shared_s} if shared_s is not None else {})
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         st = vm_state(env)
@@ -228,19 +233,20 @@ class QemuBackend:
         the one ``up`` chose while none runs)."""
         st = vm_state(env)
         plan = env.rec.the_plan()
-        live = set()
+        live, running = set(), []
         for node in plan.nodes:
             pid = self.live_pid(env, plan, node)
             argv = procfs.cmdline(pid) if pid else None
             accel = vm_qemu.accel_of(argv) if argv else None
             if accel:
                 live.add(accel)
+            running += [node.name] if pid else []
         return {
             "backend": self.name,
             "accelerator": ",".join(sorted(live)) if live else st.accel,
             "accelerator_warning": st.accel_warning,
-            # Guests mount no host directory (no 9p/virtiofs): nothing to claim.
-            "shared_dir": None,
+            # Guests mount no host directory (no 9p/virtiofs); NFS: read in the guests.
+            "shared_dir": guest_shared.status(env, plan, running),
         }
 
     def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:

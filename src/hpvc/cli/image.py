@@ -48,9 +48,10 @@ default packages ({",".join(DEFAULT_PACKAGES)}) plus any given with
 Extras are pinned software installed after debootstrap
 ({", ".join(f"{e.name}: {e.about}" for e in EXTRAS.values())}). The name
 `spark` alone builds the Spark image: the default packages plus the
-spark-3.5.3 extra and the Java it needs (Spark is fetched once with pip into
-/var/cache/hpvc/spark; the TeraSort jar is compiled with the host's
-openjdk-17-jdk-headless).
+spark-3.5.3 extra, the Java it needs and the NFS server a VM cluster's shared
+directory needs (nfs-ganesha, nfs-ganesha-vfs, rpcbind). Spark is fetched once
+with pip into /var/cache/hpvc/spark; the TeraSort jar is compiled with the
+host's openjdk-17-jdk-headless.
 
 Examples:
 

@@ -11,6 +11,12 @@ may hold data that outlives the cluster.
 The root of the shared directory is mode 1777 (like /tmp): any user of the
 cluster may make files and folders in it, and only remove their own.
 
+For VM nodes, ``disk_image`` makes only the image file (root directory mode
+1777 too, set with ``debugfs``): it is never mounted on the host, since the
+serving guest mounts it as its disk, and two kernels must not write one ext4
+at once. Journaled (kind ``"nfs-image"``); the undo removes the image this
+call made unless ``keep``.
+
 Journaled (kind ``"nfs-backing"``) before anything is made. The undo
 unmounts the file system (its loop device then goes by itself); then, when
 ``keep`` is False, removes the data this call made (the directory, or the
@@ -40,18 +46,32 @@ def image_of(path: Path) -> Path:
     return path.with_name(path.name + ".img")
 
 
-def _mkfs(image: Path, size_mib: int) -> None:
-    mkfs = shutil.which("mkfs.ext4", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
-    if mkfs is None:
-        raise MissingDependency("NFS backing", "mkfs.ext4 not found", "apt-get install e2fsprogs")
+def _e2fs(tool: str) -> str:
+    found = shutil.which(tool, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if found is None:
+        raise MissingDependency("NFS backing", f"{tool} not found", "apt-get install e2fsprogs")
+    return found
+
+
+def _run(argv: list[str]) -> None:
+    """Run an e2fsprogs tool; its error (debugfs says it on stderr, with status 0)."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    name = os.path.basename(argv[0])
+    said = [x for x in done.stderr.splitlines() if x.strip() and not x.startswith("debugfs ")]
+    if done.returncode != 0 or (name == "debugfs" and said):
+        why = said or done.stdout.strip().splitlines()
+        raise HpvcError("NFS backing", f"{name}: {why[-1] if why else done.returncode}")
+
+
+def _mkfs(image: Path, size_mib: int, *, root_mode: int | None = None) -> None:
+    mkfs = _e2fs("mkfs.ext4")
     tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")  # a crash leaves no half image
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.truncate(size_mib * layer.MiB)
-        done = subprocess.run([mkfs, *MKFS_OPTS, str(tmp)], capture_output=True, text=True)
-        if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip().splitlines()
-            raise HpvcError("NFS backing", f"mkfs.ext4: {why[-1] if why else done.returncode}")
+        _run([mkfs, *MKFS_OPTS, str(tmp)])
+        if root_mode is not None:  # set in the unmounted file system
+            _run([_e2fs("debugfs"), "-w", "-R", f"sif / mode 04{root_mode:04o}", str(tmp)])
         os.rename(tmp, image)
     finally:
         tmp.unlink(missing_ok=True)
@@ -103,6 +123,29 @@ def backing(journal: Journal, *, path: Path, size_mib: int | None, keep: bool) -
     if made_image or (image is None and made_dir):
         os.chmod(path, MODE)
     return path
+
+
+def disk_image(journal: Journal, *, image: Path, size_mib: int, keep: bool) -> Path:
+    """An ext4 file system of ``size_mib`` MiB in the image file ``image``, not
+    mounted here (a VM gets it as a disk). An image kept by an earlier call is
+    used as it is. Returns ``image``; the undo removes it only if this call made
+    it and not ``keep``."""
+    image = Path(os.path.abspath(image))
+    if size_mib < 16:
+        raise HpvcError(
+            f"NFS backing {image}", f"{size_mib} MiB is too small", "give 16 MiB or more"
+        )
+    made = not image.exists()
+    journal.record("nfs-image", image=str(image), keep=keep, made_image=made)
+    if made:
+        _mkfs(image, size_mib, root_mode=MODE)
+    return image
+
+
+@undoer("nfs-image", what=lambda a: f"NFS backing {a['image']}")
+def _undo_disk_image(args: Args) -> None:
+    if args.get("made_image") and not args.get("keep"):
+        Path(args["image"]).unlink(missing_ok=True)
 
 
 def _remove_tree(path: Path) -> None:

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import InputError
-from hpvc.image.model import DEFAULT_PACKAGES, normalize_extras, normalize_packages
+from hpvc.image.model import (
+    DEFAULT_PACKAGES,
+    NFS_SERVER_PACKAGES,
+    normalize_extras,
+    normalize_packages,
+)
 from hpvc.progress import Progress
 
 Installer = Callable[[Path, Progress], None]
@@ -46,8 +51,9 @@ SPARK_EXTRA = "spark-3.5.3"  # hpvc.spark.dist.VERSION; a test keeps the two equ
 EXTRAS: dict[str, Extra] = {
     SPARK_EXTRA: Extra(
         name=SPARK_EXTRA,
-        # Java for Spark; ps for Spark's launch scripts (load-spark-env.sh).
-        packages=("openjdk-17-jre-headless", "procps"),
+        # Java for Spark; ps for Spark's launch scripts (load-spark-env.sh); the
+        # NFS server a VM cluster's shared directory needs (Spark's logs live there).
+        packages=("openjdk-17-jre-headless", "procps", *NFS_SERVER_PACKAGES),
         install=_spark,
         about="Apache Spark 3.5.3 at /opt/spark, hpvc's TeraSort at /opt/hpvc/terasort.jar",
     ),

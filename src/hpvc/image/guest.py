@@ -2,14 +2,16 @@
 
 ``build_guest(image)`` gives what QEMU boots (``GuestArtifacts``): Debian's cloud
 kernel, an initramfs whose ``/init`` loads the virtio modules and switches to the
-root disk, and a base ext4 disk of the image's rootfs with ``/sbin/hpvc-init``
-(``native/guest/init.c``) as PID 1 and ``/usr/local/sbin/hpvc-shm``
-(``native/guest/shmtool.c``). Built artifacts are cached by (image digest,
-kernel release, init.c, shmtool.c and their Makefile, builder format)::
+root disk (and a second one that loads the NFS client's modules too, for
+clusters whose shared directory is NFS), and a base ext4 disk of the image's
+rootfs with ``/sbin/hpvc-init`` (``native/guest/init.c``) as PID 1 and
+``/usr/local/sbin/hpvc-shm`` (``native/guest/shmtool.c``). Built artifacts are
+cached by (image digest, kernel release, module lists, init.c, shmtool.c and
+their Makefile, builder format)::
 
     <store>/guest/<kver>/                       the kernel (hpvc.image.guest_kernel)
-    <store>/guest/<kver>/builds/<key>/          initrd.img, disk.raw (read-only),
-                                                hpvc-init, hpvc-shm, guest.json
+    <store>/guest/<kver>/builds/<key>/          initrd.img, initrd-nfs.img, disk.raw
+                                                (read-only), hpvc-init, hpvc-shm, guest.json
     <store>/guest/<kver>/builds/<key>.tmp-<pid> a build in progress, renamed when done
 
 Each node boots from its own ``node_disk`` (a raw copy or a qcow2 overlay of
@@ -41,7 +43,7 @@ from hpvc.image.builder import _sigterm_interrupts as sigterm_interrupts
 from hpvc.image.catalog import StoreArg, as_store
 from hpvc.image.guest_disk import DISK_MODES, DiskMode, make_base_disk, node_disk
 from hpvc.image.guest_initramfs import pack_initramfs
-from hpvc.image.guest_kernel import MODULES, Kernel
+from hpvc.image.guest_kernel import MODULES, NFS_MODULES, Kernel
 from hpvc.image.model import Image
 from hpvc.locks import file_lock
 from hpvc.progress import Progress, quiet
@@ -91,6 +93,7 @@ class GuestArtifacts:
     disk: Path
     kernel_version: str
     key: str = ""
+    initrd_nfs: Path | None = None  # ``initrd`` plus the NFS client's modules
     reused: bool = field(default=False, compare=False)
 
 
@@ -184,6 +187,7 @@ def cache_key(image_digest: str, kernel_version: str, sources: dict[str, str]) -
         "image": image_digest,
         "kernel": kernel_version,
         "modules": list(MODULES),
+        "nfs_modules": list(NFS_MODULES),
         "init": dict(sorted(sources.items())),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -230,6 +234,7 @@ def _artifacts(build: _Build, reused: bool) -> GuestArtifacts:
         disk=build.final / "disk.raw",
         kernel_version=build.kernel.version,
         key=build.key,
+        initrd_nfs=build.final / "initrd-nfs.img",
         reused=reused,
     )
 
@@ -240,6 +245,7 @@ def _populate(build: _Build, tmp: Path) -> None:
     init = compile_init(tmp)
     build.progress("packing the initramfs")
     pack_initramfs(init, build.kernel.modules, tmp / "initrd.img", tmp)
+    pack_initramfs(init, build.kernel.nfs_modules, tmp / "initrd-nfs.img", tmp)
     build.progress(f"making the base disk of image {build.image.name} (mkfs.ext4 -d)")
     shm_tool = init.with_name("hpvc-shm")
     size = make_base_disk(build.image.rootfs, init, tmp / "disk.raw", tmp, shm_tool)
@@ -249,6 +255,7 @@ def _populate(build: _Build, tmp: Path) -> None:
         "image": build.image.digest,
         "kernel": build.kernel.version,
         "modules": list(MODULES),
+        "nfs_modules": list(NFS_MODULES),
         "disk_bytes": size,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "build_seconds": round(time.monotonic() - started, 3),

@@ -5,12 +5,16 @@ install), unpacks it with ``dpkg-deb -x`` and keeps only what a guest needs::
 
     <store>/guest/<kver>/vmlinuz
     <store>/guest/<kver>/config
-    <store>/guest/<kver>/modules/<name>.ko     the virtio modules, uncompressed
+    <store>/guest/<kver>/modules/<name>.ko     the virtio and NFS modules, uncompressed
     <store>/guest/<kver>/kernel.json           package, version, module order
 
 ext4 is built into that kernel; the virtio drivers are modules, loaded by the
 initramfs in ``MODULES`` order (each after the modules it depends on, which is
-checked against the modules' own ``depends=``). Compressed modules (``.ko.xz``,
+checked against the modules' own ``depends=``). The NFS client is modules too
+(``NFS_MODULES``): only the NFS initramfs loads them, after the virtio ones,
+for clusters whose shared directory is served over NFS (under TCG they cost
+about 0.8 s of boot; docs/vms.md). A kernel fetched by an hpvc that kept
+fewer modules is completed in place (its guest builds stay). Compressed modules (``.ko.xz``,
 ``.ko.gz``, ``.ko.zst``) are decompressed here, so the initramfs never needs the
 kernel's in-kernel decompression (``MODULE_INIT_COMPRESSED_FILE``).
 """
@@ -46,6 +50,19 @@ MODULES: tuple[str, ...] = (
     "net_failover",
     "virtio_net",
 )
+# The NFSv3 client over TCP, in load order (what ``mount -t nfs -o vers=3`` needs;
+# ``nfs`` asks for ``nfsv3`` on its own only where modprobe works: not in a guest).
+NFS_MODULES: tuple[str, ...] = (
+    "sunrpc",
+    "grace",
+    "lockd",
+    "nfs_acl",
+    "netfs",
+    "fscache",
+    "nfs",
+    "nfsv3",
+)
+ALL_MODULES = MODULES + NFS_MODULES  # what a fetched kernel keeps
 _KVER = re.compile(r"[0-9][0-9A-Za-z.+~-]*-cloud-amd64")
 _DEPENDS = re.compile(r"^\s*\|?(?:Pre)?Depends:\s*linux-image-(\S+-cloud-amd64)\s*$", re.M)
 _MODINFO_DEPENDS = re.compile(rb"(?:^|\0)depends=([^\0]*)\0")
@@ -67,8 +84,18 @@ class Kernel:
     def modules(self) -> tuple[Path, ...]:
         return tuple(self.path / "modules" / f"{name}.ko" for name in MODULES)
 
+    @property
+    def nfs_modules(self) -> tuple[Path, ...]:
+        """The virtio modules, then the NFS client's: the NFS initramfs's load order."""
+        return tuple(self.path / "modules" / f"{name}.ko" for name in ALL_MODULES)
+
     def is_complete(self) -> bool:
-        return (self.path / "kernel.json").is_file()
+        """Fetched, with every module this hpvc loads."""
+        try:
+            kept = json.loads((self.path / "kernel.json").read_text()).get("modules", [])
+        except (OSError, ValueError, AttributeError):
+            return False
+        return set(ALL_MODULES) <= set(kept)
 
 
 def check_version(kver: str) -> str:
@@ -231,7 +258,7 @@ def _keep(kver: str, tree: Path, dest: Path) -> dict[str, tuple[str, ...]]:
     shutil.copyfile(tree / "boot" / f"config-{kver}", dest / "config")
     (dest / "modules").mkdir()
     depends = {}
-    for name in MODULES:
+    for name in ALL_MODULES:
         data = decompress(_find_module(tree / "lib" / "modules" / kver, name))
         (dest / "modules" / f"{name}.ko").write_bytes(data)
         depends[name] = modinfo_depends(data)
@@ -247,23 +274,36 @@ def _fetch(kver: str, guest_dir: Path, progress: Progress) -> None:
         progress(f"fetching linux-image-{kver}")
         tree, version = _unpack(kver, tmp)
         depends = _keep(kver, tree, tmp)
-        check_order(depends, MODULES)
+        check_order(depends, ALL_MODULES)
         shutil.rmtree(tmp / "deb")
         shutil.rmtree(tree)
         doc = {
             "version": kver,
             "package": f"linux-image-{kver}",
             "package_version": version,
-            "modules": list(MODULES),
+            "modules": list(ALL_MODULES),
         }
         (tmp / "kernel.json").write_text(json.dumps(doc, indent=2) + "\n")
         final = guest_dir / kver
+        if (final / "kernel.json").is_file():  # fetched with fewer modules: complete it
+            _complete(tmp, final)
+            shutil.rmtree(tmp)
+            return
         if final.exists():  # a leftover without kernel.json
             shutil.rmtree(final)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _complete(fresh: Path, final: Path) -> None:
+    """Put the modules and kernel.json of ``fresh`` into the kernel ``final`` that an
+    older hpvc fetched, each file replaced at once; its guest builds stay."""
+    (final / "modules").mkdir(exist_ok=True)
+    for module in sorted((fresh / "modules").iterdir()):
+        os.replace(module, final / "modules" / module.name)
+    os.replace(fresh / "kernel.json", final / "kernel.json")  # last: now complete
 
 
 def ensure_kernel(guest_dir: Path, kver: str, progress: Progress) -> Kernel:

@@ -42,6 +42,11 @@ DEFAULT_PACKAGES: tuple[str, ...] = (
     "openssh-client",
 )
 
+# What a VM guest needs to serve a cluster's shared directory over NFS
+# (``[shared] server = "nfs"`` with ``kind = "vm"``): not in the defaults, which
+# every container image carries too; the spark extra brings them.
+NFS_SERVER_PACKAGES: tuple[str, ...] = ("nfs-ganesha", "nfs-ganesha-vfs", "rpcbind")
+
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 _SUITE_RE = re.compile(r"[a-z][a-z0-9-]*")

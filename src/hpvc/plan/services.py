@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 # The NFS export's name on the server (its NFSv4 pseudo path).
 EXPORT = "/shared"
+# A VM cluster's NFS backing without a spec ``size``: a guest cannot export a
+# host folder (no virtiofs), so the server VM gets a disk of this many MiB.
+VM_SHARED_MIB = 4096
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class SharedPlan:
     server: str  # "host" | "nfs"
     path: str  # where the nodes see it
     keep: bool
-    size_mib: int | None = None  # nfs: a loop file system of this size; None: a folder
+    size_mib: int | None = None  # nfs: an ext4 file system of this size; None: a folder
     node: str | None = None  # nfs: the node that serves it
     address: str | None = None  # nfs: its cluster address
     export: str = EXPORT
@@ -125,7 +128,7 @@ def shared_plan(spec: Spec, nodes: tuple[PlannedNode, ...]) -> SharedPlan:
         server="nfs",
         path=sh.path,
         keep=sh.keep,
-        size_mib=sh.size,
+        size_mib=sh.size if sh.size is not None or spec.kind != "vm" else VM_SHARED_MIB,
         node=name,
         address=_address(spec, nodes, name),
     )

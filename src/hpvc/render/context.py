@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hpvc.paths import DEFAULT_STATE_DIR
+
+if TYPE_CHECKING:
+    from hpvc.plan.services import SharedPlan
 
 Accel = Literal["kvm", "tcg"]
 
@@ -22,6 +25,8 @@ DEFAULT_ENV = (
 )
 KERNEL_ARGS = "console=ttyS0 root=/dev/vda rw no_timer_check"
 IFNAMSIZ = 15  # usable bytes of a Linux interface name
+# The virtio serial of the NFS server VM's backing disk: how its guest finds it.
+SHARED_DISK_SERIAL = "hpvc-shared"
 
 
 def tap_name(cluster: str, node: str) -> str:
@@ -80,6 +85,9 @@ class RenderContext:
     # VMs: co-resident nodes map this host file (size in MiB, a power of two) as
     # the BAR 2 of an ivshmem-plain device (hpvc.host.ivshmem allocates it).
     ivshmem: tuple[str, int] | None = None
+    # VMs, ``[shared] server = "nfs"``: the raw ext4 image the serving node gets as
+    # its second disk (``shared_disk``); None: the default path under ``base_dir``.
+    shared_image: str | None = None
 
     def cluster_dir(self, cluster: str) -> str:
         """State directory of one cluster (rendered artifacts, the hosts file)."""
@@ -99,6 +107,18 @@ class RenderContext:
         return dict(self.disk_images).get(node) or os.path.join(
             self.node_dir(cluster, node), "disk.raw"
         )
+
+    def shared_disk(self, cluster: str, node: str, shared: SharedPlan | None) -> str | None:
+        """The backing disk of a VM that serves the shared directory over NFS (a
+        raw ext4 image: ``<base>/shared/<cluster>.img`` with ``keep``, else
+        ``<cluster dir>/export.img``, as for containers); None for other nodes."""
+        if shared is None or shared.server != "nfs" or shared.node != node:
+            return None
+        if self.shared_image is not None:
+            return self.shared_image
+        if shared.keep:
+            return os.path.join(self.base_dir, "shared", f"{cluster}.img")
+        return os.path.join(self.cluster_dir(cluster), "export.img")
 
     def console_log(self, cluster: str, node: str) -> str:
         return os.path.join(self.node_dir(cluster, node), "console.log")

@@ -12,7 +12,7 @@ import uuid
 import xml.etree.ElementTree as ET
 
 from hpvc.plan.model import Plan, PlannedNode
-from hpvc.render.context import RenderContext, tap_name
+from hpvc.render.context import SHARED_DISK_SERIAL, RenderContext, tap_name
 from hpvc.units import format_cpulist
 
 _UUID_NS = uuid.UUID("6f1d4a52-57a8-4c3e-9d0b-4b7e2f6c1a90")
@@ -147,6 +147,13 @@ def _devices(dom: ET.Element, plan: Plan, node: PlannedNode, ctx: RenderContext)
     _sub(disk, "driver", name="qemu", type=ctx.disk_format, cache="none", io="native")
     _sub(disk, "source", file=ctx.disk_image(plan.cluster, node.name))
     _sub(disk, "target", dev="vda", bus="virtio")
+    image = ctx.shared_disk(plan.cluster, node.name, plan.shared)
+    if image is not None:  # the NFS server's backing (raw ext4), found by its serial
+        shared = _sub(dev, "disk", type="file", device="disk")
+        _sub(shared, "driver", name="qemu", type="raw", cache="none", io="native")
+        _sub(shared, "source", file=image)
+        _sub(shared, "target", dev="vdb", bus="virtio")
+        _sub(shared, "serial", SHARED_DISK_SERIAL)
     nic = _sub(dev, "interface", type="bridge")
     _sub(nic, "source", bridge=plan.network.bridge)
     _sub(nic, "target", dev=tap_name(plan.cluster, node.name))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpvc.plan.model import NumaCell, Plan, PlannedNode
-from hpvc.render.context import RenderContext, tap_name
+from hpvc.render.context import SHARED_DISK_SERIAL, RenderContext, tap_name
 from hpvc.render.libvirt import domain_name, guest_topology
 from hpvc.units import format_cpulist
 
@@ -106,6 +106,19 @@ def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]
     ]
 
 
+def shared_disk_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
+    """The NFS server's backing disk (raw ext4, found in the guest by its serial)."""
+    image = ctx.shared_disk(plan.cluster, node.name, plan.shared)
+    if image is None:
+        return []
+    return [
+        "-drive",
+        f"file={_v(image)},if=none,id=disk1,format=raw,cache=none,aio=native",
+        "-device",
+        f"virtio-blk-pci,drive=disk1,serial={SHARED_DISK_SERIAL}",
+    ]
+
+
 def ivshmem_args(ctx: RenderContext) -> list[str]:
     """The shared ivshmem-plain region of co-resident nodes (share=on: one file, many VMs)."""
     if ctx.ivshmem is None:
@@ -147,6 +160,7 @@ def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
         *_machine_args(node, ctx),
         *_memory_args(node, ctx),
         *_device_args(plan, node, ctx),
+        *shared_disk_args(plan, node, ctx),
         *ivshmem_args(ctx),
         *_boot_args(ctx),
         "-rtc",
