@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends.base import ClusterEnv
+from hpvc.coordinator.coordinator import server_io
 from hpvc.errors import InputError
 from hpvc.host import nfs_backing, nfs_mount, nfs_server
 from hpvc.image import resolve_image
@@ -115,10 +116,12 @@ def before_container(env: ClusterEnv, plan: Plan, name: str, netns_path: str) ->
     j = env.node_journal(name)
     node_dir = env.node_dir(name)
     if name == sh.node:
+        io = server_io(j, env.name, export_dir(env, sh))  # docs/io.md
         nfs_server.start(
             j,
             netns=netns_path,
-            cgroup_procs=None,
+            cgroup_procs=io.procs,
+            stable_writes=io.stable_writes,
             folder=node_dir / "nfs-server",
             export_dir=export_dir(env, sh),
             subnet=plan.network.subnet,

@@ -28,7 +28,7 @@ def __getattr__(name: str) -> object:
 
 
 # Commands whose second word names the subcommand (``image rm``, ``node up``).
-GROUPS = frozenset(("image", "node", "bench"))
+GROUPS = frozenset(("image", "node", "bench", "io", "spark"))
 
 
 def command_words(args: list[str]) -> str:

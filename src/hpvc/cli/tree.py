@@ -73,6 +73,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run Spark applications on a Spark virtual cluster (spec [spark], docs/spark.md).",
     ),
     "serve": ("serve", "Keep hpvc loaded on this host: commands start from a warm fork."),
+    "io": (
+        "io",
+        "Share storage bandwidth among clusters by priority and demand; show who gets and uses"
+        " how much.",
+    ),
 }
 
 

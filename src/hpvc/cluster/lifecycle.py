@@ -31,6 +31,7 @@ from hpvc.cluster.teardown import down as down
 from hpvc.cluster.teardown import teardown as teardown
 from hpvc.cluster.teardown import teardown_locked as teardown_locked
 from hpvc.cluster.teardown import waiting as _waiting
+from hpvc.coordinator import after_change
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import hugepages, net, vxlan
@@ -203,6 +204,7 @@ def _up_locked(
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    after_change(store, progress)  # storage bandwidth shared out anew (docs/io.md)
     return rec
 
 

@@ -35,6 +35,7 @@ from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env, start_services, stopped_by
 from hpvc.cluster.state import Store
 from hpvc.cluster.teardown import waiting
+from hpvc.coordinator import after_change
 from hpvc.errors import HpvcError, InputError
 from hpvc.plan import Plan
 from hpvc.progress import Progress, quiet
@@ -138,3 +139,4 @@ def _bring_back(
         raise
     env.rec.phases = phases
     env.save()
+    after_change(env.store, progress)  # a restarted NFS server gets its storage limits back

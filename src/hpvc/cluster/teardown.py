@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from hpvc.cluster.state import ClusterRecord, Store, full
 from hpvc.concurrent import each
+from hpvc.coordinator import after_change
 from hpvc.errors import HpvcError
 from hpvc.progress import Progress, quiet
 
@@ -55,6 +56,7 @@ def teardown(store: Store, name: str, progress: Progress = quiet) -> list[str]:
     if errors:
         return errors
     store.remove(name)
+    after_change(store, progress)  # its storage bandwidth goes to the others (docs/io.md)
     with store.lock():
         if not store.names():  # the last cluster: host-wide changes go too
             errors += store.host_journal().undo_all(progress)

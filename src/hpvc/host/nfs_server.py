@@ -62,6 +62,8 @@ LAUNCHER, OUT = "start.sh", "start.log"  # the launcher script, and what it says
 STOP_WAIT_S = (10.0, 3.0)  # after SIGTERM (Ganesha shuts down cleanly), after SIGKILL
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # servers this process started, to reap
 _SAFE = frozenset('"\n\\{};#')  # characters a path may not carry into Ganesha's config
+# stable_writes: every WRITE written through (O_SYNC), in the server's own context
+STABLE = "\n    NFS_Commit = true;                # every WRITE stable: charged to its cgroup"
 
 
 def _conf_path(what: str, path: Path) -> str:
@@ -81,10 +83,15 @@ def render_config(
     address: str,
     root_squash: bool,
     pseudo: str = PSEUDO,
+    stable_writes: bool = False,
 ) -> str:
     """Ganesha's configuration: ``export_dir`` at ``pseudo``, read-write to
     ``subnet`` only, on ``address``; ``root_squash`` maps a node's root to
-    nobody (tenant clusters), else root stays root (root's own clusters)."""
+    nobody (tenant clusters), else root stays root (root's own clusters).
+    ``stable_writes`` makes every WRITE stable (``NFS_Commit``: the server
+    writes through O_SYNC), so the disk I/O happens in the server's own
+    context and is charged to its cgroup (docs/io.md); off, writes land in
+    the server's page cache and reach the disk by the kernel's flusher."""
     try:
         net = ipaddress.ip_network(subnet, strict=True)
         if ipaddress.ip_address(address) not in net:
@@ -128,7 +135,7 @@ EXPORT {{
     Transports = TCP;
     SecType = sys;
     Access_Type = None;               # nobody outside the CLIENT block
-    Squash = {squash};
+    Squash = {squash};{STABLE if stable_writes else ""}
     Anonymous_Uid = {ANON_ID};
     Anonymous_Gid = {ANON_ID};
     MaxRead = {MAX_IO};
@@ -242,6 +249,7 @@ def start(
     root_squash: bool,
     timeout_s: float,
     pseudo: str = PSEUDO,
+    stable_writes: bool = False,
 ) -> int:
     """Start the cluster's NFS server in ``netns`` (a name under /run/netns or
     a path), exporting ``export_dir`` as ``pseudo``; return its PID once NFS
@@ -261,7 +269,7 @@ def start(
     (folder / CONF).write_text(
         render_config(
             export_dir=export_dir, folder=folder, subnet=subnet, address=address,
-            root_squash=root_squash, pseudo=pseudo,
+            root_squash=root_squash, pseudo=pseudo, stable_writes=stable_writes,
         )
     )  # fmt: skip
     (folder / LAUNCHER).write_text(

@@ -143,6 +143,14 @@ def _shared_size(value: object) -> int:
     return _disk_to_mib(value)
 
 
+class Demand(Strict):
+    """What a cluster asks of its shared storage's disk (bytes/s; docs/io.md):
+    the coordinator gives it no more than this, and the rest to others."""
+
+    read: Rate | None = Field(default=None, gt=0)
+    write: Rate | None = Field(default=None, gt=0)
+
+
 class Shared(Strict):
     """The cluster-wide shared directory (docs/storage.md)."""
 
@@ -152,6 +160,16 @@ class Shared(Strict):
     path: str = "/shared"
     size: Annotated[int, BeforeValidator(_shared_size)] | None = None  # MiB; None: a folder
     keep: bool = False
+    demand: Demand | None = None  # nfs: the storage bandwidth it asks (docs/io.md)
+
+    @model_validator(mode="after")
+    def _demand_needs_nfs(self) -> Shared:
+        if self.demand is not None and self.server != "nfs":
+            raise ValueError(
+                "demand needs server = 'nfs': only an NFS shared directory has a"
+                " storage side whose bandwidth is shared out"
+            )
+        return self
 
     @field_validator("path")
     @classmethod
@@ -231,11 +249,6 @@ class Spec(Strict):
         return self
 
     def _check_services(self) -> None:
-        if self.shared.server == "nfs" and self.kind != "container":
-            raise ValueError(
-                'shared.server = "nfs": served to container nodes only for now'
-                ' (docs/storage.md); use kind = "container" or server = "host"'
-            )
         if self.shared.server == "host" and self.shared.size is not None:
             raise ValueError('shared.size: applies to server = "nfs" only; remove it')
         if self.spark is None:
