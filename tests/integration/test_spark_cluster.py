@@ -24,8 +24,7 @@ from hpvc.spark import cluster as spark
 from hpvc.spark.model import worker_memory_mib
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, leftovers, store
-from tests.integration.test_shared_nfs import in_node, mounts_under, our_processes
-from tests.integration.test_writable_layer import loops_under
+from tests.integration.test_shared_nfs import in_node, left_by
 
 __all__ = ["store"]  # the fixture, shared with test_cluster
 
@@ -105,10 +104,7 @@ def test_spark_cluster_terasort(store: Store, tmp_path: Path) -> None:
         assert r.returncode == 2 and "nosuch" in r.stderr
     finally:
         lifecycle.down(name, store)
-    assert leftovers(name) == []
-    assert our_processes(store.root) == []
-    assert mounts_under(store.root) == []
-    assert loops_under(store.root) == []
+    assert left_by(name, store) == []
     assert jvms_of(store.root) == []
 
 
