@@ -31,6 +31,8 @@ bench: setup
 	$(HPVC) bench locality --out bench/results/locality
 	$(HPVC) bench slurm --out bench/results/slurm
 	$(HPVC) bench network --out bench/results/network
+	$(HPVC) bench spark --out bench/results/spark
+	$(HPVC) bench coordinator --out bench/results/coordinator
 
 # Local Slurm test cluster (docs/slurm.md); the last line printed is the
 # `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.
