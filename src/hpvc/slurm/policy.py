@@ -173,7 +173,7 @@ def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
         )
     if spec.shared.server != "host" or spec.spark is not None:
         raise InputError(
-            f"{origin}: " + ("[spark]" if spec.spark is not None else "shared.server = \"nfs\""),
+            f"{origin}: " + ("[spark]" if spec.spark is not None else 'shared.server = "nfs"'),
             "not in Slurm jobs yet (a share would have to wait for a server on another host)",
             "remove it; hpvc up runs NFS and Spark clusters on one host (docs/storage.md)",
         )
