@@ -148,9 +148,9 @@ def test_container_status_shared_dir_is_seen_in_the_nodes(tmp_path: Path) -> Non
     try:
         lifecycle.up(spec_file(tmp_path, name, computes=1), store)
         shared = ops.status(name, store)["shared_dir"]
-        assert shared is not None and shared["node"] == "/shared"
+        assert shared is not None and shared["server"] == "host" and shared["path"] == "/shared"
         (Path(shared["host"]) / "probe").write_text(f"from the host {PID}\n")
-        argv = ["cat", f"{shared['node']}/probe"]
+        argv = ["cat", f"{shared['path']}/probe"]
         argv = ops.exec_argv(name, "compute0", argv, store)
         got = subprocess.run(argv, capture_output=True, text=True, check=False)
         assert got.stdout == f"from the host {PID}\n", got.stderr

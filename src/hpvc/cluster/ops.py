@@ -80,11 +80,11 @@ def _across_hosts(name: str, overlay: dict[str, Any] | None) -> dict[str, Any] |
     }
 
 
-def _shared_dir(env: ClusterEnv) -> dict[str, str] | None:
+def _shared_dir(env: ClusterEnv) -> dict[str, Any] | None:
     """The directory every node sees at /shared, where the backend made one (a
     backend that shares none, VMs, says ``"shared_dir": None`` in its summary)."""
     host = env.dir / "shared"
-    return {"host": str(host), "node": "/shared"} if host.is_dir() else None
+    return {"server": "host", "path": "/shared", "host": str(host)} if host.is_dir() else None
 
 
 def _spark(plan: Plan) -> dict[str, Any]:
