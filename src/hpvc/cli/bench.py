@@ -28,7 +28,7 @@ from hpvc.bench import (
     startup,
 )
 from hpvc.bench import slurm as slurm_bench
-from hpvc.cli import bench_run, bench_spark
+from hpvc.cli import bench_coordinator, bench_run, bench_spark
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 
@@ -393,4 +393,5 @@ def network_cmd(
 def register(app: typer.Typer) -> None:
     bench_run.register(bench_app)
     bench_spark.register(bench_app)
+    bench_coordinator.register(bench_app)
     app.add_typer(bench_app, name="bench")
