@@ -187,12 +187,8 @@ def submit_argv(plan: Plan, app: str, args: list[str], *, cls: str | None = None
         "spark.local.dir": f"{SCRATCH}/local",
         **(conf or {}),
     }
-    argv = [f"{SPARK_HOME}/bin/spark-submit", "--master", sp.url, "--deploy-mode", "client"]
-    argv += ["--driver-memory", f"{driver_mib}m"]
-    if cls:
-        argv += ["--class", cls]
-    for k, v in settings.items():
-        argv += ["--conf", f"{k}={v}"]
+    options = ["--deploy-mode", "client", "--driver-memory", f"{driver_mib}m"]
+    argv = model.submit_argv(SPARK_HOME, sp.url, app, args, settings, cls, options)
     line = f"mkdir -p {shlex.quote(spark_dir(plan))}/events && exec env JAVA_HOME={JAVA_HOME} "
-    line += " ".join(map(shlex.quote, [*argv, app, *args]))
+    line += " ".join(map(shlex.quote, argv))
     return ["/bin/sh", "-c", line]

@@ -106,11 +106,14 @@ def submit_argv(
     jar: str | PurePath,
     args: Sequence[str],
     conf: Mapping[str, str] | None = None,
-    main_class: str = MAIN_CLASS,
+    main_class: str | None = MAIN_CLASS,
+    options: Sequence[str] = (),
 ) -> list[str]:
-    """``spark-submit --master M --class C [--conf k=v ...] JAR ARGS`` (conf sorted by key)."""
-    argv = [str(PurePath(spark_home) / "bin" / "spark-submit"), "--master", master]
-    argv += ["--class", main_class]
+    """``spark-submit --master M [OPTIONS] [--class C] [--conf k=v ...] JAR ARGS`` (conf
+    sorted by key; no --class for an application that names none, e.g. Python)."""
+    argv = [str(PurePath(spark_home) / "bin" / "spark-submit"), "--master", master, *options]
+    if main_class:
+        argv += ["--class", main_class]
     for key, value in sorted((conf or {}).items()):
         if not key.startswith("spark.") or "=" in key or any(c.isspace() for c in key):
             raise InputError(f"spark conf {key!r}", "not a Spark property name", "e.g. spark.x.y")
