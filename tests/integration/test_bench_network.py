@@ -58,6 +58,12 @@ def test_bench_network_writes_both_sides_and_the_ratios(
         assert row["ratio"]["n"] == 2 and len(row["ratios"]) == 2
         assert {"min", "median", "max"} <= set(row["fabric"]) & set(row["node"])
     assert [g["row"] for g in doc["goals"]] == ["bandwidth", "latency"]
+    # As on two machines: each host receives on its own CPU, no br_netfilter on bridges.
+    bed = doc["testbed"]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert bed["rx_cpus"] == doc["pinning"]
+    assert bed["bridge_netfilter"] is False
+    assert all(v == 0 for k in bed["bridge_netfilter_knobs"].values() for v in k.values())
     md = (out / "report.md").read_text()
     assert "node/fabric bandwidth >= 0.90" in md and "node/fabric latency <= 1.2" in md
     assert "node/fabric min / median / max" in md

@@ -211,6 +211,41 @@ def test_document_and_report() -> None:
     assert "Goals (median of the ratios paired per repetition): not met." in md
 
 
+def _with_knobs(on: bool, value: int | None) -> dict[str, Any]:
+    knobs = {} if value is None else {"bridge-nf-call-iptables": value}
+    bed: dict[str, Any] = {**PARAMS["testbed"], "bridge_netfilter": on}
+    bed["bridge_netfilter_knobs"] = {"fab": knobs, "a": knobs, "b": knobs}
+    return {**PARAMS, "testbed": bed}
+
+
+@pytest.mark.parametrize(
+    ("on", "value", "says"),
+    [
+        (False, 0, "Bridge netfilter: off in the fabric's and the hosts' namespaces"),
+        (True, 1, "Bridge netfilter: on in the fabric's and the hosts' namespaces"),
+        (False, None, "Bridge netfilter: not in this kernel"),
+    ],
+)
+def test_report_says_whether_bridged_frames_met_the_firewall_hooks(
+    on: bool, value: int | None, says: str
+) -> None:
+    doc = build(FACTS, _with_knobs(on, value), samples([(20, 15)], [(30, 36)]))
+    md = report_md(doc)
+    assert says in md
+    if value is not None:
+        assert f"bridge-nf-call-iptables/ip6tables/arptables = {value})" in md
+    # Documents from before the setting existed still render, without the line.
+    assert "Bridge netfilter" not in report_md(build(FACTS, PARAMS, samples([(2, 1)], [])))
+
+
+def test_report_says_which_cpu_did_each_hosts_receive_work() -> None:
+    steered = {**PARAMS, "testbed": {**PARAMS["testbed"], "rx_cpus": {"host_a": 0, "host_b": 1}}}
+    md = report_md(build(FACTS, steered, samples([(20, 15)], [(30, 36)])))
+    assert "what arrives at host A is processed on CPU 0, at host B on CPU 1" in md
+    md = report_md(build(FACTS, PARAMS, samples([(20, 15)], [(30, 36)])))
+    assert "one CPU does both hosts' part of a packet's path" in md
+
+
 def test_preflight_names_the_missing_tool_and_its_package(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -299,6 +299,22 @@ def test_network_checks(tmp_path: Path) -> None:
     assert doctor.check_veth(tmp_path).detail == "veth module loaded"
 
 
+def test_bridge_netfilter_is_reported_never_changed(tmp_path: Path) -> None:
+    check = doctor.check_bridge_netfilter(tmp_path)
+    assert check.status == "ok" and "not loaded" in check.detail
+    for knob in ("iptables", "ip6tables", "arptables"):
+        put(tmp_path, f"proc/sys/net/bridge/bridge-nf-call-{knob}", "0\n")
+    assert doctor.check_bridge_netfilter(tmp_path).status == "ok"
+    put(tmp_path, "proc/sys/net/bridge/bridge-nf-call-iptables", "1\n")
+    check = doctor.check_bridge_netfilter(tmp_path)
+    assert check.status == "warn"
+    assert check.detail.startswith("bridge-nf-call-iptables = 1: every frame on a cluster bridge")
+    assert "net.bridge.bridge-nf-call-iptables=0" in check.fix and "Docker" in check.fix
+    assert "bridge-netfilter" in {
+        c.name for c in doctor.run_checks(tmp_path, which=no_tools).checks
+    }
+
+
 def test_numa_nodes_and_cpus(tmp_path: Path) -> None:
     put(tmp_path, "sys/devices/system/node/node0/cpulist", "0-3,8\n")
     put(tmp_path, "sys/devices/system/node/node1/cpulist", "4-7\n")

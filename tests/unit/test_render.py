@@ -635,7 +635,13 @@ def _script_facts(text: str) -> dict[str, object]:
     rule_line = next(ln for ln in lines if ln.startswith("add rule "))
     rule = shlex.split(rule_line)
     peers = rule_line.split("!= {")[1].split("}")[0].strip().split(", ")
-    fdb = [(w[3], w[5], w[7]) for w in words if w[:2] == ["bridge", "fdb"]]
+    fdb = [(w[3], w[5], w[7]) for w in words if w[:2] == ["bridge", "fdb"] and "dst" in w]
+    bridge = [(w[3], w[5]) for w in words if w[:2] == ["bridge", "fdb"] and "master" in w]
+    assert all(
+        w[-2:] == ["master", "static"]
+        for w in words
+        if w[:2] == ["bridge", "fdb"] and "master" in w
+    )
     return {
         "link": add[3],
         "vni": int(add[add.index("id") + 1]),
@@ -647,6 +653,7 @@ def _script_facts(text: str) -> dict[str, object]:
         "filter": (int(rule[rule.index("dport") + 1]), int(rule[rule.index("@th,96,24") + 1])),
         "peers": peers,
         "fdb": fdb,
+        "bridge": bridge,
     }
 
 
@@ -674,6 +681,9 @@ def test_network_scripts_say_what_host_vxlan_applies(
             expected.append(("00:00:00:00:00:00", facts["link"], v.address))
             expected += [(mac, facts["link"], v.address) for _, _, mac in v.nodes]
         assert facts["fdb"] == expected
+        # The bridge knows each remote node is behind the VXLAN port (no flooding).
+        remote = [(mac, facts["link"]) for v in ov.remotes for _, _, mac in v.nodes]
+        assert facts["bridge"] == remote
     one_host = render_cluster(real_plan(snapshots, "ct-amd-2m"), ctx())
     assert not [rel for rel in one_host if rel.startswith("network-")]
 

@@ -19,6 +19,19 @@ sockperf on host B and on node B) run for the whole run and are stopped by
 PID at the end, also on failure. Ratios node / fabric are paired per
 repetition (``network_report``); the goals: bandwidth >= 0.90 of the fabric's,
 latency <= 1.2x.
+
+Bridge netfilter (``br_netfilter``) is off in the fabric's and the hosts'
+namespaces by default, as on a compute host without Docker or Kubernetes (the
+module is not loaded there) and on a fabric switch; ``bridge_netfilter=True``
+measures a host where it is on (every bridged frame through the IP firewall
+hooks). The report states which, with the knobs as the kernel had them.
+
+Receive work: a veth delivers on the CPU that sent, so left alone host A's CPU
+would also do host B's whole receive path (and host B's CPU host A's, for the
+ACKs and replies). Two machines do not share that: each NIC interrupts its own
+host. So each host's fabric interface steers what it receives (RPS) to that
+host's CPU, the one its processes are pinned to (``steer_rx=False``: left on
+the sender's CPU, as the test bed was before). The report states which.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ TOOLS = {
     "sockperf": "sockperf",
     "nsenter": "util-linux",
     "taskset": "util-linux",
+    "unshare": "util-linux",
     "ip": "iproute2",
     "ss": "iproute2",
     "nft": "nftables",
@@ -230,7 +244,13 @@ def repetitions(
     return samples
 
 
-def run(repeat: int, seconds: int, progress: Progress = quiet) -> dict[str, Any]:
+def run(
+    repeat: int,
+    seconds: int,
+    progress: Progress = quiet,
+    bridge_netfilter: bool = False,
+    steer_rx: bool = True,
+) -> dict[str, Any]:
     """Build the test bed, measure both pairs ``repeat`` times, undo it all; the document."""
     preflight(repeat, seconds)
     facts = common.host_facts(mpi=False)
@@ -238,10 +258,18 @@ def run(repeat: int, seconds: int, progress: Progress = quiet) -> dict[str, Any]
         "iperf3": common.tool_version(["iperf3", "--version"]),
         "sockperf": common.tool_version(["sockperf", "--version"]).replace(",", ""),
     }
+    ca, cb = cpus()
+    rx_cpus = (ca, cb) if steer_rx and ca is not None and cb is not None else None
     logdir = Path(tempfile.mkdtemp(prefix="hpvc-bench-network-"))
     try:
-        with testbed.two_hosts(tag=f"n{os.getpid() % 100000}", progress=progress) as bed:
+        with testbed.two_hosts(
+            tag=f"n{os.getpid() % 100000}",
+            progress=progress,
+            bridge_netfilter=bridge_netfilter,
+            rx_cpus=rx_cpus,
+        ) as bed:
             ps = pairs(bed)
+            knobs = bed.bridge_netfilter_state()
             with servers(bed, ps, logdir):
                 progress(f"servers up; {repeat} repetitions of {4 * seconds} s or more each")
                 samples = repetitions(bed, ps, repeat, seconds, progress)
@@ -260,6 +288,9 @@ def run(repeat: int, seconds: int, progress: Progress = quiet) -> dict[str, Any]
             "fabric_mtu": bed.fabric_mtu,
             "node_mtu": bed.node_mtu,
             "vni": bed.vni,
+            "bridge_netfilter": bridge_netfilter,
+            "bridge_netfilter_knobs": knobs,
+            "rx_cpus": None if rx_cpus is None else {"host_a": ca, "host_b": cb},
         },
     }
     return network_report.build(facts, params, samples)

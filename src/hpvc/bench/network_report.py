@@ -186,7 +186,40 @@ def _header(doc: dict[str, Any]) -> list[str]:
         " fabric is a veth pair through a bridge, so what the node/fabric ratio measures"
         " is the kernel's VXLAN encapsulation path and the cluster bridge, not a NIC.",
         "",
+        *_bridge_netfilter(bed),
         *_pinning(doc),
+    ]
+
+
+def _bridge_netfilter(bed: dict[str, Any]) -> list[str]:
+    """Whether bridged frames went through the IP firewall hooks (br_netfilter)."""
+    knobs = bed.get("bridge_netfilter_knobs")
+    if knobs is None:  # a document from before the setting existed
+        return []
+    seen = sorted({v for k in knobs.values() for v in k.values()})
+    if not seen:
+        return [
+            "Bridge netfilter: not in this kernel (br_netfilter not loaded): bridged frames"
+            " skip the IP firewall hooks, as on a host without Docker or Kubernetes.",
+            "",
+        ]
+    state = "on" if bed.get("bridge_netfilter") else "off"
+    values = "/".join(str(v) for v in seen)
+    if state == "off":
+        why = (
+            "as on a compute host without Docker or Kubernetes, where br_netfilter is not"
+            " loaded, and on a fabric switch (a new namespace starts with them at 1)"
+        )
+    else:
+        why = (
+            "as on a host where Docker or Kubernetes loaded br_netfilter: every frame crossing"
+            " a bridge (the fabric's, and the cluster's on both hosts) goes through the IP"
+            " firewall hooks"
+        )
+    return [
+        f"Bridge netfilter: {state} in the fabric's and the hosts' namespaces"
+        f" (net.bridge.bridge-nf-call-iptables/ip6tables/arptables = {values}), {why}.",
+        "",
     ]
 
 
@@ -194,12 +227,24 @@ def _pinning(doc: dict[str, Any]) -> list[str]:
     c = doc.get("pinning") or {}
     if c.get("host_a") is None:
         return ["Clients and servers ran where the scheduler put them (fewer than 2 CPUs).", ""]
-    return [
+    line = (
         f"Host A's processes (the clients) ran on CPU {c['host_a']}, host B's (the servers)"
-        f" on CPU {c['host_b']}, as on two machines; the kernel's receive work for a veth"
-        " runs on the sending CPU.",
-        "",
-    ]
+        f" on CPU {c['host_b']}, as on two machines; "
+    )
+    rx = doc.get("testbed", {}).get("rx_cpus")
+    if rx:
+        line += (
+            f"so did each host's kernel receive work (RPS on its fabric interface: what"
+            f" arrives at host A is processed on CPU {rx['host_a']}, at host B on CPU"
+            f" {rx['host_b']}), as each NIC interrupts its own host; the fabric bridge (the"
+            " switch) runs on the sender's CPU."
+        )
+    else:
+        line += (
+            "the kernel's receive work for a veth runs on the sending CPU, so one CPU does"
+            " both hosts' part of a packet's path."
+        )
+    return [line, ""]
 
 
 def _goal_table(doc: dict[str, Any]) -> list[str]:

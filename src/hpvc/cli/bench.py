@@ -21,14 +21,12 @@ from hpvc.bench import (
     io_jobs,
     io_report,
     locality,
-    network,
-    network_report,
     planning,
     podman,
     startup,
 )
 from hpvc.bench import slurm as slurm_bench
-from hpvc.cli import bench_coordinator, bench_run, bench_spark
+from hpvc.cli import bench_coordinator, bench_network, bench_run, bench_spark
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 
@@ -338,60 +336,9 @@ def io_cmd(
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 
-NETWORK_HELP = """The cluster network across hosts against the fabric (root, iperf3, sockperf).
-
-Builds two hosts apart on a private fabric out of network namespaces (a
-bridge with MTU 9000), joins a cluster network across them with hpvc's VXLAN
-code, one node per host, and measures in one run, the two pairs alternated
-every repetition: TCP bandwidth (iperf3, one stream) and TCP latency
-(sockperf ping-pong, 64 B) from node to node over the cluster network and
-from host to host directly over the fabric. Reports min/median/max per side
-and the ratios node/fabric paired per repetition. Goals: bandwidth >= 0.90
-of the fabric's, latency <= 1.2x. Everything made is undone at the end.
-Each repetition takes about 4 x --seconds.
-
-Examples:
-
-  hpvc bench network
-
-  hpvc bench network --repeat 10 --seconds 10 --out /tmp/network --json
-"""
-
-
-@bench_app.command("network", help=NETWORK_HELP)
-def network_cmd(
-    repeat: int = typer.Option(5, min=1, help="Repetitions (each measures both pairs)."),
-    seconds: int = typer.Option(5, min=1, help="Length of every iperf3 and sockperf run."),
-    out: Path = typer.Option(Path("bench/results/network"), help="Where results go."),
-    as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
-) -> None:
-    doc = network.run(repeat, seconds, progress=_progress)
-    if _written(out, doc, network_report.report_md(doc), as_json):
-        return
-    t = Table(title=f"cluster network vs fabric, {repeat} repetitions of {seconds} s")
-    for col in ("metric", "unit", "fabric min/median/max", "node min/median/max"):
-        t.add_column(col)
-    t.add_column("node/fabric min/median/max")
-    for key, r in doc["rows"].items():
-        ratio = r["ratio"]
-        t.add_row(
-            key,
-            r["unit"],
-            *(
-                f"{r[s]['min']:.3g} / {r[s]['median']:.3g} / {r[s]['max']:.3g}"
-                for s in network_report.SIDES
-            ),
-            f"{ratio['min']:.3f} / {ratio['median']:.3f} / {ratio['max']:.3f}" if ratio else "n/a",
-        )
-    console.print(t)
-    for g in doc["goals"]:
-        verdict = "met" if g["met"] else "NOT met"
-        console.print(f"goal ({g['what']}, median): {verdict}")
-    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
-
-
 def register(app: typer.Typer) -> None:
     bench_run.register(bench_app)
     bench_spark.register(bench_app)
     bench_coordinator.register(bench_app)
+    bench_network.register(bench_app)
     app.add_typer(bench_app, name="bench")

@@ -18,6 +18,26 @@ change is journaled before it is made (DESIGN rule 3): one journal per host
 and one for the fabric, each undone inside its own namespace, and one for the
 namespaces themselves, undone last from here. Nothing is routed out of the
 namespaces: all traffic stays on the private fabric.
+
+Bridge netfilter (``br_netfilter``): where the kernel has it (built in, or the
+module loaded), every *new* network namespace starts with
+``net.bridge.bridge-nf-call-{iptables,ip6tables,arptables}`` = 1, so every frame
+crossing a bridge in it goes through the IP firewall hooks. A compute host
+without Docker or Kubernetes has the module unloaded, and a fabric switch runs
+no firewall at all, so by default the fabric's and the hosts' namespaces set
+these to 0 (``bridge_netfilter=False``); ``True`` sets 1, as on a host where
+Docker or Kubernetes loaded the module. The setting lives and dies with the
+namespace (no journal record: it has nothing to restore).
+
+Receive CPUs (``rx_cpus``): a veth delivers a frame on the CPU that sent it, so
+without help the sending host's CPU also does the receiving host's kernel work
+(for the cluster network: UDP, VXLAN decapsulation, the cluster bridge, the
+node's veth and its TCP). Two machines do not share that work: a NIC
+interrupts a CPU of its own host. ``rx_cpus=(a, b)`` models that with RPS on
+each host's fabric interface, so what arrives at host A is processed on CPU
+``a`` and what arrives at host B on CPU ``b`` (the fabric bridge, standing for
+the switch, still runs on the sender's CPU). Like the knobs above it belongs
+to the namespace's own device and goes with it.
 """
 
 from __future__ import annotations
@@ -38,6 +58,7 @@ from typing import Any
 from hpvc.errors import HpvcError
 from hpvc.host import net, vxlan
 from hpvc.host.journal import Journal
+from hpvc.host.probe import BRIDGE_NF_KNOBS
 from hpvc.plan.overlay import VXLAN_OVERHEAD, Overlay, Vtep, vni_for
 from hpvc.progress import Progress, quiet
 
@@ -47,6 +68,7 @@ CLUSTER_NET = "10.97.3"  # the virtual cluster's /24
 PREFIXLEN = 24
 NODE_MTU = FABRIC_MTU - VXLAN_OVERHEAD
 OUTSIDER_ADDRESS = f"{FABRIC_NET}.99"
+FABRIC_IFNAME = net.NODE_IFNAME  # each host's interface on the fabric (a "node" of it)
 CHILD_TIMEOUT_S = 120
 _TAG = re.compile(r"[a-z0-9]{1,8}")
 _CHILD = "import sys; from hpvc.cluster.testbed import child_main; child_main(sys.argv[1:])"
@@ -83,6 +105,8 @@ class Testbed:
     vni: int
     fabric_mtu: int = FABRIC_MTU
     node_mtu: int = NODE_MTU
+    bridge_netfilter: bool = False  # br_netfilter's IP hooks on the fabric's and hosts' bridges
+    rx_cpus: tuple[int, int] | None = None  # RPS: the CPU of host A's and host B's receive work
 
     @property
     def all_netns(self) -> list[str]:
@@ -105,6 +129,18 @@ class Testbed:
     def journal(self, netns: str) -> Path:
         return Path(self.workdir) / f"{netns}.jsonl"
 
+    def bridge_netfilter_state(self) -> dict[str, dict[str, int]]:
+        """br_netfilter's knobs as the kernel has them in the fabric's and hosts' namespaces
+        (empty per namespace where the kernel has no br_netfilter)."""
+        out: dict[str, dict[str, int]] = {}
+        for ns in (self.fabric_netns, *(h.netns for h in self.hosts)):
+            paths = [f"{net.BRIDGE_NF}/{k}" for k in BRIDGE_NF_KNOBS]
+            r = self.run(ns, "sh", "-c", 'for p; do [ -e "$p" ] && cat "$p" || echo -; done',
+                         "sh", *paths)  # fmt: skip
+            values = r.stdout.split()
+            out[ns] = {k: int(v) for k, v in zip(BRIDGE_NF_KNOBS, values, strict=True) if v != "-"}
+        return out
+
     def undo_hosts(self) -> list[str]:
         """Undo what hpvc made inside each host (bridge, VXLAN, filter, veths); errors."""
         errors: list[str] = []
@@ -113,7 +149,13 @@ class Testbed:
         return errors
 
 
-def layout(tag: str, workdir: str, outsider: bool = False) -> Testbed:
+def layout(
+    tag: str,
+    workdir: str,
+    outsider: bool = False,
+    bridge_netfilter: bool = False,
+    rx_cpus: tuple[int, int] | None = None,
+) -> Testbed:
     """Names and addresses of a test bed tagged ``tag`` (pure)."""
     if not _TAG.fullmatch(tag):
         raise HpvcError(f"test bed tag {tag!r}", "want 1-8 of [a-z0-9]")
@@ -141,6 +183,8 @@ def layout(tag: str, workdir: str, outsider: bool = False) -> Testbed:
         bridge=f"hvc{tag}",
         vxlan_link=vxlan.link_name(cluster),
         vni=vni_for(cluster),
+        bridge_netfilter=bridge_netfilter,
+        rx_cpus=rx_cpus,
     )
 
 
@@ -158,18 +202,24 @@ def overlay(bed: Testbed, me: Host) -> Overlay:
 
 @contextmanager
 def two_hosts(
-    tag: str | None = None, outsider: bool = False, progress: Progress = quiet
+    tag: str | None = None,
+    outsider: bool = False,
+    progress: Progress = quiet,
+    bridge_netfilter: bool = False,
+    rx_cpus: tuple[int, int] | None = None,
 ) -> Iterator[Testbed]:
     """Build the test bed, yield it, undo it all (also on failure).
 
     ``outsider``: a third fabric host outside the cluster (to check the VNI filter).
+    ``bridge_netfilter``: br_netfilter's IP hooks on (as on a Docker host) or off.
+    ``rx_cpus``: the CPUs host A's and host B's receive work runs on (None: the sender's).
     An undo that fails keeps the journals and names them.
     """
     tag = tag or str(os.getpid() % 100000)
     if not _TAG.fullmatch(tag):
         raise HpvcError(f"test bed tag {tag!r}", "want 1-8 of [a-z0-9]")
     workdir = tempfile.mkdtemp(prefix=f"hpvc-testbed-{tag}-")
-    bed = layout(tag, workdir, outsider)
+    bed = layout(tag, workdir, outsider, bridge_netfilter, rx_cpus)
     top = Journal(Path(workdir) / "namespaces.jsonl")
     failed = True
     try:
@@ -181,6 +231,10 @@ def two_hosts(
         for h in bed.hosts:
             progress(f"test bed: host {h.key} joins VNI {bed.vni}, node {h.node_address}")
             _in_netns(bed, h.netns, "host", _host_args(bed, h))
+        if rx_cpus is not None:
+            progress(f"test bed: host A receives on CPU {rx_cpus[0]}, host B on {rx_cpus[1]}")
+            for h, cpu in zip(bed.hosts, rx_cpus, strict=True):
+                rx_masks(bed, h.netns, FABRIC_IFNAME, 1 << cpu)
         yield bed
         failed = False
     finally:
@@ -193,12 +247,45 @@ def two_hosts(
             progress(f"test bed: undo failed ({errors[0]}); journals kept in {workdir}")
 
 
+# Inside a network namespace, /sys still shows the namespace the process started
+# in; a private mount namespace with a fresh sysfs shows this one's devices.
+_RPS = (
+    'mount -t sysfs sysfs /sys && for q in /sys/class/net/"$1"/queues/rx-*/rps_cpus;'
+    ' do if [ -n "$2" ]; then echo "$2" > "$q"; fi && cat "$q"; done'
+)
+
+
+def _cpumask(mask: int) -> str:
+    """``mask`` as the kernel writes CPU masks: hex in 32-bit words joined by commas."""
+    text = f"{mask:x}"
+    text = "0" * (-len(text) % 8) + text
+    return ",".join(text[i : i + 8] for i in range(0, len(text), 8))
+
+
+def rx_masks(bed: Testbed, netns: str, ifname: str, mask: int | None = None) -> list[int]:
+    """The RPS CPU masks of ``ifname``'s receive queues in ``netns`` (0: processed where
+    it arrives), after setting them to ``mask`` unless it is None."""
+    what = f"test bed: receive CPUs of {ifname} in {netns}"
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _RPS, "sh", ifname]
+    r = bed.run(netns, *argv, "" if mask is None else _cpumask(mask), check=False)
+    try:
+        masks = [int(x.replace(",", ""), 16) for x in r.stdout.split()]
+    except ValueError:
+        masks = []
+    if r.returncode != 0 or not masks:
+        raise HpvcError(what, (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1])
+    if mask is not None and any(m != mask for m in masks):
+        raise HpvcError(what, f"asked for {mask:x}, the kernel has {masks}")
+    return masks
+
+
 def _fabric_args(bed: Testbed) -> dict[str, Any]:
     ports = [(h.key, h.netns, h.address) for h in bed.hosts]
     if bed.outsider_netns:
         ports.append(("x", bed.outsider_netns, OUTSIDER_ADDRESS))
     return {
         "journal": str(bed.journal(bed.fabric_netns)),
+        "bridge_netfilter": bed.bridge_netfilter,
         "bridge": bed.fabric_bridge,
         "mtu": bed.fabric_mtu,
         "ports": [
@@ -215,6 +302,7 @@ def _mac(address: str) -> str:
 def _host_args(bed: Testbed, h: Host) -> dict[str, Any]:
     return {
         "journal": str(bed.journal(h.netns)),
+        "bridge_netfilter": bed.bridge_netfilter,
         "cluster": bed.cluster,
         "bridge": bed.bridge,
         "bridge_address": h.bridge_address,
@@ -261,6 +349,7 @@ def _undo_in(bed: Testbed, netns: str) -> list[str]:
 
 
 def _op_fabric(args: dict[str, Any]) -> Any:
+    net.set_bridge_netfilter(bool(args["bridge_netfilter"]))
     j = Journal(args["journal"])
     bridge, mtu = str(args["bridge"]), int(args["mtu"])
     net.ensure_bridge(j, bridge, None, PREFIXLEN, mtu)
@@ -273,6 +362,7 @@ def _op_fabric(args: dict[str, Any]) -> Any:
 
 
 def _op_host(args: dict[str, Any]) -> Any:
+    net.set_bridge_netfilter(bool(args["bridge_netfilter"]))
     j = Journal(args["journal"])
     o = Overlay.from_json(args["overlay"])
     bridge, node = str(args["bridge"]), args["node"]

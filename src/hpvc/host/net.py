@@ -35,6 +35,7 @@ from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 from hpvc.errors import HpvcError
 from hpvc.host import netns as nsenter
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.host.probe import BRIDGE_NF_KNOBS
 
 NETNS_DIR = "/run/netns"
 NODE_IFNAME = "eth0"
@@ -368,3 +369,25 @@ def _undo_tap(args: Args) -> None:
         except NetlinkError as e:
             if e.code != _ENODEV:
                 raise
+
+
+BRIDGE_NF = "/proc/sys/net/bridge"  # bridge-nf-call-*: per network namespace
+
+
+def set_bridge_netfilter(on: bool, base: str = BRIDGE_NF) -> dict[str, int]:
+    """br_netfilter's knobs of this network namespace set to ``on``; what they are now.
+
+    Empty when the kernel has no br_netfilter (module not loaded): bridged
+    frames then never see the IP hooks, which is what ``on=False`` models.
+    """
+    out: dict[str, int] = {}
+    for knob in BRIDGE_NF_KNOBS:
+        path = Path(base) / knob
+        if not path.exists():
+            continue
+        try:
+            path.write_text("1\n" if on else "0\n")
+            out[knob] = int(path.read_text())
+        except (OSError, ValueError) as e:
+            raise HpvcError(f"{path}", str(e)) from e
+    return out

@@ -324,6 +324,23 @@ def bridges(root: RootLike = HOST) -> list[str]:
     return sorted(p.parent.name for p in _at(root, "/sys/class/net").glob("*/bridge"))
 
 
+BRIDGE_NF_KNOBS = (
+    "bridge-nf-call-iptables",
+    "bridge-nf-call-ip6tables",
+    "bridge-nf-call-arptables",
+)
+
+
+def bridge_netfilter(root: RootLike = HOST) -> dict[str, int]:
+    """br_netfilter's knobs (/proc/sys/net/bridge/bridge-nf-call-*); {} when it is not loaded."""
+    out: dict[str, int] = {}
+    for knob in BRIDGE_NF_KNOBS:
+        text = (_read(_at(root, f"/proc/sys/net/bridge/{knob}")) or "").strip()
+        if text.isdigit():
+            out[knob] = int(text)
+    return out
+
+
 # --- tools ---------------------------------------------------------------------------
 
 

@@ -5,7 +5,11 @@ digits, hashed from the cluster name like every hpvc interface): the cluster's
 VNI, this host's fabric address as source, learning off. The forwarding
 database is written, never learned: one permanent entry per remote node MAC
 pointing at its host, and one all-zeros entry per other host so broadcast
-(there is little: ARP is static) reaches every host once.
+(there is little: ARP is static) reaches every host once. The bridge gets
+one static entry per remote node MAC on the VXLAN port too: with learning
+off on that port the bridge would otherwise never know where a remote node
+is, and flood every frame to one (unknown unicast) to all of its ports, each
+local node's veth included.
 
 Only the cluster's own hosts may inject frames into its VNI: an nftables table
 per VNI (``inet hpvc-vni<VNI>``) drops UDP to the VXLAN port carrying that VNI
@@ -34,8 +38,10 @@ from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import Overlay
 
 _ENODEV = 19
+_NUD_NOARP = 0x40  # a bridge's "static" entry (NUD_PERMANENT would mean its own address)
 _NUD_PERMANENT = 0x80
-_NTF_SELF = 0x02
+_NTF_SELF = 0x02  # the VXLAN link's own forwarding database
+_NTF_MASTER = 0x04  # the bridge's
 _ZERO_MAC = "00:00:00:00:00:00"
 
 
@@ -115,6 +121,21 @@ def _forwarding(ipr: Any, index: int, overlay: Overlay) -> None:
                 "replace", ifindex=index, lladdr=mac, dst=v.address, state=_NUD_PERMANENT,
                 flags=_NTF_SELF,
             )  # fmt: skip
+            ipr.fdb("replace", ifindex=index, lladdr=mac, state=_NUD_NOARP, flags=_NTF_MASTER)
+
+
+def bridge_entries(name: str) -> list[str]:
+    """MACs the bridge forwards to the VXLAN link ``name`` (its static entries on that port)."""
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if not found:
+            return []
+        macs = {
+            str(e.get_attr("NDA_LLADDR"))
+            for e in ipr.fdb("dump", ifindex=found[0])
+            if e.get_attr("NDA_MASTER") and e["state"] & (_NUD_NOARP | _NUD_PERMANENT) == _NUD_NOARP
+        }
+    return sorted(macs)
 
 
 def forwarding_entries(name: str) -> list[tuple[str, str]]:
@@ -133,7 +154,8 @@ def forwarding_entries(name: str) -> list[tuple[str, str]]:
 
 def read_back(cluster: str, vni: int) -> dict[str, Any]:
     """The cluster's VXLAN link as the kernel has it: VNI, learning, forwarding
-    entries, and what the VNI's filter dropped (for ``hpvc status``)."""
+    entries (its own, and the bridge's static ones to it), and what the VNI's
+    filter dropped (for ``hpvc status``)."""
     name = link_name(cluster)
     with IPRoute() as ipr:
         found = ipr.link_lookup(ifname=name)
@@ -152,6 +174,7 @@ def read_back(cluster: str, vni: int) -> dict[str, Any]:
         }
     entries = forwarding_entries(name)
     out["forwarding"] = len(entries)
+    out["bridge_entries"] = len(bridge_entries(name))
     out["peers"] = sorted({dst for mac, dst in entries if mac == _ZERO_MAC})
     out["dropped_from_outside"] = dropped(vni)
     if out["vni"] != vni:

@@ -5,7 +5,9 @@ The same facts ``hpvc.host.vxlan`` applies through netlink and nftables
 and ``nft`` commands a reader can check or run by hand: the nftables table
 that lets only the cluster's hosts send into its VNI, the bridge's VXLAN port
 with learning off, one flood entry per other host and one forwarding entry per
-remote node. Rendered only for a plan across hosts.
+remote node, in the VXLAN link's table and as a static entry in the bridge's
+(so the bridge does not flood frames to remote nodes to every port). Rendered
+only for a plan across hosts.
 """
 
 from __future__ import annotations
@@ -62,8 +64,7 @@ def network_script(plan: Plan, host: str) -> str:
             f"# host {v.host}: broadcast once, then its {len(v.nodes)} node(s)",
             f"bridge fdb append {_ZERO_MAC} dev {link} dst {v.address} self permanent",
         ]
-        lines += [
-            f"bridge fdb replace {mac} dev {link} dst {v.address} self permanent  # {name} {ip}"
-            for name, ip, mac in v.nodes
-        ]
+        for name, ip, mac in v.nodes:
+            own = f"bridge fdb replace {mac} dev {link} dst {v.address} self permanent"
+            lines += [f"{own}  # {name} {ip}", f"bridge fdb replace {mac} dev {link} master static"]
     return "\n".join(lines) + "\n"

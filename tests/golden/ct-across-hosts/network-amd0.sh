@@ -22,8 +22,11 @@ bridge link set dev vxc1cbb8108bc8f learning off
 # host amd1: broadcast once, then its 2 node(s)
 bridge fdb append 00:00:00:00:00:00 dev vxc1cbb8108bc8f dst 10.0.0.2 self permanent
 bridge fdb replace 02:c1:0a:5a:00:05 dev vxc1cbb8108bc8f dst 10.0.0.2 self permanent  # compute2 10.90.0.5
+bridge fdb replace 02:c1:0a:5a:00:05 dev vxc1cbb8108bc8f master static
 bridge fdb replace 02:c1:0a:5a:00:06 dev vxc1cbb8108bc8f dst 10.0.0.2 self permanent  # compute3 10.90.0.6
+bridge fdb replace 02:c1:0a:5a:00:06 dev vxc1cbb8108bc8f master static
 
 # host intel: broadcast once, then its 1 node(s)
 bridge fdb append 00:00:00:00:00:00 dev vxc1cbb8108bc8f dst 10.0.1.1 self permanent
 bridge fdb replace 02:c1:0a:5a:00:02 dev vxc1cbb8108bc8f dst 10.0.1.1 self permanent  # head0 10.90.0.2
+bridge fdb replace 02:c1:0a:5a:00:02 dev vxc1cbb8108bc8f master static

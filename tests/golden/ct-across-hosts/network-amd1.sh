@@ -22,8 +22,11 @@ bridge link set dev vxc1cbb8108bc8f learning off
 # host amd0: broadcast once, then its 2 node(s)
 bridge fdb append 00:00:00:00:00:00 dev vxc1cbb8108bc8f dst 10.0.0.1 self permanent
 bridge fdb replace 02:c1:0a:5a:00:03 dev vxc1cbb8108bc8f dst 10.0.0.1 self permanent  # compute0 10.90.0.3
+bridge fdb replace 02:c1:0a:5a:00:03 dev vxc1cbb8108bc8f master static
 bridge fdb replace 02:c1:0a:5a:00:04 dev vxc1cbb8108bc8f dst 10.0.0.1 self permanent  # compute1 10.90.0.4
+bridge fdb replace 02:c1:0a:5a:00:04 dev vxc1cbb8108bc8f master static
 
 # host intel: broadcast once, then its 1 node(s)
 bridge fdb append 00:00:00:00:00:00 dev vxc1cbb8108bc8f dst 10.0.1.1 self permanent
 bridge fdb replace 02:c1:0a:5a:00:02 dev vxc1cbb8108bc8f dst 10.0.1.1 self permanent  # head0 10.90.0.2
+bridge fdb replace 02:c1:0a:5a:00:02 dev vxc1cbb8108bc8f master static
