@@ -291,7 +291,8 @@ def _scale_locked(
         topo = pages.unheld(store, read_topology("/"), host, name, own=rec)
         plan = plan_cluster(spec, [(host, topo)], store.reservations(exclude=name), existing=old)
         now_held = pages.held_by_plan(plan, host)
-        rec.pages = pages.to_record(pages.merged(pages.held(rec, host), now_held))
+        was_held = pages.held(rec, host)
+        rec.pages = pages.to_record(pages.merged(was_held, now_held))
         rec.status = "scaling"
         # Until it is done the cluster holds both the old and the new CPUs, so a
         # concurrent `up` cannot take what the new nodes are about to get.
@@ -304,7 +305,7 @@ def _scale_locked(
     backend, env = open_env(store, rec)
     try:
         _apply_scale(env, backend, old, plan, progress)
-        pages.shrink(env.journal(), now_held)  # a scale down returns what it grew
+        pages.shrink(env.journal(), was_held, now_held)  # a scale down returns what it grew
     except BaseException as e:
         added = [n.name for n in plan.nodes if n.name not in {o.name for o in old.nodes}]
         for n in added:  # take back the nodes this scale added, keep the rest

@@ -146,10 +146,13 @@ def unheld(
     return replace(topo, numa_nodes=nodes)
 
 
-def shrink(journal: Journal, now_held: dict[Key, int]) -> None:
-    """Return the grown pages the cluster no longer holds (after a scale down)."""
+def shrink(journal: Journal, was_held: dict[Key, int], now_held: dict[Key, int]) -> None:
+    """Return grown pages after a scale down: as many as the cluster let go of, at
+    most what it grew. Its grown pages go first, so a cluster that also took
+    pages that were free before it came leaves the pool where it found it."""
     for (node, size), n in sorted(hugepages.grown(journal).items()):
-        extra = n - now_held.get((node, size), 0)
+        let_go = was_held.get((node, size), 0) - now_held.get((node, size), 0)
+        extra = min(n, let_go)
         if extra > 0:
             _log.info("hugepages: node %d -%d x %d KiB (no longer held)", node, extra, size)
             hugepages.give_back(journal, node, size, extra)
