@@ -8,9 +8,12 @@ Each node writes flat out through /shared (fio, direct I/O): they get 1/7,
 their loop device; one a plain folder, throttled on the disk). A phase that
 falls short is measured once more (this 2-CPU machine is shared: a node's NFS
 pipeline can be starved for a moment); one above its target fails at once.
-When the 4 leaves, the others' throttles change within 1 s and they get 1/3
-and 2/3; a demand below its share (``hpvc io set``) is met and the rest goes
-to the other; a bad site file is refused in one line and changes nothing.
+A cluster alone on the disk is left as if unmanaged: no throttle, writes
+buffered; once others come its loop file system writes synchronously (so its
+server's cgroup is charged) and the folder's server writes through. When the
+4 leaves, the others' throttles change within 1 s and they get 1/3 and 2/3;
+a demand below its share (``hpvc io set``) is met and the rest goes to the
+other; a bad site file is refused in one line and changes nothing.
 Nothing is left behind: no cluster, server, cgroup, mount or loop device.
 """
 
@@ -30,7 +33,9 @@ from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.coordinator import coordinator
 from hpvc.coordinator.site import ENV
+from hpvc.coordinator.state import members
 from hpvc.coordinator.status import counters, held, status
+from hpvc.host import nfs_backing
 from tests.integration.test_cluster import cli_env, leftovers, store
 from tests.integration.test_shared_nfs import mounts_under, nfs_ready, our_processes
 from tests.integration.test_writable_layer import loops_under
@@ -120,6 +125,21 @@ def write_limit(store: Store, name: str) -> set[int | None]:
     return {v["write"] for v in held(store)[name].values()}
 
 
+def export(store: Store, name: str) -> Path:
+    (m,) = [m for m in members(store) if m.cluster == name]
+    return m.export
+
+
+def alone(store: Store, name: str) -> None:
+    """A cluster alone on its disk, with no demand below the capacity: the
+    coordinator leaves it as if unmanaged (no throttle, writes buffered)."""
+    (row,) = [r for r in status(store, interval=0)["clusters"] if r["cluster"] == name]
+    assert row["allocation"]["write"] == CAPACITY and row["limited"]["write"] is False
+    assert row["writes"] == "buffered" and row["limit"]["write"] is None
+    assert nfs_backing.is_sync(export(store, name)) is False
+    assert write_limit(store, name) <= {None}
+
+
 def test_bandwidth_is_shared_by_priority_and_demand(
     nfs_ready: None, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,12 +150,19 @@ def test_bandwidth_is_shared_by_priority_and_demand(
     site.write_text(site_text(store, {c1: 1, c2: 2, c4: 4}))
     monkeypatch.setenv(ENV, str(site))
     try:
-        for name in (c1, c2, c4):  # each up rebalances (lifecycle's hook)
+        lifecycle.up(spec(tmp_path, c1, SHARED["p1"]), store)
+        alone(store, c1)  # it may take the whole disk: no limit, buffered writes
+        for name in (c2, c4):  # each up rebalances (lifecycle's hook)
             lifecycle.up(spec(tmp_path, name, SHARED[name[-2:]]), store)
         doc = status(store, interval=0)
         rows = {r["cluster"]: r for r in doc["clusters"]}
         assert [rows[n]["allocation"]["write"] for n in (c1, c2, c4)] == [10 * MB, 20 * MB, 40 * MB]
-        assert all(r["stable_writes"] and r["device"] == "state" for r in rows.values())
+        assert all(r["device"] == "state" for r in rows.values())
+        # Loop file systems switched to synchronous writes; the folder's server
+        # writes through for its life (it was started on a managed disk).
+        assert [rows[n]["writes"] for n in (c1, c2, c4)] == ["sync", "through", "sync"]
+        assert [rows[n]["stable_writes"] for n in (c1, c2, c4)] == [False, True, False]
+        assert [nfs_backing.is_sync(export(store, n)) for n in (c1, c4)] == [True, True]
         assert (
             rows[c1]["demand"]["write"] == 500 * MB and rows[c1]["demand_from"]["write"] == "spec"
         )
@@ -215,6 +242,11 @@ def test_bandwidth_is_shared_by_priority_and_demand(
         assert f"site file {site}: devices.state.write: 'a lot' is not a size" in r.stderr
         assert held(store) == limits
         assert (store.root / "io" / "overrides.json").read_text() == overrides
+
+        # Alone again (the site file good again): no limit, and buffered writes.
+        site.write_text(site_text(store, {c1: 1, c2: 2, c4: 4}))
+        lifecycle.down(c2, store)
+        alone(store, c1)
     finally:
         for name in (c4, c2, c1):
             if store.load(name) is not None:

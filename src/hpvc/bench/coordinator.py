@@ -11,13 +11,16 @@ servers' write-through flushes into an fsync of its whole image file, and the
 rates then measure that, not the coordinator.
 Each repetition, the parts in a rotating order:
 
-- ``overhead``: one cluster alone, three sides: ``unstable`` (a cluster the
-  site file does not manage: hpvc without the coordinator, its server's
-  writes buffered), then pairs of ``stable`` (a managed cluster, writing
-  through, no write throttle) and ``coordinated`` (the same cluster with the
-  coordinator's throttle at a capacity no disk here reaches). Goal:
-  coordinated/stable >= 0.98 (< 2% loss), paired per pair; stable/unstable
-  is what writing through (what enforcement needs) costs, reported as is.
+- ``overhead``: one cluster alone (its shared directory a loop file system),
+  three sides, by the site file and ``hpvc io set``: ``unmanaged`` (the site
+  file does not name its disk: hpvc without the coordinator), ``managed``
+  (the site file names it, capacity 10 GB/s: the cluster alone may take it
+  all, so the coordinator writes no throttle and its writes stay buffered)
+  and ``enforced`` (a demand below the capacity: a write throttle that never
+  bites, and its file system switched to synchronous writes, as when other
+  clusters compete). Goal: managed/unmanaged >= 0.98 (< 2% loss when
+  uncontended), paired per pair; enforced/managed is what enforcement costs
+  a cluster, reported as is.
 - ``shares``: three clusters, priorities 1:2:4, capacity ``--capacity``, all
   flat out: each one's rate (fio's, and its server cgroup's counters) against
   1/7, 2/7, 4/7, and their sum against the capacity. Then the 4 leaves
@@ -47,7 +50,7 @@ from hpvc.bench.coordinator_report import MB, document
 from hpvc.bench.io_disk import sh
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
-from hpvc.coordinator.coordinator import rebalance, set_cluster
+from hpvc.coordinator.coordinator import set_cluster
 from hpvc.coordinator.site import ENV
 from hpvc.coordinator.status import counters, held
 from hpvc.errors import HpvcError, InputError
@@ -187,21 +190,26 @@ def until(cond: Callable[[], bool], timeout: float = 10.0) -> float:
 
 
 def overhead_once(r: Run, rep: int) -> list[dict[str, Any]]:
-    """``unstable`` once, then three pairs of ``stable`` and ``coordinated`` in
-    ABBA order (this 2-CPU machine is shared: one pair is too noisy to read a
-    2% difference from). Each run starts after a ``sync``: no run writes back
-    what an earlier one left in the page cache."""
-    first, second = ("stable", "coordinated") if rep % 2 == 0 else ("coordinated", "stable")
-    order = ["unstable", first, second, second, first, first, second]
+    """One cluster alone, its three sides in pairs: three pairs of ``unmanaged``
+    and ``managed`` in ABBA order (this 2-CPU machine is shared: one pair is too
+    noisy to read a 2% difference from), then one pair of ``enforced`` and
+    ``managed``. Each run starts after a ``sync``: no run writes back what an
+    earlier one left in the page cache."""
+    first, second = ("unmanaged", "managed") if rep % 2 == 0 else ("managed", "unmanaged")
+    order = [first, second, second, first, first, second]
+    order += ["enforced", "managed"] if rep % 2 == 0 else ["managed", "enforced"]
     out = []
     for i, side in enumerate(order):
-        r.write_site(HIGH if side == "coordinated" else None, read=HIGH)
-        rebalance(r.store)
+        r.write_site(HIGH, managed=side != "unmanaged", read=HIGH)
+        if side == "enforced":  # a demand below the capacity: limited, writes synchronous
+            set_cluster(r.store, r.name("alone"), write=HIGH // 2)
+        else:
+            set_cluster(r.store, r.name("alone"), reset=True)
         sh(["sync"], "sync")
-        label = "open" if side == "unstable" else "alone"
-        bw = finish(r.fio(label, r.seconds), label)
+        bw = finish(r.fio("alone", r.seconds), "alone")
         r.progress(f"  overhead {side}: {bw / MB:.1f} MB/s")
-        out.append({"rep": rep, "order": i, "pair": (i - 1) // 2, "side": side, "fio_bps": bw})
+        out.append({"rep": rep, "order": i, "pair": i // 2, "side": side, "fio_bps": bw})
+    set_cluster(r.store, r.name("alone"), reset=True)
     return out
 
 
@@ -280,12 +288,9 @@ def run(
             facts["disk"] = sh(["df", "--output=source,fstype", str(store.root)], "df")
             os.environ[ENV] = str(tmp / "io.toml")
             r = Run(tmp, store, capacity, seconds, progress)
-            r.write_site(HIGH, managed=False)
-            r.up("open")  # started while the site file does not name its disk: unmanaged
             r.write_site(HIGH)
             r.up("alone")
             _repeat(r, repeat, samples, only=("overhead",))
-            r.down("open")
             r.down("alone")
             r.write_site(capacity)
             for label in PRIORITIES:

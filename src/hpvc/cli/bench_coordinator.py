@@ -17,8 +17,10 @@ COORDINATOR_HELP = """The storage bandwidth coordinator measured with fio (root,
 In a throw-away state directory whose disk a site file of the run declares, one-node
 container clusters serve their shared directories over NFS and write to them
 flat out (fio, direct I/O, 1 MiB). Per repetition, in a rotating order: the
-overhead uncontended (one cluster alone: unmanaged, managed without a write
-throttle, managed with a throttle that never bites; goal < 2% loss); shares
+overhead uncontended (one cluster alone: unmanaged, managed (alone it may take
+the whole disk: no throttle, buffered writes; goal < 2% loss), and enforced (a
+demand below the capacity: a throttle that never bites, synchronous writes:
+what enforcing costs)); shares
 of three clusters with priorities 1:2:4 against 1/7, 2/7, 4/7 of --capacity
 and their sum against it, then the 4 leaving (the others' throttles change:
 rebalance time; their rates after against 1/3, 2/3); and a demand below its

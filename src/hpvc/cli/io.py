@@ -38,8 +38,11 @@ STATUS_HELP = """Per disk and cluster: priority, demand, allocation, limit held,
 
 The allocation is what the coordinator computes now from the site file and the
 clusters; the limit is what the kernel holds in the cluster's NFS-server
-cgroup; the use is measured from that cgroup's own counters over --interval
-seconds. Rates in MB/s (10^6 bytes).
+cgroup (none while the cluster may take the whole disk); writes says how its
+server writes: buffered, sync (its loop file system, while a write limit is in
+force) or through (a plain folder on a managed disk, for the server's life).
+The use is measured from that cgroup's own counters over --interval seconds.
+Rates in MB/s (10^6 bytes).
 
 Examples:
 
@@ -122,7 +125,8 @@ def status_cmd(
             f" read {_mb(cap['read'])} MB/s, {len(d['clusters'])} cluster(s)"
         )
     t = Table(title="storage bandwidth, MB/s, write / read")
-    for col in ("cluster", "device", "priority", "demand", "allocation", "limit", "use"):
+    cols = ("cluster", "device", "priority", "demand", "allocation", "limit", "writes", "use")
+    for col in cols:
         t.add_column(col)
     for r in doc["clusters"]:
         t.add_row(
@@ -132,6 +136,7 @@ def status_cmd(
             _pair(r["demand"]),
             _pair(r["allocation"]),
             _pair(r["limit"]),
+            r["writes"],
             _pair(r["use"]),
         )
     if doc["clusters"]:

@@ -16,10 +16,20 @@ throttle file takes effect at once. A cluster is never throttled below
 ``MIN_RATE``: its nodes' NFS client gives up a request after 10 s, and one
 1 MiB WRITE must fit in that.
 
-Enforcement needs the server's disk I/O in its own context: a server started
-while the site file declares the disk under its export writes every WRITE
-through (``ServerIO.stable_writes``, Ganesha's ``NFS_Commit``); see docs/io.md
-for what the kernel charges and what is not covered.
+A limit is written only where it is needed: in a direction where a cluster's
+allocation is below the disk's capacity (others compete, or its demand caps
+it). A cluster alone on its disk with no demand runs as if unmanaged: no
+throttle, its writes buffered, nothing lost (``hpvc bench coordinator``).
+
+Enforcing a write limit needs the server's disk I/O in its own context (the
+kernel's flusher is charged to the root cgroup under cgroup v1). A share on a
+loop file system (spec ``[shared] size``) is switched live to synchronous
+writes while its write limit is in force, and back to buffered when it is
+lifted (``nfs_backing.set_sync``, a remount). A share on a plain folder of a
+managed disk cannot be switched without restarting its server, so a server
+started while the site file declares that disk writes every WRITE through
+for its whole life (``ServerIO.stable_writes``, Ganesha's ``NFS_Commit``).
+See docs/io.md for what the kernel charges and what is not covered.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from hpvc.coordinator.state import (
     save_overrides,
 )
 from hpvc.errors import HpvcError, InputError
-from hpvc.host import io_coord
+from hpvc.host import io_coord, nfs_backing
 from hpvc.host.blkio import block_device
 from hpvc.host.journal import Journal
 from hpvc.locks import file_lock
@@ -142,12 +152,42 @@ def plan(
     return targets
 
 
+def limited(t: Target) -> dict[str, bool]:
+    """Per direction: must the kernel hold ``t`` to its allocation? Only where the
+    allocation is below the disk's capacity; a cluster that may take all of it
+    needs no throttle (and no synchronous writes)."""
+    out = {}
+    for d in DIRECTIONS:
+        cap = t.device.capacity[d] if t.device is not None else None
+        share = t.allocation[d]
+        out[d] = cap is not None and share is not None and share < cap
+    return out
+
+
+def write_mode(t: Target) -> str:
+    """How ``t``'s server writes now: ``through`` (Ganesha's NFS_Commit, for its
+    life), ``sync`` (its loop file system switched to synchronous writes), or
+    ``buffered``."""
+    if t.member.stable_writes:
+        return "through"
+    loop = t.storage is not None and t.storage.loop is not None
+    return "sync" if loop and limited(t)["write"] else "buffered"
+
+
 def _apply(t: Target) -> list[str]:
-    """Write ``t``'s throttles; drop any the cgroup holds on other devices."""
+    """Write ``t``'s throttles (and its file system's write mode); drop any the
+    cgroup holds on other devices."""
     cg = t.member.cgroup
     wanted = t.storage.devices() if t.storage is not None and t.device is not None else ()
+    need = limited(t)
+    rates = {d: t.allocation[d] if need[d] else None for d in DIRECTIONS}
+    if t.storage is not None and t.storage.loop is not None and not t.member.stable_writes:
+        # Synchronous first, then the limit: no buffered burst escapes it.
+        with contextlib.suppress(HpvcError):  # its file system gone: the cluster is going
+            if nfs_backing.set_sync(t.member.export, write_mode(t) == "sync"):
+                _log.info("storage coordinator: %s writes %s", t.cluster, write_mode(t))
     for dev in wanted:
-        io_coord.set_limits(cg, dev, t.allocation)
+        io_coord.set_limits(cg, dev, rates)
     stale = [k for k, v in io_coord.limits(cg).items() if any(v.values())]
     for k in stale:
         if k not in {io_coord.key(d) for d in wanted}:
@@ -203,6 +243,8 @@ def _row(t: Target) -> dict[str, Any]:
         "demand_from": t.demand_from,
         "allocation": t.allocation,
         "stable_writes": t.member.stable_writes,
+        "limited": limited(t),
+        "writes": write_mode(t),
     }
 
 
@@ -261,7 +303,10 @@ def managed(export_dir: Path, site_file: Path | None = None) -> bool:
 
 
 def server_io(journal: Journal, cluster: str, export_dir: Path) -> ServerIO:
-    """The cgroup a cluster's NFS server starts in, and whether it writes through."""
-    stable = managed(export_dir)
+    """The cgroup a cluster's NFS server starts in, and whether it writes through
+    for its life: only a plain folder on a managed disk (a loop file system is
+    switched to synchronous writes live, when a limit needs it)."""
+    storage = io_coord.storage(export_dir)
+    stable = managed(export_dir) and storage is not None and storage.loop is None
     procs = io_coord.server_cgroup(journal, cluster, export_dir=export_dir, stable_writes=stable)
     return ServerIO(procs, stable)

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.cluster.state import Store
-from hpvc.coordinator.coordinator import APPLIED, Target, load_devices, plan
+from hpvc.coordinator.coordinator import (
+    APPLIED,
+    Target,
+    limited,
+    load_devices,
+    plan,
+    write_mode,
+)
 from hpvc.coordinator.state import DIRECTIONS, load_overrides, members
 from hpvc.host import io_coord
 
@@ -41,7 +48,7 @@ def _notes(t: Target, site: bool) -> list[str]:
         where = io_coord.key(t.storage.disk) if t.storage is not None else "no block device"
         why = "no site file" if not site else f"its data's disk ({where}) is not in the site file"
         notes.append(f"not managed: {why}")
-    elif not t.member.stable_writes:
+    elif not t.member.stable_writes and (t.storage is None or t.storage.loop is None):
         notes.append(
             "its NFS server was started before the site file named this disk: its buffered"
             " writes are not charged to it (restart the server node to enforce)"
@@ -83,6 +90,8 @@ def status(store: Store, site_file: Path | None = None, interval: float = 1.0) -
                 "bytes": after[t.cluster],
                 "counted_on": key,
                 "stable_writes": t.member.stable_writes,
+                "limited": limited(t),
+                "writes": write_mode(t),
                 "notes": _notes(t, site is not None),
             }
         )

@@ -23,12 +23,20 @@ unmounts the file system (its loop device then goes by itself); then, when
 image file and the mount point); when ``keep`` is True, leaves the directory
 or the image, and a later ``backing`` with the same path attaches the same
 data again.
+
+``set_sync`` switches such a file system between buffered and synchronous
+writes (``MS_SYNCHRONOUS``, a superblock flag: every mount namespace sees it,
+the server's too) by a remount, live: the storage coordinator turns it on
+while the cluster's writes must be charged to its NFS server (a write then
+reaches the disk in the writer's own context) and off when nothing competes.
+It needs no undo of its own: the file system is unmounted by the backing's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +46,8 @@ from hpvc.host import layer
 from hpvc.host.journal import Args, Journal, undoer
 
 MODE = 0o1777  # the shared directory's root: everyone's, sticky
+MS_SYNCHRONOUS, MS_REMOUNT = 16, 32  # <linux/mount.h>
+MOUNTINFO = Path("/proc/self/mountinfo")
 MKFS_OPTS = ("-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard")
 
 
@@ -88,6 +98,39 @@ def _mount(image: Path, path: Path) -> None:
             raise HpvcError("NFS backing", str(layer._os_error(f"mount {dev} on {path}")))
     finally:
         os.close(fd)
+
+
+def _mount_entry(path: Path) -> tuple[str, list[str]] | None:
+    """(file system type, super options) of the mount whose mount point is ``path``."""
+    want = os.path.realpath(path)
+    found = None
+    for line in MOUNTINFO.read_text().splitlines():
+        fields = line.split()
+        sep = fields.index("-") if "-" in fields else -1
+        mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]) if sep > 4 else ""
+        if sep > 0 and mnt == want and len(fields) > sep + 3:
+            found = (fields[sep + 1], fields[sep + 3].split(","))  # the last one is on top
+    return found
+
+
+def is_sync(path: Path) -> bool | None:
+    """Does the file system mounted at ``path`` write synchronously? None: no mount there."""
+    entry = _mount_entry(path)
+    return None if entry is None else "sync" in entry[1]
+
+
+def set_sync(path: Path, on: bool) -> bool:
+    """Make the loop file system at ``path`` write synchronously (``on``) or
+    buffered, by a remount; True when that changed anything."""
+    entry = _mount_entry(path)
+    if entry is None or entry[0] != "ext4":
+        raise HpvcError(f"NFS backing {path}", "no ext4 file system of hpvc's mounted there")
+    if ("sync" in entry[1]) == on:
+        return False
+    flags = MS_REMOUNT | (MS_SYNCHRONOUS if on else 0)  # the same options it was mounted with
+    if layer._libc.mount(None, str(path).encode(), None, flags, layer.MOUNT_OPTS) != 0:
+        raise HpvcError("NFS backing", str(layer._os_error(f"remount {path}")))
+    return True
 
 
 def backing(journal: Journal, *, path: Path, size_mib: int | None, keep: bool) -> Path:
