@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,34 @@ def test_plan_shares_by_priority_demand_and_override(tmp_path: Path) -> None:
         t.cluster: t for t in coordinator.plan(site, devices, [member(tmp_path, "z", "eve")], {})
     }
     assert got["z"].priority == 2 and got["z"].allocation["write"] == 70 * 10**6
+    # alone it may take the whole disk: no limit, so no synchronous writes either
+    assert coordinator.limited(got["z"]) == {"read": False, "write": False}
+    lone = replace(got["z"], member=replace(got["z"].member, stable_writes=False))
+    assert coordinator.write_mode(lone) == "buffered"
+    assert coordinator.write_mode(got["z"]) == "through"  # a folder's NFS_Commit: for life
+
+
+def test_limits_and_write_modes_under_contention(tmp_path: Path) -> None:
+    st = os.stat(tmp_path)
+    folder = io_coord.Storage((os.major(st.st_dev), os.minor(st.st_dev)))
+    loop = replace(folder, loop=(7, 3))
+    site = parse_site({"devices": {"d": {"device": io_coord.key(folder.disk), "write": "70MB"}}})
+    devices = coordinator.resolve(site, Path("io.toml"))
+    found = [replace(member(tmp_path, n), stable_writes=False) for n in "ab"]
+    targets = [replace(t, storage=loop) for t in coordinator.plan(site, devices, found, {})]
+    if any(t.device is None for t in targets):
+        pytest.skip(f"{tmp_path} is not on a plain disk here")
+    for t in targets:  # two compete: each is limited to half, its loop file system synchronous
+        assert t.allocation["write"] == 35 * 10**6
+        assert coordinator.limited(t) == {"read": False, "write": True}  # read: not declared
+        assert coordinator.write_mode(t) == "sync"
+    (a,) = [replace(t, storage=loop) for t in coordinator.plan(site, devices, found[:1], {})]
+    assert coordinator.limited(a)["write"] is False and coordinator.write_mode(a) == "buffered"
+    capped = [replace(found[0], demand={"read": None, "write": 10**7})]
+    (c,) = [replace(t, storage=loop) for t in coordinator.plan(site, devices, capped, {})]
+    assert c.allocation["write"] == 10**7 and coordinator.write_mode(c) == "sync"  # its demand
+    (f,) = [replace(t, storage=folder) for t in coordinator.plan(site, devices, capped, {})]
+    assert coordinator.write_mode(f) == "buffered"  # a folder cannot switch: not started managed
 
 
 def test_plan_floors_at_min_rate_and_leaves_other_disks_alone(tmp_path: Path) -> None:
