@@ -32,6 +32,7 @@ def test_document_goals_report_and_figure(tmp_path: Path) -> None:
     by = {(s["phase"], s["cluster"]): s for s in doc["shares"]}
     assert round(by[("1:2:4", "p1")]["worst_abs_error_pct"], 6) == 1.0
     assert round(by[("after 4 left", "p1")]["worst_abs_error_pct"], 2) == 1.43
+    assert round(by[("1:2:4", "p2")]["median_abs_error_pct"], 6) == 0.5
     agg = {a["phase"]: a for a in doc["aggregate"]}
     assert round(agg["1:2:4"]["of_capacity"]["median"], 4) == 1.0
     assert doc["overhead"]["ratios"]["managed/unmanaged"]["median"] == 0.995
@@ -51,3 +52,18 @@ def test_an_uncontended_loss_over_two_percent_misses_the_goal() -> None:
             row["fio_bps"] = 780 * MB  # 2.5% below unmanaged
     doc = document({"date": "d", "host": "h"}, 70 * MB, 6, 2, data, [1.0, 1.0, 1.0])
     assert [g["met"] for g in doc["goals"]] == [True, True, False] and not doc["meets_goal"]
+
+
+def test_one_stalled_repetition_shows_in_the_worst_sample_not_the_goal() -> None:
+    data = samples()
+    data["shares"] += [
+        {"rep": 2, "phase": "1:2:4", "cluster": c, "target_bps": t * MB, "fio_bps": 0.8 * t * MB,
+         "cgroup_bps": 0.8 * t * MB}
+        for c, t in (("p1", 10), ("p2", 20), ("p4", 40))
+    ]  # fmt: skip
+    doc = document({"date": "d", "host": "h"}, 70 * MB, 6, 3, data, [1.0, 1.0, 1.0])
+    (share_goal,) = [g for g in doc["goals"] if "share" in g["what"]]
+    assert share_goal["met"] and "worst single sample 20.00%" in share_goal["value"]
+    data["shares"] = [dict(r, cgroup_bps=0.9 * r["cgroup_bps"]) for r in data["shares"]]
+    doc = document({"date": "d", "host": "h"}, 70 * MB, 6, 3, data, [1.0, 1.0, 1.0])
+    assert not next(g for g in doc["goals"] if "share" in g["what"])["met"]
