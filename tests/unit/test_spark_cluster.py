@@ -129,3 +129,30 @@ def test_report_goal_is_paired_per_repetition() -> None:
     assert missed[0][2]["median"] == pytest.approx(10 / 11)
     md = spark_report.report_md(_doc([10.0, 10.0, 10.0], [11.0, 11.0, 11.0]))
     assert "NOT met" in md and "What NFS costs" in md and "0.500 / 0.500 / 0.500" in md
+
+
+def test_small_sizes_have_no_goal_and_vm_rows_say_their_accelerator() -> None:
+    doc = _doc([10.0, 10.0, 10.0], [10.0, 10.0, 10.0])
+    doc.pop("sizes_gib")
+    doc["sizes"] = ["16MiB"]
+    doc["configs"] = ["native", "container-nfs", "vm"]
+    doc["host"]["accelerator"] = {"vm": "tcg", "forced": False, "note": "no usable KVM"}
+    small = [dict(r, metric="sort 16MiB") for r in doc["samples"] if r["config"] != "container"]
+    vm = [dict(r, config="vm", value=r["value"] * 10) for r in small if r["config"] == "native"]
+    doc["samples"] = small + vm
+    assert spark_report.goals(doc) == []  # the goal is for 1 GiB and up
+    md = spark_report.report_md(doc)
+    assert "## VMs: tcg (TCG: software emulation" in md
+    assert "- sort 16MiB: 0.200 / 0.200 / 0.200" in md  # vm against container-nfs (2x native)
+
+
+def test_bench_sizes_are_gib_when_bare_else_sizes() -> None:
+    from hpvc.bench.spark import size_label
+    from hpvc.cli.bench_spark import _sizes
+
+    assert _sizes("1,4") == [1 << 30, 4 << 30]
+    assert _sizes("16MiB, 1") == [16 << 20, 1 << 30]
+    assert [size_label(s) for s in _sizes("16MiB,2")] == ["16MiB", "2GiB"]
+    for bad in ("", "0", "1.5MiB", "100KiB", "lots"):
+        with pytest.raises(InputError):
+            _sizes(bad)

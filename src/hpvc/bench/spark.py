@@ -13,7 +13,13 @@ whole-worker executor each, the same driver memory):
   what the virtual cluster itself costs;
 - ``container-nfs``: the same cluster with the shared directory served over
   NFS by the head (``server = "nfs"``): against ``container``, what the
-  shared storage costs.
+  shared storage costs;
+- ``vm``: the same cluster as virtual machines (QEMU), the shared directory
+  over NFS from the head's guest. Where the host has no usable KVM they run
+  under TCG, software emulation: run it at a small size (``--sizes 16MiB``);
+  the results say which accelerator ran.
+
+Sizes are GiB when bare (``1,4``), else a size (``64MiB``).
 
 Both clusters and the native daemons stay up for the whole run; every
 repetition runs each configuration once (gen, sort, validate of a fresh
@@ -34,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
+from hpvc.bench.harness import accelerator
 from hpvc.cluster import lifecycle
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
@@ -42,23 +49,31 @@ from hpvc.progress import Progress, quiet
 from hpvc.spark import jobs, model
 from hpvc.spark.native import NativeSpark
 
-CONFIGS = ("native", "container", "container-nfs")
+CONFIGS = ("native", "container", "container-nfs", "vm")
+DEFAULT_CONFIGS = ("native", "container", "container-nfs")
+GIB, MIB = 1 << 30, 1 << 20
 WORKERS = 2
 NODE_MIB = 4096  # each compute node (and so each native worker's share)
 HEAD_MIB = 2048
 GOAL = 0.95  # container/native sort throughput
 
 
-def spec(name: str, subnet: str, server: str, size_gib: int) -> str:
+def spec(name: str, subnet: str, server: str, size_gib: int, kind: str = "container") -> str:
     shared = f'server = "nfs"\nsize = "{size_gib}GiB"' if server == "nfs" else 'server = "host"'
+    numa = 'numa = "none"\n' if kind == "vm" else ""
     return (
-        f'name = "{name}"\nkind = "container"\nimage = "spark"\n'
+        f'name = "{name}"\nkind = "{kind}"\nimage = "spark"\n'
         f'[network]\nsubnet = "{subnet}"\n'
         '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
-        f"[shared]\n{shared}\n[spark]\n"
+        f"{numa}[shared]\n{shared}\n[spark]\n"
         f'[[nodes]]\nrole = "head"\nmemory = "{HEAD_MIB}MiB"\n'
         f'[[nodes]]\nrole = "compute"\ncount = {WORKERS}\nmemory = "{NODE_MIB}MiB"\n'
     )
+
+
+def size_label(size: int) -> str:
+    """``1GiB``, ``64MiB``: how a size appears in metric names."""
+    return f"{size // GIB}GiB" if size % GIB == 0 else f"{size // MIB}MiB"
 
 
 Runner = Callable[[int, str], dict[str, Any]]  # (rows, tag) -> terasort result
@@ -125,7 +140,7 @@ def _samples(config: str, rep: int, size: str, result: dict[str, Any]) -> list[d
 
 @contextmanager
 def _setups(
-    store: Store, tmp: Path, configs: tuple[str, ...], max_gib: int, progress: Progress
+    store: Store, tmp: Path, configs: tuple[str, ...], max_bytes: int, progress: Progress
 ) -> Iterator[dict[str, Runner]]:
     """The configurations' Spark, up for the whole run; everything stopped after."""
     rootfs = resolve_image("spark").rootfs
@@ -134,7 +149,8 @@ def _setups(
     driver_mib = model.worker_memory_mib(HEAD_MIB)
     runners: dict[str, Runner] = {}
     with ExitStack() as stack:
-        subnets = iter(common.free_subnets(2))
+        subnets = iter(common.free_subnets(3))
+        shared_gib = 3 * -(-max_bytes // GIB) + 2  # input, shuffle spill and output, and room
         for config in configs:
             if config == "native":
                 progress(f"native spark: {WORKERS} workers x 1 core, {worker_mib} MiB")
@@ -142,11 +158,12 @@ def _setups(
                 stack.enter_context(native)
                 runners[config] = _native_runner(native, tmp / "native" / "data", driver_mib)
                 continue
-            server = "nfs" if config == "container-nfs" else "host"
-            name = "bsparknfs" if server == "nfs" else "bsparkhost"
+            server = "host" if config == "container" else "nfs"
+            kind = "vm" if config == "vm" else "container"
+            name = {"container": "bsparkhost", "container-nfs": "bsparknfs"}.get(config, "bsparkvm")
             path = tmp / f"{name}.toml"
-            path.write_text(spec(name, next(subnets), server, 3 * max_gib + 2))
-            progress(f"up {name} (shared directory: {server})")
+            path.write_text(spec(name, next(subnets), server, shared_gib, kind))
+            progress(f"up {name} ({kind}s, shared directory: {server})")
             lifecycle.up(str(path), store, progress)
             stack.callback(lifecycle.down, name, store)
             runners[config] = _cluster_runner(name, store, progress)
@@ -154,9 +171,9 @@ def _setups(
 
 
 def run(
-    sizes_gib: list[int],
+    sizes: list[int],
     repeat: int = 3,
-    configs: tuple[str, ...] = CONFIGS,
+    configs: tuple[str, ...] = DEFAULT_CONFIGS,
     progress: Progress = quiet,
 ) -> dict[str, Any]:
     """Every size, ``repeat`` times each configuration, alternated; results.json's doc."""
@@ -164,12 +181,14 @@ def run(
     common.ensure_image("spark", progress)
     samples: list[dict[str, Any]] = []
     facts = common.host_facts(mpi=False)
+    if "vm" in configs:
+        facts["accelerator"] = accelerator()
     with ExitStack() as stack:
         tmp, store = stack.enter_context(common.scratch_state("bench spark", progress))
-        runners = stack.enter_context(_setups(store, tmp, configs, max(sizes_gib), progress))
-        for size in sizes_gib:
-            rows = model.rows_for(size << 30)
-            label = f"{size}GiB"
+        runners = stack.enter_context(_setups(store, tmp, configs, max(sizes), progress))
+        for size in sizes:
+            rows = model.rows_for(size)
+            label = size_label(size)
             for rep in range(repeat):
                 shift = rep % len(configs)
                 for config in configs[shift:] + configs[:shift]:
@@ -181,7 +200,7 @@ def run(
         "suite": "spark",
         "host": facts,
         "configs": list(configs),
-        "sizes_gib": sizes_gib,
+        "sizes": [size_label(x) for x in sizes],
         "repeat": repeat,
         "workers": WORKERS,
         "node_mib": NODE_MIB,

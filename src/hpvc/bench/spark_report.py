@@ -14,18 +14,30 @@ WHAT = {
     " directory, a host folder on the same disk bound into the nodes",
     "container-nfs": "the same cluster with its shared directory served over NFS by the head"
     " (what the shared storage costs, against `container`)",
+    "vm": "the same cluster as virtual machines (QEMU), its shared directory over NFS from the"
+    " head's guest",
 }
+
+
+def sizes(doc: dict[str, Any]) -> list[str]:
+    """The run's size labels (results of older runs list whole GiB)."""
+    return doc.get("sizes") or [f"{s}GiB" for s in doc.get("sizes_gib", [])]
+
+
+def _goal_size(label: str) -> bool:
+    return label.endswith("GiB")
 
 
 def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
     g = doc["goal"]
     return [
         {
-            "metric": f"sort {s}GiB",
+            "metric": f"sort {s}",
             "config": g["config"],
             "median_ratio_at_least": g["median_ratio_at_least"],
         }
-        for s in doc["sizes_gib"]
+        for s in sizes(doc)
+        if _goal_size(s)
     ]
 
 
@@ -77,5 +89,21 @@ def report_md(doc: dict[str, Any]) -> str:
         lines += [f"- {r['metric']}: {r['ratio']['min']:.3f} / {r['ratio']['median']:.3f} /"
                   f" {r['ratio']['max']:.3f} (min/median/max; below 1: slower on NFS)"
                   for r in nfs]  # fmt: skip
+    acc = h.get("accelerator")
+    if acc is not None:
+        name = acc.get("vm")
+        label = "KVM" if name == "kvm" else "TCG: software emulation, far slower than KVM"
+        lines += ["", f"## VMs: {name} ({label})", "", f"{acc.get('note') or ''}".strip()]
+        lines += [
+            "",
+            "`vm` against `container-nfs` (the same cluster and storage path as"
+            " containers), per repetition:"
+            if "container-nfs" in doc["configs"]
+            else "",
+        ]
+        lines += [f"- {r['metric']}: {r['ratio']['min']:.3f} / {r['ratio']['median']:.3f} /"
+                  f" {r['ratio']['max']:.3f} (min/median/max; below 1: slower as VMs)"
+                  for r in ratio_rows(doc["samples"], baseline="container-nfs")
+                  if r["config"] == "vm" and r["ratio"]]  # fmt: skip
     lines += ["", "## All figures", "", table_md(ratio_rows(doc["samples"]), goals(doc))]
     return "\n".join(lines) + "\n"
