@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from hpvc.backends import guest as g
 from hpvc.backends import guest_shared, vm_qemu
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.backends.qmp import QMP_CONNECT_S
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import net, procfs
@@ -46,6 +47,17 @@ cmd=()
 for a in "$@"; do cmd+=("$(printf '%q' "$a")"); done
 exec ssh -i "$here/id_ed25519" {opts} "root@$ip" env "${{args[@]}}" "${{cmd[@]}}"
 """
+
+
+PREALLOC_S_PER_GIB = 5.0  # QEMU answers QMP once its memory is preallocated: on a busy
+# host zeroing a GiB took up to a few seconds (a 4 GiB guest beside running JVMs
+# missed the 10 s a bare start needs)
+
+
+def qmp_wait_s(node: PlannedNode) -> float:
+    """How long to wait for a node's QEMU to answer QMP: a bare start's wait, plus
+    time to preallocate its memory."""
+    return QMP_CONNECT_S + PREALLOC_S_PER_GIB * node.memory_mib / 1024
 
 
 @dataclass
@@ -118,7 +130,9 @@ class QemuBackend:
         j = env.node_journal(node.name)
         net.create_tap(j, tap_name(plan.cluster, node.name), plan.network.bridge, plan.network.mtu)
         launch = render_qemu(plan, node, ctx)
-        pid = vm_qemu.start_qemu(j, launch, log=env.node_dir(node.name) / "qemu.log")
+        pid = vm_qemu.start_qemu(
+            j, launch, log=env.node_dir(node.name) / "qemu.log", qmp_timeout=qmp_wait_s(node)
+        )
         vm_qemu.apply_pinning(launch.qmp_socket, pid, launch.pinning)
         return pid
 
