@@ -118,3 +118,14 @@ def test_spark_workers_sized_from_their_nodes() -> None:
     ]
     assert [w.address for w in sp.workers] == [p.node("compute0").ip, p.node("compute1").ip]
     assert plan_from_json(p.to_json()) == p
+
+
+def test_spark_worker_memory_is_the_specs_when_it_fits_the_nodes() -> None:
+    p = plan(spec(spark={"worker_memory": "1GiB"}))
+    assert p.spark is not None and [w.memory_mib for w in p.spark.workers] == [1024, 1024]
+    most = worker_memory_mib(3072)
+    too_big = rf"{most + 64}MiB does not fit a 3072MiB node .* to {most}"
+    with pytest.raises(SpecError, match=too_big):
+        spec(spark={"worker_memory": f"{most + 64}MiB"})
+    with pytest.raises(SpecError, match="want 512MiB to"):
+        spec(spark={"worker_memory": "256MiB"})

@@ -142,7 +142,7 @@ def spark_plan(spec: Spec, nodes: tuple[PlannedNode, ...]) -> SparkPlan | None:
     master = next(n for n, role, *_ in order if role == "head")
     # Workers: the compute nodes of the plan (scale changes them), sized from it.
     workers = tuple(
-        SparkWorker(n.name, n.ip, len(n.vcpus), worker_memory_mib(n.memory_mib))
+        SparkWorker(n.name, n.ip, len(n.vcpus), sp.worker_memory or worker_memory_mib(n.memory_mib))
         for n in nodes
         if n.role == "compute"
     )

@@ -190,6 +190,9 @@ class Spark(Strict):
 
     master_port: int = Field(default=7077, ge=1024, le=65535)
     ui_port: int = Field(default=8080, ge=1024, le=65535)
+    # What each worker offers its executor (SPARK_WORKER_MEMORY); default: all the
+    # node's memory leaves. Less leaves the rest to the node's page cache.
+    worker_memory: MiB | None = None
 
 
 class Spec(Strict):
@@ -260,14 +263,20 @@ class Spec(Strict):
             )
         if self.spark.master_port == self.spark.ui_port:
             raise ValueError("spark: master_port and ui_port must differ")
-        from hpvc.spark.model import worker_memory_mib  # pure: the worker sizing rule
+        from hpvc.spark.model import MIN_WORKER_MIB, worker_memory_mib  # pure: sizing rule
 
         for i, g in enumerate(self.nodes):
             if g.role == "compute" and g.count:
                 try:
-                    worker_memory_mib(g.memory)
+                    most = worker_memory_mib(g.memory)
                 except HpvcError as e:
                     raise ValueError(f"nodes[{i}].memory: {e.why}; {e.fix}") from None
+                want = self.spark.worker_memory
+                if want is not None and not MIN_WORKER_MIB <= want <= most:
+                    raise ValueError(
+                        f"spark.worker_memory: {want}MiB does not fit a {g.memory}MiB node"
+                        f" (nodes[{i}]): want {MIN_WORKER_MIB}MiB to {most}MiB"
+                    )
 
     def pinning_of(self, group: NodeGroup) -> str:
         return group.pinning or self.tuning.pinning
