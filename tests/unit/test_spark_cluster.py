@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import tomllib
 from typing import Any
 
 import pytest
@@ -156,3 +157,15 @@ def test_bench_sizes_are_gib_when_bare_else_sizes() -> None:
     for bad in ("", "0", "1.5MiB", "100KiB", "lots"):
         with pytest.raises(InputError):
             _sizes(bad)
+
+
+def test_bench_clusters_offer_native_workers_memory_and_keep_room_for_page_cache() -> None:
+    from hpvc.bench.spark import NODE_MIB, WORKER_MIB, spec
+
+    for kind in ("container", "vm"):
+        s = parse_spec(tomllib.loads(spec("bs", "10.77.0.0/24", "nfs", 4, kind)), "b.toml")
+        p = plan_cluster(s, [("h", make_topology(memory_mib=65536))], Reservations())
+        assert p.spark is not None
+        assert [w.memory_mib for w in p.spark.workers] == [WORKER_MIB] * 2
+        assert all(n.memory_mib == NODE_MIB[kind] for n in p.nodes if n.role == "compute")
+    assert NODE_MIB["container"] > WORKER_MIB + 4096  # the rest: the node's page cache

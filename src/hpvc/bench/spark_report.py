@@ -28,6 +28,14 @@ def _goal_size(label: str) -> bool:
     return label.endswith("GiB")
 
 
+def _node_mib(doc: dict[str, Any]) -> str:
+    """The compute nodes' memory: one number (older runs), or per kind of node."""
+    n = doc["node_mib"]
+    if isinstance(n, int):
+        return f"{n} MiB"
+    return ", ".join(f"{mib} MiB as {kind}s" for kind, mib in n.items())
+
+
 def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
     g = doc["goal"]
     return [
@@ -64,7 +72,7 @@ def report_md(doc: dict[str, Any]) -> str:
         "",
         f"Every configuration: Spark 3.5.3, the spark image's JRE, hpvc's TeraSort jar,"
         f" {doc['workers']} workers of 1 core and {doc['worker_mib']} MiB (one whole-worker"
-        f" executor each; cluster nodes of {doc['node_mib']} MiB).",
+        f" executor each; cluster nodes of {_node_mib(doc)}).",
         "",
         *(f"- `{c}`: {WHAT[c]}" for c in doc["configs"]),
         "",
