@@ -143,7 +143,7 @@ def test_small_sizes_have_no_goal_and_vm_rows_say_their_accelerator() -> None:
     doc["samples"] = small + vm
     assert spark_report.goals(doc) == []  # the goal is for 1 GiB and up
     md = spark_report.report_md(doc)
-    assert "## VMs: tcg (TCG: software emulation" in md
+    assert "## VMs: tcg (TCG: software emulation" in md and "None at these sizes" in md
     assert "- sort 16MiB: 0.200 / 0.200 / 0.200" in md  # vm against container-nfs (2x native)
 
 

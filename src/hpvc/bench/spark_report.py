@@ -84,6 +84,8 @@ def report_md(doc: dict[str, Any]) -> str:
         "## Goals",
         "",
     ]
+    if not goals(doc):
+        lines.append("None at these sizes: the goal (container/native) is for 1 GiB and up.")
     for metric, met, r in verdicts(doc):
         cell = "no data" if r is None else (
             f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}")  # fmt: skip
