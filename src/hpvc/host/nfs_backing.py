@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,10 +43,10 @@ from pathlib import Path
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import layer
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.host.probe import read_mounts
 
 MODE = 0o1777  # the shared directory's root: everyone's, sticky
 MS_SYNCHRONOUS, MS_REMOUNT = 16, 32  # <linux/mount.h>
-MOUNTINFO = Path("/proc/self/mountinfo")
 MKFS_OPTS = ("-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard")
 
 
@@ -100,17 +99,12 @@ def _mount(image: Path, path: Path) -> None:
         os.close(fd)
 
 
-def _mount_entry(path: Path) -> tuple[str, list[str]] | None:
-    """(file system type, super options) of the mount whose mount point is ``path``."""
+def _mount_entry(path: Path) -> tuple[str, tuple[str, ...]] | None:
+    """(file system type, options) of the top mount at ``path``, as /proc/mounts shows
+    them (its options include the superblock's ``sync``)."""
     want = os.path.realpath(path)
-    found = None
-    for line in MOUNTINFO.read_text().splitlines():
-        fields = line.split()
-        sep = fields.index("-") if "-" in fields else -1
-        mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]) if sep > 4 else ""
-        if sep > 0 and mnt == want and len(fields) > sep + 3:
-            found = (fields[sep + 1], fields[sep + 3].split(","))  # the last one is on top
-    return found
+    found = [m for m in read_mounts() if m.target == want]
+    return (found[-1].fstype, found[-1].options) if found else None
 
 
 def is_sync(path: Path) -> bool | None:
