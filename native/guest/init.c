@@ -6,7 +6,9 @@
  *                    switch root (MS_MOVE + chroot), exec /sbin/hpvc-init; on error,
  *                    power off. /sbin/hpvc-init (PID 1 of the guest) mounts the API
  *                    filesystems, sets the hostname, brings up lo and eth0, installs
- *                    root's ssh key, starts sshd, reaps zombies; SIGTERM/SIGPWR: power off.
+ *                    root's ssh key, starts the agent that runs Slurm tasks on eth0's
+ *                    address (native/agent), starts sshd, reaps zombies; SIGTERM/SIGPWR:
+ *                    power off.
  *
  * Settings come from the kernel command line: hpvc.name=NAME, hpvc.ip=A.B.C.D/N,
  * hpvc.mtu=N, hpvc.key=BASE64 (the authorized_keys line in standard base64, so its
@@ -36,6 +38,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "agent.h"
 
 #define NEWROOT "/newroot"
 #define STAGE2 "/sbin/hpvc-init"
@@ -223,6 +227,22 @@ static int configure_eth0(int fd, char *cidr, int mtu)
 	ifr.ifr_mtu = mtu;
 	if (mtu > 0 && if_request(fd, SIOCSIFMTU, &ifr, "set mtu") != 0) return -1;
 	return if_up(fd, &ifr);
+}
+
+/* The agent (native/agent/server.c) on eth0's address, before the ready line:
+ * a node that says it is ready takes tasks. */
+static int start_agent(void)
+{
+	char ip[64];
+	if (cmdline_get("hpvc.ip", ip, sizeof ip) <= 0)
+		return 0; /* no cluster address: nothing to listen on */
+	char *slash = strchr(ip, '/');
+	if (!slash)
+		return fail("hpvc.ip=%s: want A.B.C.D/N", ip);
+	*slash = '\0';
+	if (hpvc_agent_start(ip, atoi(slash + 1)) < 0)
+		return fail("agent on %s port %d: %s", ip, HPVC_AGENT_PORT, strerror(errno));
+	return 0;
 }
 
 static int configure_network(void)
@@ -449,6 +469,7 @@ static int guest_main(void)
 	configure_network();
 	install_peers();
 	install_key();
+	start_agent();
 	serve(name[0] ? name : "(unnamed)", start_sshd(), &signals);
 	return 0;
 }

@@ -329,9 +329,12 @@ def test_cache_key_depends_on_image_kernel_and_init() -> None:
     assert key not in others and len(others) == 4
 
 
-def test_init_sources_hash_init_c_and_its_makefile() -> None:
+def test_init_sources_hash_init_c_the_agent_and_their_makefile() -> None:
     sources = init_sources()
-    assert set(sources) == {"init.c", "shmtool.c", "Makefile"}
+    assert set(sources) == {
+        "init.c", "shmtool.c", "Makefile",
+        "agent/agent.h", "agent/frames.c", "agent/client.c", "agent/server.c", "agent/rsh.c",
+    }  # fmt: skip
     assert all(len(h) == 64 for h in sources.values())
 
 

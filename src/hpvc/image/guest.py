@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -64,6 +65,8 @@ __all__ = [
 GUEST_FORMAT = 1
 CMDLINE_MAX = 2048  # the kernel's COMMAND_LINE_SIZE on x86, including the final NUL
 NATIVE_DIR = Path(__file__).resolve().parents[3] / "native" / "guest"
+if not NATIVE_DIR.is_dir():  # an installed copy (scripts/slurm/install.sh puts them here)
+    NATIVE_DIR = Path(sys.prefix) / "share" / "hpvc" / "native" / "guest"
 # no_timer_check: without it 1 of 16 concurrent TCG boots panicked (HOST-NOTES).
 # panic=-1 with QEMU's -no-reboot: a guest that cannot boot ends QEMU at once.
 # ipv6.disable=1: hpvc networks are IPv4 only; no RS/DAD/MLD traffic on the bridge.
@@ -167,16 +170,22 @@ def _encode_key(pubkey: str) -> str:
 
 
 def init_sources() -> dict[str, str]:
-    """sha256 of each file that decides the guest binaries (init.c, shmtool.c, their Makefile)."""
+    """sha256 of each file that decides the guest binaries (init.c, shmtool.c, the
+    agent's sources in native/agent, their Makefile)."""
     if not (NATIVE_DIR / "init.c").is_file():
         raise HpvcError(
             "guest build",
             f"{NATIVE_DIR / 'init.c'} not found",
             "run hpvc from its source checkout (pip install -e .)",
         )
+    names = ("init.c", "shmtool.c", "Makefile")
+    agent = NATIVE_DIR.parent / "agent"
     return {
-        name: hashlib.sha256((NATIVE_DIR / name).read_bytes()).hexdigest()
-        for name in ("init.c", "shmtool.c", "Makefile")
+        **{name: hashlib.sha256((NATIVE_DIR / name).read_bytes()).hexdigest() for name in names},
+        **{
+            f"agent/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(agent.glob("*.[ch]"))
+        },
     }
 
 
@@ -248,7 +257,8 @@ def _populate(build: _Build, tmp: Path) -> None:
     pack_initramfs(init, build.kernel.nfs_modules, tmp / "initrd-nfs.img", tmp)
     build.progress(f"making the base disk of image {build.image.name} (mkfs.ext4 -d)")
     shm_tool = init.with_name("hpvc-shm")
-    size = make_base_disk(build.image.rootfs, init, tmp / "disk.raw", tmp, shm_tool)
+    rsh_tool = init.with_name("hpvc-rsh")
+    size = make_base_disk(build.image.rootfs, init, tmp / "disk.raw", tmp, shm_tool, rsh_tool)
     os.chmod(tmp / "disk.raw", 0o444)
     doc = {
         "key": build.key,

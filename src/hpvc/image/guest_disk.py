@@ -3,7 +3,8 @@
 ``make_base_disk`` never mounts anything and never writes into the image: it
 builds a hard-link farm of the rootfs (``cp -al``, no data copied) in a scratch
 directory, adds ``/sbin/hpvc-init`` (and ``/usr/local/sbin/hpvc-shm``, the tool for
-the ivshmem region co-resident VMs share) there as new files, removes the image's ssh
+the ivshmem region co-resident VMs share, and ``/usr/local/sbin/hpvc-rsh``, which
+runs a command on another node through its agent) there as new files, removes the image's ssh
 host keys from the farm (unlinking a link leaves the image untouched) so that
 every node makes its own on first boot, and hands the farm to
 ``mkfs.ext4 -d``. ``node_disk`` gives each node a writable disk over the base:
@@ -27,6 +28,7 @@ ROUND = 64 * MiB
 LABEL = "hpvc-root"
 INIT_PATH = "sbin/hpvc-init"
 SHM_TOOL_PATH = "usr/local/sbin/hpvc-shm"
+RSH_TOOL_PATH = "usr/local/sbin/hpvc-rsh"  # a command on another node, through its agent
 DiskMode = Literal["raw", "qcow2"]
 DISK_MODES: tuple[DiskMode, ...] = ("raw", "qcow2")
 
@@ -95,9 +97,15 @@ def _drop_host_keys(farm: Path) -> None:
 
 
 def make_base_disk(
-    rootfs: Path, init: Path, dest: Path, workdir: Path, shm_tool: Path | None = None
+    rootfs: Path,
+    init: Path,
+    dest: Path,
+    workdir: Path,
+    shm_tool: Path | None = None,
+    rsh_tool: Path | None = None,
 ) -> int:
-    """Write the base ext4 image of ``rootfs`` plus ``init`` (and ``shm_tool``) to ``dest``.
+    """Write the base ext4 image of ``rootfs`` plus ``init`` (and ``shm_tool``,
+    ``rsh_tool``) to ``dest``.
 
     Returns the disk's size in bytes.
     """
@@ -108,6 +116,8 @@ def make_base_disk(
         _add_init(farm, init)
         if shm_tool is not None:
             _add_init(farm, shm_tool, SHM_TOOL_PATH, mkdir=True)
+        if rsh_tool is not None:
+            _add_init(farm, rsh_tool, RSH_TOOL_PATH, mkdir=True)
         _drop_host_keys(farm)
         os.chmod(farm, rootfs.stat().st_mode & 0o7777)
         argv = ["mkfs.ext4", "-q", "-F", "-d", str(farm), "-L", LABEL, "-m", "0"]

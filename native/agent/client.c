@@ -1,0 +1,164 @@
+/* hpvc-agent client: connect from a reserved port, send the command, relay
+ * stdin, stdout, stderr and signals until the command's end frame (agent.h).
+ * Used by the SPANK plugin's task relay (host) and by hpvc-rsh (guests). */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "agent.h"
+
+int hpvc_agent_connect(const char *ip, int port)
+{
+	struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	if (inet_pton(AF_INET, ip, &to.sin_addr) != 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	/* Like bindresvport(3), which glibc no longer exports for new code:
+	 * the first free port from 1023 down; only root may bind them. */
+	for (int local = 1023; local >= 512; local--) {
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -1;
+		struct sockaddr_in from = { .sin_family = AF_INET, .sin_port = htons((uint16_t)local) };
+		if (bind(fd, (struct sockaddr *)&from, sizeof(from)) < 0) {
+			int err = errno;
+			close(fd);
+			if (err == EADDRINUSE)
+				continue;
+			errno = err;
+			return -1;
+		}
+		if (connect(fd, (struct sockaddr *)&to, sizeof(to)) == 0) {
+			int one = 1;
+			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+			return fd;
+		}
+		int err = errno;
+		close(fd);
+		if (err != EADDRNOTAVAIL && err != EADDRINUSE) {
+			errno = err;
+			return -1;
+		}
+	}
+	errno = EADDRINUSE;
+	return -1;
+}
+
+static int sig_pipe[2] = { -1, -1 };
+
+static void on_signal(int sig)
+{
+	int saved = errno;
+	unsigned char b = (unsigned char)sig;
+	(void)!write(sig_pipe[1], &b, 1);
+	errno = saved;
+}
+
+static const int relayed[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
+				SIGUSR2, SIGCONT, SIGALRM, SIGTSTP };
+
+static int catch_signals(void)
+{
+	if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+		return -1;
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART;
+	sigset_t set;
+	sigemptyset(&set);
+	for (size_t i = 0; i < sizeof(relayed) / sizeof(relayed[0]); i++) {
+		sigaction(relayed[i], &sa, NULL);
+		sigaddset(&set, relayed[i]);
+	}
+	signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the relay */
+	return sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
+static int send_words(int sock, char type, char *const words[])
+{
+	for (int i = 0; words && words[i]; i++) {
+		size_t n = strlen(words[i]);
+		if (i >= HPVC_AGENT_WORDS || n > HPVC_AGENT_MAX ||
+		    hpvc_frame_send(sock, type, words[i], (uint32_t)n) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *cwd, int in_fd,
+		   const char **why)
+{
+	static unsigned char buf[HPVC_AGENT_MAX];
+	*why = "";
+	if (catch_signals() < 0) {
+		*why = "cannot catch signals";
+		return -256;
+	}
+	if (send_words(sock, 'a', argv) < 0 || send_words(sock, 'e', env) < 0 ||
+	    (cwd && hpvc_frame_send(sock, 'd', cwd, (uint32_t)strlen(cwd)) < 0) ||
+	    hpvc_frame_send(sock, 'g', NULL, 0) < 0) {
+		*why = "cannot send the command";
+		return -256;
+	}
+	struct pollfd fds[3] = {
+		{ sock, POLLIN, 0 }, { sig_pipe[0], POLLIN, 0 }, { in_fd, POLLIN, 0 }
+	};
+	int nfds = in_fd >= 0 ? 3 : 2;
+	if (in_fd < 0 && hpvc_frame_send(sock, 'i', NULL, 0) < 0) {
+		*why = "cannot send the end of input";
+		return -256;
+	}
+	for (;;) {
+		if (poll(fds, (nfds_t)nfds, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			*why = "poll failed";
+			return -256;
+		}
+		if (fds[1].revents & POLLIN) {
+			unsigned char sig;
+			while (read(sig_pipe[0], &sig, 1) == 1)
+				if (hpvc_frame_send(sock, 's', &sig, 1) < 0)
+					break;
+		}
+		if (nfds == 3 && fds[2].revents) {
+			ssize_t n = read(in_fd, buf, sizeof(buf));
+			if (n < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			/* End of input, or an unreadable one: the command's stdin ends. */
+			if (hpvc_frame_send(sock, 'i', buf, n > 0 ? (uint32_t)n : 0) < 0) {
+				*why = "cannot send input";
+				return -256;
+			}
+			if (n <= 0)
+				nfds = 2;
+		}
+		if (fds[0].revents) {
+			char type;
+			uint32_t len = 0;
+			int rc = hpvc_frame_recv(sock, &type, buf, sizeof(buf), &len);
+			if (rc <= 0) {
+				*why = rc == 0 ? "the node closed the connection"
+					       : "the connection to the node broke";
+				return -256;
+			}
+			/* A reader that went away drops the output; the run goes on. */
+			if (type == 'o')
+				(void)hpvc_write_all(STDOUT_FILENO, buf, len);
+			else if (type == 'r')
+				(void)hpvc_write_all(STDERR_FILENO, buf, len);
+			else if (type == 'x' && len == 2)
+				return buf[0] == 0 ? buf[1] : -(int)buf[1];
+		}
+	}
+}
