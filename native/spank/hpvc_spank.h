@@ -17,7 +17,7 @@
 #define HPVC_SPEC_PATH_ENV "HPVC_SPEC"
 #define HPVC_MAX_TASKS 1024
 #define HPVC_MAX_CGROUPS 32
-#define HPVC_MAX_ENV 16
+#define HPVC_MAX_ENV 24
 #define HPVC_MAX_SITE 8
 
 /* plugstack.conf arguments (args.c) */
@@ -63,6 +63,13 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg); /* remote.
 int hpvc_task_join(spank_t sp);                                        /* task.c */
 int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.c */
 
+/* VM nodes (vm.c): connect to the node's agent as root (task_init_privileged),
+ * then relay the task through it as the user (task_init; does not return
+ * when it relays). */
+struct hpvc_join;
+int hpvc_vm_connect(const struct hpvc_join *j);
+int hpvc_vm_task(spank_t sp);
+
 /* Join records per node slot, from `hpvc node up` or its cache (remote.c, read by task.c) */
 struct hpvc_join {
 	int used;
@@ -75,6 +82,8 @@ struct hpvc_join {
 	int ncgroups;
 	char *env[HPVC_MAX_ENV];
 	int nenv;
+	int vm;         /* a VM node: tasks run through its agent at ip */
+	char ip[64];
 };
 extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
 extern int hpvc_slots; /* local task t joins hpvc_joins[t % hpvc_slots] */

@@ -4,6 +4,7 @@
  *   srun, allocation made             (local_user_init)   local.c
  *   slurmstepd, once per step         (remote, user_init) remote.c
  *   each task, before exec            (remote)            task.c
+ *   each task of a VM node, as user   (remote)            vm.c
  *   slurmd job epilog                 (job_script)        epilog.c
  */
 #include <stdint.h>
@@ -110,6 +111,17 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= SLURM_INTERACTIVE_STEP)
 		return 0;
 	return hpvc_task_join(sp);
+}
+
+/* Each task, as the user with its stdio in place: a task of a VM node relays
+ * its command to the guest and exits here (vm.c). */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
+		return 0;
+	return hpvc_vm_task(sp);
 }
 
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)

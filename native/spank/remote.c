@@ -105,7 +105,9 @@ int hpvc_proc_start(pid_t pid, unsigned long long *start)
 	return -1;
 }
 
-/* Lines: "node S PID START NS NAME", "cgroup S FILE", "env S K=V" for node
+/* Lines: "node S PID START NS NAME" (a container node: namespaces to join) or
+ * "vm S PID START IP NAME" (a VM: its QEMU and its agent's address), "cgroup S
+ * FILE", "env S K=V" for node
  * slot S (local task t runs in slot t mod the number of slots); START is the
  * node process's start time (field 22 of /proc/PID/stat), so that a PID the
  * kernel gave to another process since is never taken for the node's.
@@ -117,22 +119,28 @@ int hpvc_parse_joins(const char *text)
 		return -1;
 	int rc = 0;
 	for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		if (strncmp(line, "node ", 5) == 0) {
-			int t = parse_slot(line + 5, &rest);
+		int vm = strncmp(line, "vm ", 3) == 0;
+		if (vm || strncmp(line, "node ", 5) == 0) {
+			/* "node S PID START NS NAME" (a container: the namespaces to
+			 * join) or "vm S PID START IP NAME" (its QEMU, and the address
+			 * of its agent on the cluster network). */
+			int t = parse_slot(line + (vm ? 3 : 5), &rest);
 			long pid;
 			unsigned long long start;
-			char ns[128], node[64], more;
+			char where[128], node[64], more;
 			if (t < 0 || hpvc_joins[t].used ||
-			    sscanf(rest, "%ld %llu %127s %63s %c", &pid, &start, ns, node, &more) != 4 ||
+			    sscanf(rest, "%ld %llu %127s %63s %c", &pid, &start, where, node, &more) != 4 ||
 			    pid <= 1 || pid > INT32_MAX || start == 0 ||
-			    (hpvc_joins[t].nsflags = ns_flags(ns)) <= 0) {
+			    (vm ? strlen(where) >= sizeof(hpvc_joins[t].ip)
+				: (hpvc_joins[t].nsflags = ns_flags(where)) <= 0)) {
 				rc = -1;
 				break;
 			}
 			hpvc_joins[t].used = 1;
+			hpvc_joins[t].vm = vm;
 			hpvc_joins[t].pid = (pid_t)pid;
 			hpvc_joins[t].start = start;
-			strcpy(hpvc_joins[t].ns, ns);
+			strcpy(vm ? hpvc_joins[t].ip : hpvc_joins[t].ns, where);
 			strcpy(hpvc_joins[t].node, node);
 		} else if (strncmp(line, "cgroup ", 7) == 0) {
 			int t = parse_slot(line + 7, &rest);

@@ -1,5 +1,6 @@
 /* Each task (remote context, task_init_privileged: forked by slurmstepd, still
- * root, before it execs the user's program) moves into its virtual node: the
+ * root, before it execs the user's program) moves into its virtual node (a VM
+ * node instead connects to its agent: vm.c): the
  * node's cgroups, then its cgroup, IPC, UTS, network (unless Slurm's PMIx needs
  * the host's), PID and mount namespaces, as `hpvc node up` said.
  *
@@ -182,6 +183,25 @@ int hpvc_task_join(spank_t sp)
 		if (pidfd >= 0)
 			close(pidfd);
 		return -1;
+	}
+	if (j->vm) {
+		/* The task runs in the guest: here it is only the relay. */
+		close(pidfd);
+		for (int i = 0; i < j->nenv; i++) {
+			char *eq = strchr(j->env[i], '=');
+			if (eq == NULL)
+				continue;
+			*eq = '\0';
+			spank_setenv(sp, j->env[i], eq + 1, 1);
+			*eq = '=';
+		}
+		if (hpvc_vm_connect(j) < 0)
+			return -1;
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
+			slurm_error("hpvc: node %s: cannot set no_new_privs: %s", j->node, strerror(errno));
+			return -1;
+		}
+		return 0;
 	}
 	int cap_max = last_cap();
 	if (join_cgroups(j) < 0) {

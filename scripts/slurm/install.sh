@@ -5,6 +5,7 @@
 #   PREFIX/venv/bin/hpvc        hpvc in a virtualenv made with a Python that
 #                               every user may execute (Debian's python3)
 #   PREFIX/lib/hpvc_spank.so    the SPANK plugin plugstack.conf names
+#   PREFIX/venv/share/hpvc/native  the guest's C sources (VM jobs build guests)
 #
 # srun/sbatch run `hpvc node check` as the submitting user, so the whole path
 # to the interpreter must be searchable by everyone; the developer's .venv is
@@ -86,6 +87,21 @@ elif [ "$(cat "$venv/.hpvc-src" 2>/dev/null)" != "$want_src" ]; then
   rm -rf "$src"
   echo "$want_src" >"$venv/.hpvc-src"
 fi
+
+# The guest's C sources (hpvc-init, its agent, hpvc-rsh): `hpvc node up` of a
+# VM job compiles them into the guest image it builds (hpvc.image.guest looks
+# in <venv>/share/hpvc/native when hpvc is not run from its checkout).
+native=$venv/share/hpvc/native
+for part in guest agent; do
+  if ! diff -rq "$repo/native/$part" "$native/$part" >/dev/null 2>&1; then
+    mkdir -p "$native"
+    rm -rf "$native/$part.new"
+    cp -r "$repo/native/$part" "$native/$part.new"
+    find "$native/$part.new" -type f ! -name '*.[ch]' ! -name Makefile -delete
+    rm -rf "$native/$part"
+    mv "$native/$part.new" "$native/$part"
+  fi
+done
 
 mkdir -p "$PREFIX/lib"
 if ! cmp -s "$so" "$PREFIX/lib/hpvc_spank.so"; then

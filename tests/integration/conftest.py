@@ -27,8 +27,11 @@ def tenants() -> Iterator[tuple[bench_slurm.Submitter, bench_slurm.Submitter]]:
         yield users
 
 
-@pytest.fixture(scope="module")
-def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+def slurm_env(
+    tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter], site: str = ""
+) -> Iterator[Env]:
+    """A private Slurm test cluster with hpvc's plugin, ``site`` added to its
+    plugstack arguments; whatever a test left is swept and fails the module."""
     requires("root", "crun", "ip", "mpi")
     requires_slurm()
     image_ready()
@@ -41,9 +44,10 @@ def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Itera
     shared = tmp / "work"  # the "shared file system": every tenant's directory is in it
     shared.mkdir()
     left: list[tuple[str, str]] = []
+    extra = f"binds={shared} {site}".strip()
     try:
         # The same private cluster `hpvc bench slurm` uses, sharing `shared` with the nodes.
-        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=f"binds={shared}") as c:
+        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=extra) as c:
             try:
                 yield Env(tmp, c, shared, tenants)
             finally:
@@ -52,6 +56,11 @@ def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Itera
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert left == [], f"shares left after the module: {left}"
+
+
+@pytest.fixture(scope="module")
+def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+    yield from slurm_env(tenants)
 
 
 @pytest.fixture

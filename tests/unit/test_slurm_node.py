@@ -5,6 +5,7 @@ together."""
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,7 @@ def test_site_rules_parse_and_refuse_unknown_keys(tmp_path: Path) -> None:
     for bad, why in [
         (["colour=blue"], "unknown"),
         (["images"], "not key=value"),
-        (["kinds=vm"], "cannot run Slurm tasks"),
+        (["kinds=container,zone"], "not a kind of node"),
         (["subnets=10.1.0.0/33"], "not a network"),
         (["binds=relative/dir"], "not an absolute directory"),
     ]:
@@ -96,6 +97,10 @@ def test_load_enforces_the_site() -> None:
     policy.load(spec_of().replace("10.88.5.0/24", "192.168.5.0/24"), "t", policy.Site())
     with pytest.raises(InputError, match="only in container nodes"):
         policy.load('kind = "vm"\n' + spec_of(), "t", site)
+    # VM nodes only where the site allows them.
+    vms = replace(site, kinds=("container", "vm"))
+    assert policy.load('kind = "vm"\n' + spec_of(), "t", vms)[0].kind == "vm"
+    assert policy.Site.parse(["kinds=container,vm"]).kinds == ("container", "vm")
     with pytest.raises(InputError, match="not valid TOML"):
         policy.load("name = ", "t", site)
     with pytest.raises(InputError, match="not in Slurm jobs yet"):
@@ -160,6 +165,29 @@ def test_join_lines_are_what_the_plugin_parses() -> None:
         "cgroup 1 /sys/fs/cgroup/x/cgroup.procs",
         "env 1 A=b",
     ]
+
+
+def test_a_vm_join_names_the_guests_agent() -> None:
+    j = node.Join(0, "compute1", 4343, "12345", (), (), ("HPVC_NODE=compute1",), "10.88.3.4")
+    assert j.lines() == ["vm 0 4343 12345 10.88.3.4 compute1", "env 0 HPVC_NODE=compute1"]
+    # mpirun inside a guest reaches the others through their agents, not Slurm
+    assert "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh" in node.VM_TASK_ENV
+    assert "OMPI_MCA_plm=rsh" in node.VM_TASK_ENV
+
+
+@pytest.mark.parametrize("mpi", ["pmix", "pmix_v4", "pmi2"])
+def test_slurms_pmi_is_refused_for_vm_nodes_before_the_host_changes(
+    tmp_path: Path, mpi: str
+) -> None:
+    from hpvc.cluster.state import Store
+
+    store = Store(tmp_path)
+    site = policy.Site(kinds=("container", "vm"))
+    req = node.Request(job=9, index=0, hosts=1, mpi=mpi)
+    with pytest.raises(InputError, match="mpirun inside the guests") as e:
+        node.up(req, 'kind = "vm"\n' + spec_of(), site, store)
+    assert e.value.exit_code == 2
+    assert not (tmp_path / "clusters").exists() and not (tmp_path / "jobs").exists()
 
 
 def test_cache_path_only_for_plain_mpi_names(tmp_path: Path) -> None:

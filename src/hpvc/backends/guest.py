@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,10 +122,17 @@ def ivshmem_for(
 
 
 def node_context(
-    store: Store, plan: Plan, node: PlannedNode, guest: GuestArtifacts, ctx: RenderContext
+    store: Store,
+    plan: Plan,
+    node: PlannedNode,
+    guest: GuestArtifacts,
+    ctx: RenderContext,
+    remotes: Sequence[tuple[str, str, str]] = (),
 ) -> RenderContext:
     """``ctx`` for one node: its own disk over the image's (journaled with the
-    node's tree) and a kernel command line with its address and the cluster key."""
+    node's tree) and a kernel command line with its address and the cluster key.
+    ``remotes`` (name, ip, mac): the cluster's nodes on its other hosts (a Slurm
+    job's shares), in the guest's hosts and ARP table beside the plan's own."""
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
     tree.record(j, node_dir)
@@ -135,7 +143,8 @@ def node_context(
     disk = node_disk(guest.disk, node_dir / f"disk.{DISK_MODE}", DISK_MODE)
     pub = (store.cluster_dir(plan.cluster) / "id_ed25519.pub").read_text().strip()
     args = (node.name, f"{node.ip}/{plan.network.prefixlen}", plan.network.mtu, pub)
-    peers = peers_text(plan.cluster, [(n.ip, n.mac, n.name) for n in plan.nodes])
+    here = [(n.ip, n.mac, n.name) for n in plan.nodes]
+    peers = peers_text(plan.cluster, here + [(ip, mac, name) for name, ip, mac in remotes])
     try:  # the cluster's hosts and ARP at boot, where they fit on the command line
         cmdline = kernel_cmdline(*args, peers=peers)
     except CmdlineError:  # a big cluster: configure() sends them over ssh

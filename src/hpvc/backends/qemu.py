@@ -27,6 +27,7 @@ from hpvc.host.accel import accelerator
 from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest
 from hpvc.plan import Plan, PlannedNode
+from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
 from hpvc.render.context import RenderContext, tap_name
 from hpvc.render.qemu import qemu_name, qemu_pinning, render_qemu
@@ -154,11 +155,14 @@ class QemuBackend:
         st = vm_state(env)
         guest = self._guest(plan.image, progress)
         ctx = self._context(env, plan, guest)
+        # A Slurm job's share: the nodes on the job's other hosts, by VXLAN.
+        overlay = Overlay.from_json(env.rec.overlay) if env.rec.overlay else None
+        remotes = [n for v in overlay.remotes for n in v.nodes] if overlay else []
         t0 = time.perf_counter()
         over_ssh = []
         for name in names:
             progress(f"node {name}: starting QEMU")
-            node_ctx = g.node_context(env.store, plan, plan.node(name), guest, ctx)
+            node_ctx = g.node_context(env.store, plan, plan.node(name), guest, ctx, remotes)
             if not g.configured_at_boot(node_ctx):
                 over_ssh.append(name)
             st.pids[name] = self.start_node(env, plan, plan.node(name), node_ctx)

@@ -67,6 +67,20 @@ from hpvc.units import parse_cpulist
 # whose server listens on the host's loopback (docs/slurm.md).
 JOIN_BASE = ("cgroup", "ipc", "uts", "pid", "mnt")
 
+# What a task in a VM node gets besides Slurm's variables: Open MPI's mpirun,
+# run in a guest, starts its daemons on the other guests through their agents
+# (hpvc-rsh, not ssh: no keys to hand out) over the cluster network, never
+# through Slurm (the guests have no srun), and as root (the guest is the job's).
+VM_TASK_ENV = (
+    "OMPI_MCA_plm=rsh",
+    "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh",
+    "OMPI_MCA_ras=^slurm",
+    "OMPI_MCA_btl_tcp_if_include=eth0",
+    "OMPI_MCA_oob_tcp_if_include=eth0",
+    "OMPI_ALLOW_RUN_AS_ROOT=1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+)
+
 
 # ---- what the plugin reads back --------------------------------------------
 
@@ -82,10 +96,14 @@ class Join:
     namespaces: tuple[str, ...]
     cgroup_procs: tuple[str, ...]
     env: tuple[str, ...]
+    ip: str = ""  # a VM node: its agent's address (the task relays to it)
 
     def lines(self) -> list[str]:
         ns = ",".join(self.namespaces)
-        out = [f"node {self.slot} {self.pid} {self.start} {ns} {self.node}"]
+        if self.ip:
+            out = [f"vm {self.slot} {self.pid} {self.start} {self.ip} {self.node}"]
+        else:
+            out = [f"node {self.slot} {self.pid} {self.start} {ns} {self.node}"]
         out += [f"cgroup {self.slot} {p}" for p in self.cgroup_procs]
         out += [f"env {self.slot} {kv}" for kv in self.env]
         return out
@@ -104,11 +122,17 @@ def joins(
     pmix = mpi.startswith("pmix")
     namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
     rec = store.get(name)
-    subnet = rec.the_plan().network.subnet
+    plan = rec.the_plan()
+    subnet = plan.network.subnet
     out = []
     for t, node in enumerate(task_pool(share, roles)):
         proc = ops.node_process(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
+        planned = plan.node(node)
+        if planned.kind == "vm":  # the task relays to the guest's agent
+            env += VM_TASK_ENV
+            out.append(Join(t, node, proc.pid, proc.start, (), (), tuple(env), planned.ip))
+            continue
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool
             # directory, which tasks in the node do not see: ask it over the socket.
@@ -178,6 +202,12 @@ def up(
     if not 0 <= req.index < req.hosts:
         raise InputError(f"--index {req.index}", f"not a host of a {req.hosts}-host job", "")
     index = req.index
+    if spec.kind == "vm" and req.mpi.startswith(("pmi", "pmix")):
+        raise InputError(
+            f"--mpi={req.mpi} with VM nodes",
+            "Slurm's PMI server is on the host, out of the guests' reach",
+            "srun --mpi=none, and start MPI with mpirun inside the guests (docs/slurm.md)",
+        )
     shares = split(spec, req.hosts)
     # Nothing on the host changes for a job that asks more than Slurm gave it.
     check_memory(spec, req.hosts, req.mem_mib, "on this host")

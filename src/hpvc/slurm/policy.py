@@ -57,6 +57,9 @@ DEFAULT_SUBNETS = ("10.88.0.0/16",)
 # Images a site allows when it names none: the one hpvc builds itself. A site
 # lists every other image it has vetted (images=a,b); there is no "any".
 DEFAULT_IMAGES = ("hpc",)
+# Node kinds a site may allow: containers by default; VMs (a QEMU per node, root's,
+# booted per job) only where the site says kinds=container,vm.
+KINDS = ("container", "vm")
 JOB_PREFIXLEN = 24  # each job's subnet, at least, cut from the site's pool
 YES, NO = ("yes", "true", "1"), ("no", "false", "0")
 
@@ -89,12 +92,12 @@ class Site:
             if key == "images":
                 site = replace(site, images=values)
             elif key == "kinds":
-                bad = [v for v in values if v != "container"]
+                bad = [v for v in values if v not in KINDS]
                 if bad:
                     raise InputError(
                         f"site setting kinds={value}",
-                        f"{bad[0]!r} nodes cannot run Slurm tasks yet",
-                        "kinds=container",
+                        f"{bad[0]!r} is not a kind of node",
+                        "kinds=container or kinds=container,vm",
                     )
                 site = replace(site, kinds=values)
             elif key == "subnets":

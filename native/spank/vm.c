@@ -1,0 +1,139 @@
+/* Tasks in virtual machines (remote context): the task process itself becomes
+ * the relay to its node's agent (native/agent), and never execs the program on
+ * the host.
+ *
+ *   task_init_privileged (root, before slurmstepd changes to the user):
+ *       connect to the node's agent from a reserved port (root only: the agent
+ *       trusts nothing else); the socket is kept for the next hook.
+ *   task_init (the user's ids, the task's stdio in place):
+ *       send argv, the task's environment (filtered: what a task needs, none of
+ *       the host's secrets) and working directory, then relay stdin, stdout,
+ *       stderr and signals until the command ends, and exit as it did.
+ *
+ * slurmstepd signals the task (srun's Ctrl-C, scancel, the time limit): the
+ * relay passes the signal to the command's process group in the guest. When
+ * slurmstepd SIGKILLs the relay, or itself dies (the parent-death signal),
+ * the connection closes and the agent SIGKILLs the command. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "../agent/agent.h"
+#include "hpvc_spank.h"
+
+static int vm_sock = -1;
+static char vm_node[64];
+
+int hpvc_vm_connect(const struct hpvc_join *j)
+{
+	int fd = hpvc_agent_connect(j->ip, HPVC_AGENT_PORT);
+	if (fd < 0) {
+		slurm_error("hpvc: node %s (%s): cannot reach its agent: %s; is the VM still running?",
+			    j->node, j->ip, strerror(errno));
+		return -1;
+	}
+	vm_sock = fd;
+	snprintf(vm_node, sizeof(vm_node), "%s", j->node);
+	return 0;
+}
+
+/* What of the task's environment goes into the guest: Slurm's task variables,
+ * MPI and OpenMP settings, hpvc's (not the spec) and the locale. Everything
+ * else (PATH, HOME, agents' sockets, credentials caches) is the host's. */
+static int passed(const char *kv)
+{
+	static const char *const prefixes[] = { "SLURM_", "OMPI_", "OMP_", "MPICH_", "UCX_",
+						"HPVC_", "LC_" };
+	static const char *const names[] = { "LANG", "TERM", "TZ" };
+	if (strncmp(kv, HPVC_SPEC_ENV "=", sizeof(HPVC_SPEC_ENV)) == 0 ||
+	    strncmp(kv, HPVC_SPEC_PATH_ENV "=", sizeof(HPVC_SPEC_PATH_ENV)) == 0)
+		return 0;
+	for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++)
+		if (strncmp(kv, prefixes[i], strlen(prefixes[i])) == 0)
+			return 1;
+	size_t k = strcspn(kv, "=");
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strlen(names[i]) == k && strncmp(kv, names[i], k) == 0)
+			return 1;
+	return 0;
+}
+
+/* What an exec would have closed: slurmstepd's descriptors marked
+ * close-on-exec, among them the other ends of the task's stdio pipes (the
+ * relay would never see the end of its input while it holds the writer). */
+static void close_on_exec_fds(int keep)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (d == NULL)
+		return;
+	int self = dirfd(d);
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		char *end = NULL;
+		long fd = strtol(e->d_name, &end, 10);
+		if (end == e->d_name || *end != '\0' || fd <= 2 || fd == keep || fd == self)
+			continue;
+		int flags = fcntl((int)fd, F_GETFD);
+		if (flags >= 0 && (flags & FD_CLOEXEC))
+			close((int)fd);
+	}
+	closedir(d);
+}
+
+int hpvc_vm_task(spank_t sp)
+{
+	if (vm_sock < 0)
+		return 0;
+	close_on_exec_fds(vm_sock);
+	/* slurmstepd gone: the relay goes too (set after the change of ids,
+	 * which clears it). */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* Not "slurmstepd": proctrack/linuxproc signals only the step's processes
+	 * whose name differs from its own (scancel, the time limit). */
+	prctl(PR_SET_NAME, "hpvc-vmrelay", 0, 0, 0);
+	int argc = 0;
+	char **argv = NULL, **env = NULL;
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1) {
+		slurm_error("hpvc: node %s: the task has no command", vm_node);
+		_exit(1);
+	}
+	if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS)
+		env = NULL;
+	int n = 0;
+	while (env && env[n])
+		n++;
+	char **keep = calloc((size_t)n + 1, sizeof(char *));
+	if (keep == NULL)
+		_exit(1);
+	int k = 0;
+	for (int i = 0; i < n; i++)
+		if (passed(env[i]))
+			keep[k++] = env[i];
+	char cwd[PATH_MAX];
+	const char *dir = getcwd(cwd, sizeof(cwd)) ? cwd : NULL;
+	const char *why = "";
+	int rc = hpvc_agent_run(vm_sock, argv, keep, dir, STDIN_FILENO, &why);
+	if (rc == -256) {
+		slurm_error("hpvc: node %s: %s", vm_node, why);
+		_exit(255);
+	}
+	if (rc >= 0)
+		_exit(rc);
+	/* Killed by a signal in the guest: so is the task, for srun to report. */
+	int sig = -rc;
+	signal(sig, SIG_DFL);
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, sig);
+	sigprocmask(SIG_UNBLOCK, &set, NULL);
+	raise(sig);
+	_exit(128 + sig);
+}

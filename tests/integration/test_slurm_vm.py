@@ -1,0 +1,247 @@
+"""VM virtual clusters as Slurm jobs, for real: QEMU guests (TCG here) on the
+namespace test cluster, jobs submitted by ordinary users.
+
+The site allows VM nodes (``kinds=container,vm``). Each host of a job boots its
+share of the guests; every task runs inside its guest through the guest's
+agent (native/agent), with its output, exit status and signals carried back;
+MPI runs between guests on two hosts with mpirun inside the guests; scancel
+stops a command in a guest and leaves nothing (no QEMU, tap, disk, record,
+lock) on any host; another user reaches neither the job nor its guests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpvc.bench import slurm_cluster as bench_slurm
+from hpvc.image import resolve_image
+from hpvc.image.guest import build_guest
+from hpvc.render.context import tap_name
+from hpvc.slurm import policy
+from tests.helpers import build_pingpong
+from tests.integration.conftest import slurm_env
+from tests.integration.slurm_env import HOSTS, Env
+
+VM_SPEC = """name = "slvm"
+kind = "vm"
+image = "hpc"
+[network]
+subnet = "10.88.60.0/24"
+[tuning]
+pinning = "shared"
+hugepages = "none"
+partition = "commodity"
+[[nodes]]
+role = "compute"
+count = 2
+vcpus = 1
+memory = "384MiB"
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+    """The test cluster, its site allowing VM nodes; the guest's kernel and
+    disk built before any job (a job's `hpvc node up` would build them)."""
+    build_guest(resolve_image("hpc"))
+    yield from slurm_env(tenants, "kinds=container,vm")
+
+
+@pytest.fixture
+def vm_spec(slurm: Env) -> Path:
+    p = slurm.work / "vm.toml"
+    p.write_text(VM_SPEC)
+    return p
+
+
+def vm_leftovers(slurm: Env, job: int) -> list[str]:
+    """What a VM job could leave on its hosts beyond a container job's: QEMU
+    processes, taps, the shares' folders (disks, sockets)."""
+    found = []
+    for host in HOSTS:
+        store = slurm.cluster.store(host)
+        view = slurm.on(host, "ps -eo pid,args; echo --; ip -o link")
+        procs, links = view.split("--\n")
+        found += [
+            f"{host}: {line.strip()[:80]}"
+            for line in procs.splitlines()
+            if "qemu" in line and f"hpvc-j{job}-" in line
+        ]
+        for i in range(len(HOSTS)):
+            share = policy.share_name(job, i)
+            for node in ("compute0", "compute1"):
+                if f" {tap_name(share, node)}:" in links:
+                    found.append(f"{host}: tap of {share}/{node}")
+            for d in (store.root / "clusters" / share, store.root / "run" / share):
+                if d.exists():
+                    found.append(f"{host}: {d}")
+    return found
+
+
+def wait_vm_clean(slurm: Env, job: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    left = vm_leftovers(slurm, job) + slurm.job_leftovers(job)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = vm_leftovers(slurm, job) + slurm.job_leftovers(job)
+    assert left == [], f"job {job} left behind: {left}"
+
+
+def submit(slurm: Env, spec: Path, script: str, out: Path) -> int:
+    """sbatch -N2 of ``script``, with a variable of the user's that no guest may see."""
+    (slurm.work / "job.sh").write_text("#!/bin/bash\n" + script)
+    r = slurm.run(
+        "sbatch", "--parsable", "-N2", f"--hpvc={spec}", "-o", str(out), str(slurm.work / "job.sh"),
+        env={"MY_SECRET": "s3cret"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip().split(";")[0])
+
+
+def wait_done(slurm: Env, job: int, timeout: float = 400) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = slurm.run("squeue", "-h", "-j", str(job), "-o", "%T")
+        if r.stdout.strip() == "":
+            return "gone"
+        time.sleep(1)
+    raise AssertionError(f"job {job} still queued or running after {timeout} s")
+
+
+JOB = """set -u
+echo "step hostname:"
+srun -N2 -n2 hostname | sort
+echo "step env:"
+srun -N1 -n1 sh -c 'echo "$(hostname) procid=$SLURM_PROCID job=$SLURM_JOB_ID home=$HOME \
+secret=${MY_SECRET:-none} spec=${HPVC_SPEC_B64:-none} pwd=$(pwd)"'
+echo "step exit:"
+srun -N2 -n2 sh -c 'echo "$(hostname) fails"; exit 3'
+echo "exit status $?"
+echo "step stdin:"
+srun -N2 -n2 --input=all sh -c 'cat > /root/pingpong && chmod +x /root/pingpong && \
+  echo "$(hostname) has $(wc -c < /root/pingpong) bytes"' < pingpong
+echo "step mpi:"
+srun -N1 -n1 mpirun -np 2 --host compute0,compute1 --mca btl tcp,self /root/pingpong 1024 20
+echo "mpi status $?"
+echo "step pmix:"
+srun -N1 -n1 --mpi=pmix hostname
+echo "pmix status $?"
+"""
+
+
+def test_vm_job_runs_its_steps_in_the_guests(slurm: Env, vm_spec: Path) -> None:
+    """sbatch -N2 with a VM spec: the script runs on the host, every step in
+    the guests (compute0 on the first host, compute1 on the second): their
+    names; Slurm's variables but not the host's (HOME) nor its secrets; a
+    failing command's exit status reaches srun; stdin reaches every task; an
+    MPI ping-pong between the guests of the two hosts (mpirun inside the
+    guests, started through their agents); srun --mpi=pmix refused with the
+    fix; nothing left on any host once the job ends."""
+    build_pingpong(slurm.work)
+    out = slurm.work / "vm-job.out"
+    job = submit(slurm, vm_spec, JOB, out)
+    wait_done(slurm, job)
+    text = out.read_text()
+    sections = dict(
+        [*part.split(":\n", 1), ""][:2] for part in text.split("step ")[1:]
+    )  # {name: output}
+    assert sections["hostname"].split() == ["compute0", "compute1"], text
+    env = sections["env"].split()
+    assert env[0] == "compute0" and "procid=0" in env and f"job={job}" in env, text
+    assert "home=/root" in env and "secret=none" in env and "spec=none" in env, text
+    assert "pwd=/root" in env, text  # the job's directory is the host's: not in the guest
+    failed = sorted(line for line in sections["exit"].splitlines() if line.endswith(" fails"))
+    assert failed == ["compute0 fails", "compute1 fails"], text
+    assert "exit status 3" in sections["exit"], text
+    size = (slurm.work / "pingpong").stat().st_size
+    assert sorted(line for line in sections["stdin"].splitlines() if " has " in line) == [
+        f"compute0 has {size} bytes",
+        f"compute1 has {size} bytes",
+    ], text
+    rows = [json.loads(line) for line in sections["mpi"].splitlines() if line.startswith("{")]
+    assert [r["bytes"] for r in rows] == [1, 4, 16, 64, 256, 1024], text
+    assert all(r["rank0"] == "compute0" and r["latency_us"] > 0 for r in rows), text
+    assert "mpi status 0" in sections["mpi"], text
+    assert "compute0" not in sections["pmix"], text  # no task ran
+    assert "--mpi=pmix with VM nodes" in text and "mpirun inside the guests" in text, text
+    wait_vm_clean(slurm, job)
+
+
+AGENT_PROBE = (
+    "import socket, sys\n"
+    "s = socket.create_connection((sys.argv[1], 7117), timeout=10)\n"
+    "print(s.recv(200).decode(errors='replace'))\n"
+)
+
+
+def test_scancel_stops_a_command_in_a_guest_and_only_the_owner_enters(
+    slurm: Env, vm_spec: Path
+) -> None:
+    """A long command runs in both guests. The owner reaches a running node
+    with another step (srun --overlap); another user can neither start a step
+    in the job, nor talk to a guest's agent from the host, nor use hpvc node
+    enter. scancel's SIGTERM reaches the command inside the guests (its trap
+    answers), and the job leaves no QEMU, tap, disk, record or lock on any host."""
+    out = slurm.work / "long.out"
+    long = (  # \$: expanded in the guests, not by the batch script on the host
+        "trap 'echo \\$(hostname) got TERM; exit 143' TERM;"
+        " echo started \\$(hostname); sleep 600 & wait"
+    )
+    job = submit(slurm, vm_spec, f'srun -N2 -n2 sh -c "{long}"\n', out)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if out.exists() and out.read_text().count("started") == 2:
+                break
+            time.sleep(1)
+        assert out.read_text().count("started") == 2, out.read_text()
+        first = next(h for h, names in slurm.shares(job).items() if f"j{job}-0" in names)
+        store = slurm.cluster.store(first)
+        ip = store.get(f"j{job}-0").the_plan().node("compute0").ip
+        hpvc = slurm.env["HPVC_BIN"]
+        # Root on the host sees the command running in the guest.
+        inside = slurm.on(
+            first,
+            f'HPVC_STATE_DIR="{store.root}" "{hpvc}" node enter --job {job} --node compute0'
+            " -- ps -eo args",
+        )
+        assert "sleep 600" in inside, inside
+        # The owner: another step of the job, in the running guests.
+        mine = slurm.run(
+            "srun", f"--jobid={job}", "--overlap", f"--hpvc={vm_spec}", "-N1", "-n1", "hostname"
+        )  # fmt: skip
+        assert mine.returncode == 0 and mine.stdout.split() == ["compute0"], mine.stderr
+        # Another user: refused by Slurm, by the agent, and by hpvc.
+        theirs_spec = slurm.home(slurm.other) / "vm.toml"
+        theirs_spec.write_text(VM_SPEC)
+        theirs = slurm.run_as(
+            slurm.other, "srun", f"--jobid={job}", "--overlap", f"--hpvc={theirs_spec}", "-n1",
+            "hostname",
+        )  # fmt: skip
+        assert theirs.returncode != 0 and "compute0" not in theirs.stdout, theirs.stdout
+        other = slurm.other.name
+        probe = slurm.cluster.on(
+            first, ["runuser", "-u", other, "--", "python3", "-c", AGENT_PROBE, ip]
+        )
+        said = subprocess.run(probe, env=slurm.env, capture_output=True, text=True, timeout=30)
+        assert "refused" in said.stdout, (said.stdout, said.stderr)
+        enter = slurm.cluster.on(
+            first,
+            ["runuser", "-u", other, "--", "env", f"HPVC_STATE_DIR={store.root}", hpvc,
+             "node", "enter", "--job", str(job), "--node", "compute0", "--", "true"],
+        )  # fmt: skip
+        denied = subprocess.run(enter, env=slurm.env, capture_output=True, text=True, timeout=60)
+        assert denied.returncode != 0, denied.stdout
+    finally:
+        assert slurm.run("scancel", str(job)).returncode == 0
+    wait_done(slurm, job, timeout=120)
+    # The relays passed scancel's SIGTERM to the commands in the guests.
+    said = sorted(line for line in out.read_text().splitlines() if line.endswith("got TERM"))
+    assert said == ["compute0 got TERM", "compute1 got TERM"], out.read_text()
+    wait_vm_clean(slurm, job)
