@@ -86,3 +86,47 @@ def test_the_report_breaks_the_first_step_down() -> None:
     md = slurm.report_md(doc)
     assert "| `hpvc node check` in srun, as the user | 0.210 |  |" in md
     assert "|   overlay, netns, veth, crun | 0.150 | 0.150 |" in md
+
+
+VM_OUT = (
+    "hpvc-times 1 0.200 9.000 cli=0.100,image=0.010,plan=0.050,host=0.100,start=0.700,"
+    "boot=7.500,configure=0.000,share=0.200\n"
+)
+
+
+def test_the_vm_layout_measures_one_and_two_hosts_and_names_the_accelerator() -> None:
+    layout = slurm.LAYOUTS["vm"]
+    assert (layout.sizes, layout.alloc) == ((1, 2), 2)
+    assert "kinds=container,vm" in layout.site and 'kind = "vm"' in layout.spec("10.1.2.0/24")
+    got = slurm.breakdown(VM_OUT, "1", 9.5)
+    assert got is not None
+    # the backend's own "start" (disks, taps, QEMU) is not the interpreter's start
+    assert got["qemu"] == pytest.approx(0.7) and got["boot"] == pytest.approx(7.5)
+    assert got["start"] == pytest.approx(9.0 - 8.66)
+    labels = slurm.what_labels(layout.sizes, layout.alloc)
+    rs = []
+    for rep in range(3):
+        for what in labels:
+            for config, base in (("plain", 0.1), ("hpvc", 0.2)):
+                seconds = base + (9.5 if config == "hpvc" and "later" not in what else 0)
+                phases = got if config == "hpvc" and what == "srun_N2" else None
+                rs.append({"what": what, "config": config, "seconds": seconds, "rep": rep,
+                           "order": 0, "phases": phases})  # fmt: skip
+    doc = slurm.document(
+        {"host": "h", "cpu_model": "c", "cpus": 2, "date": "d"}, rs, 3, layout=layout
+    )
+    doc["accelerator"] = "tcg"
+    assert [t["what"] for t in doc["table"]] == [
+        "srun_N1", "srun_N2", "alloc_first_step_N2", "alloc_later_step_N2"
+    ]  # fmt: skip
+    later = doc["table"][-1]
+    assert later["added_median_s"] == pytest.approx(0.1)  # the per-step cost once up
+    md = slurm.report_md(doc)
+    assert "VMs ran under TCG (software emulation: not KVM figures)." in md
+    assert "|   VMs: the guests boot to hpvc-ready (their agent listening) | 7.500 |" in md
+    assert "| later srun -N2 in the same allocation (virtual cluster running) |" in md
+
+
+def test_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(InputError, match="--kind container or --kind vm"):
+        slurm.run(1, kind="zone")

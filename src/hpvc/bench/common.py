@@ -66,6 +66,15 @@ def ensure_image(name: str, progress: Progress = quiet) -> None:
     build_image(name, progress=lambda m: progress(f"image: {m}"), extras=preset_extras(name))
 
 
+def ensure_guest(name: str, progress: Progress = quiet) -> None:
+    """Make sure the VM guest of image ``name`` (kernel, initramfs, disk) is built,
+    so that no measured step builds it."""
+    from hpvc.image.guest import build_guest
+
+    ensure_image(name, progress)
+    build_guest(resolve_image(name), progress=lambda m: progress(f"guest: {m}"))
+
+
 def native_dir() -> Path:
     """The repository's ``native/bench`` (the C micro-benchmarks)."""
     env = os.environ.get("HPVC_NATIVE_BENCH")

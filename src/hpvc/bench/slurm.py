@@ -32,12 +32,16 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
 from hpvc.bench.slurm_cluster import SlurmCluster, Submitter, private_slurm
+from hpvc.bench.slurm_report import phase_table
+from hpvc.bench.slurm_report import report_md as report_md
 from hpvc.bench.stats import summary
+from hpvc.cluster.inspect import accelerator
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.progress import Progress, quiet
 
@@ -69,6 +73,42 @@ def spec_text(subnet: str) -> str:
     )
 
 
+def vm_spec_text(subnet: str) -> str:
+    """Two compute VMs: one host boots both (-N1), or one each (-N2)."""
+    return (
+        'name = "bv"\nkind = "vm"\nimage = "hpc"\n'
+        f'[network]\nsubnet = "{subnet}"\n'
+        '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
+        '[[nodes]]\nrole = "compute"\ncount = 2\nvcpus = 1\nmemory = "384MiB"\n'
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one run of the benchmark measures: the spec, the host counts of the
+    new jobs, the allocation's, and the site arguments the cluster needs."""
+
+    kind: str
+    sizes: tuple[int, ...]
+    alloc: int
+    spec: Callable[[str], str]
+    describe: str
+    site: str = ""
+
+
+LAYOUTS = {
+    "container": Layout(
+        "container", SIZES, 3, spec_text,
+        "1 head + 2 compute containers, floating CPUs, no hugepages",
+    ),
+    "vm": Layout(
+        "vm", (1, 2), 2, vm_spec_text,
+        "2 compute VMs (1 vCPU, 384 MiB, floating CPUs, no hugepages), one per host with -N2",
+        "kinds=container,vm",
+    ),
+}  # fmt: skip
+
+
 def _timed(cluster: SlurmCluster, user: Submitter, cwd: Path, argv: list[str]) -> tuple[float, str]:
     """Wall seconds of ``argv`` submitted as ``user``, and its output."""
     t0 = time.perf_counter()
@@ -95,7 +135,7 @@ TASK = 'echo "hpvc-times $HPVC_STEP ${HPVC_CHECK_S:--} ${HPVC_NODE_UP_S:--} ${HP
 
 ALLOC_SCRIPT = """
 for i in $(seq {steps}); do
-  t0=$(date +%s.%N); HPVC_STEP=$i srun -N3 sh -c '{task}' || exit 1; t1=$(date +%s.%N)
+  t0=$(date +%s.%N); HPVC_STEP=$i srun -N{nodes} sh -c '{task}' || exit 1; t1=$(date +%s.%N)
   echo "step $i $t0 $t1"
 done
 """
@@ -114,7 +154,11 @@ def breakdown(out: str, step: str, wall: float, checked: bool = True) -> dict[st
     for line in out.splitlines():
         f = line.split()
         if len(f) == 5 and f[0] == "hpvc-times" and f[1] == step and f[3] != "-":
-            parts = {k: float(v) for k, v in (kv.split("=") for kv in f[4].split(","))}
+            # A VM backend's "start" (disks, taps, QEMU) is not the interpreter's.
+            parts = {
+                ("qemu" if k == "start" else k): float(v)
+                for k, v in (kv.split("=") for kv in f[4].split(","))
+            }
             hosts.append((float(f[3]), float(f[2]) if f[2] != "-" else 0.0, parts))
     if not hosts:
         return None
@@ -130,12 +174,13 @@ def breakdown(out: str, step: str, wall: float, checked: bool = True) -> dict[st
 
 
 def _allocation(
-    cluster: SlurmCluster, user: Submitter, cwd: Path, spec: Path | None
+    cluster: SlurmCluster, user: Submitter, cwd: Path, spec: Path | None, nodes: int
 ) -> list[tuple[float, dict[str, float] | None]]:
-    """Wall seconds (and breakdown) of each `srun -N3` step inside one salloc -N3 allocation."""
-    argv = ["salloc", "-N3"] + ([f"--hpvc={spec}"] if spec else [])
-    argv += ["sh", "-c", ALLOC_SCRIPT.format(steps=STEPS_IN_ALLOCATION, task=TASK)]
-    _, out = _timed(cluster, user, cwd, argv)
+    """Wall seconds (and breakdown) of each `srun -N<nodes>` step inside one
+    salloc -N<nodes> allocation."""
+    argv = ["salloc", f"-N{nodes}"] + ([f"--hpvc={spec}"] if spec else [])
+    script = ALLOC_SCRIPT.format(steps=STEPS_IN_ALLOCATION, task=TASK, nodes=nodes)
+    _, out = _timed(cluster, user, cwd, [*argv, "sh", "-c", script])
     steps = [line.split() for line in out.splitlines() if line.startswith("step ")]
     if len(steps) != STEPS_IN_ALLOCATION:
         raise HpvcError("bench slurm: allocation", f"expected {STEPS_IN_ALLOCATION} steps: {out}")
@@ -144,10 +189,16 @@ def _allocation(
 
 
 def one_rep(
-    cluster: SlurmCluster, user: Submitter, cwd: Path, spec: Path, rep: int, progress: Progress
+    cluster: SlurmCluster,
+    user: Submitter,
+    cwd: Path,
+    spec: Path,
+    rep: int,
+    progress: Progress,
+    layout: Layout = LAYOUTS["container"],
 ) -> list[dict[str, Any]]:
     runs: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
-    for n in SIZES:
+    for n in layout.sizes:
         for hp in (False, True):
             config = "hpvc" if hp else "plain"
 
@@ -160,24 +211,25 @@ def one_rep(
                 return [{**row, "phases": breakdown(out, "1", wall)}]
 
             runs.append((f"srun -N{n} {config}", srun))
+    a = layout.alloc
     for hp in (False, True):
         config = "hpvc" if hp else "plain"
 
         def alloc(hp: bool = hp, config: str = config) -> list[dict[str, Any]]:
-            steps = _allocation(cluster, user, cwd, spec if hp else None)
+            steps = _allocation(cluster, user, cwd, spec if hp else None, a)
             _wait_clean(cluster)
             first, phases = steps[0]
             return [
-                {"what": "alloc_first_step_N3", "config": config, "seconds": first,
+                {"what": f"alloc_first_step_N{a}", "config": config, "seconds": first,
                  "phases": phases},
                 *(
-                    {"what": "alloc_later_step_N3", "config": config, "seconds": s,
+                    {"what": f"alloc_later_step_N{a}", "config": config, "seconds": s,
                      "phases": p}
                     for s, p in steps[1:]
                 ),
             ]  # fmt: skip
 
-        runs.append((f"salloc -N3 {config}", alloc))
+        runs.append((f"salloc -N{a} {config}", alloc))
     k = rep % len(runs)
     out: list[dict[str, Any]] = []
     for order, (label, fn) in enumerate(runs[k:] + runs[:k]):
@@ -187,12 +239,19 @@ def one_rep(
     return out
 
 
-WHAT = {
-    "srun_N1": "srun -N1 (one echo per host), a new job",
-    "srun_N3": "srun -N3 (one echo per host), a new job",
-    "alloc_first_step_N3": "first srun -N3 in a salloc -N3 allocation (virtual cluster comes up)",
-    "alloc_later_step_N3": "later srun -N3 in the same allocation (virtual cluster running)",
-}
+def what_labels(sizes: tuple[int, ...], alloc: int) -> dict[str, str]:
+    """The measured steps' keys and what each is, for a layout."""
+    out = {f"srun_N{n}": f"srun -N{n} (one echo per host), a new job" for n in sizes}
+    out[f"alloc_first_step_N{alloc}"] = (
+        f"first srun -N{alloc} in a salloc -N{alloc} allocation (virtual cluster comes up)"
+    )
+    out[f"alloc_later_step_N{alloc}"] = (
+        f"later srun -N{alloc} in the same allocation (virtual cluster running)"
+    )
+    return out
+
+
+WHAT = what_labels(SIZES, 3)
 
 
 def document(
@@ -201,9 +260,11 @@ def document(
     repeat: int,
     version: str = "unknown",
     user: str = "nobody",
+    layout: Layout = LAYOUTS["container"],
 ) -> dict[str, Any]:
     table = []
-    for what, describe in WHAT.items():
+    labels = what_labels(layout.sizes, layout.alloc)
+    for what, describe in labels.items():
         per: dict[str, dict[str, Any]] = {}
         medians: dict[str, float] = {}
         for config in ("plain", "hpvc"):
@@ -233,59 +294,36 @@ def document(
         for r in rows
     ]
     return {
-        "phases": phase_table(rows),
+        "phases": phase_table(rows, labels),
+        "kind": layout.kind,
+        "what": labels,
         "benchmark": "slurm-launch",
         **facts,
         "slurm": version,
         "repeat": repeat,
         "submitted_by": user,
-        "virtual_cluster": "1 head + 2 compute containers, floating CPUs, no hugepages",
+        "virtual_cluster": layout.describe,
         "runs": rows,
         "table": table,
         "samples": samples,
     }
 
 
-PHASES = {
-    "check": "`hpvc node check` in srun, as the user",
-    "node_up": "`hpvc node up` on the slowest host, start to exit:",
-    "start": "  its start: the interpreter (with a resident hpvc: the client and the fork)",
-    "cli": "  typer and the node commands' imports (none left with a resident hpvc)",
-    "image": "  image lookup",
-    "plan": "  topology, plan, record",
-    "host": "  cgroups, bridge, shared memory",
-    "nodes": "  overlay, netns, veth, crun",
-    "share": "  spec checks, locks, join records",
-    "running": "  (the share was running already)",
-    "rest": "Slurm itself and the tasks' join (the step's wall clock less the above)",
-}
-
-
-def phase_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Median seconds per phase of each --hpvc step that ran `hpvc node up`."""
-    out = []
-    for what in ("srun_N1", "srun_N3", "alloc_first_step_N3"):
-        got = [r["phases"] for r in rows if r["what"] == what and r.get("phases")]
-        if not got:
-            continue
-        keys = [k for k in PHASES if any(k in g for g in got)]
-        out.append(
-            {
-                "what": what,
-                "runs": len(got),
-                "median_s": {k: summary([g.get(k, 0.0) for g in got])["median"] for k in keys},
-            }
-        )
-    return out
-
-
 def run(
-    repeat: int = 5, progress: Progress = quiet, user: str = "nobody", resident: bool = True
+    repeat: int = 5,
+    progress: Progress = quiet,
+    user: str = "nobody",
+    resident: bool = True,
+    kind: str = "container",
 ) -> dict[str, Any]:
     """Both paths, ``repeat`` alternated repetitions, every job submitted by
-    ``user`` (an ordinary user, as on a site; nobody by default)."""
+    ``user`` (an ordinary user, as on a site; nobody by default), with
+    container or VM nodes (``kind``)."""
     if repeat < 1:
         raise InputError("--repeat", "must be at least 1", "--repeat 5")
+    if kind not in LAYOUTS:
+        raise InputError(f"--kind {kind}", "unknown", "--kind container or --kind vm")
+    layout = LAYOUTS[kind]
     submitter = Submitter.named(user)
     preflight()
     common.ensure_image("hpc", progress)
@@ -296,69 +334,27 @@ def run(
     work.mkdir()
     spec = work / "cluster.toml"
     subnet = common.free_subnets(1)[0]
-    spec.write_text(spec_text(subnet))
+    spec.write_text(layout.spec(subnet))
+    if kind == "vm":
+        common.ensure_guest("hpc", progress)
     rows: list[dict[str, Any]] = []
     left: list[tuple[str, str]] = []
     try:
-        with private_slurm(tmp, subnet, progress, resident=resident) as cluster:
+        with private_slurm(
+            tmp, subnet, progress, extra_args=layout.site, resident=resident
+        ) as cluster:
             # srun needs a configuration even for --version
             r = subprocess.run(
                 ["srun", "--version"], env=cluster.env, capture_output=True, text=True
             )
             version = r.stdout.strip() or "unknown"
             for rep in range(repeat):
-                rows += one_rep(cluster, submitter, work, spec, rep, progress)
+                rows += one_rep(cluster, submitter, work, spec, rep, progress, layout)
             left = cluster.sweep(cluster.env["HPVC_BIN"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if left:
         raise HpvcError("bench slurm", f"shares left after the runs: {left}", "")
-    return document(facts, rows, repeat, version, submitter.name) | {"resident": resident}
-
-
-def report_md(doc: dict[str, Any]) -> str:
-    lines = [
-        f"Launch latency of `srun --hpvc` against plain `srun` on the local Slurm test cluster"
-        f" (3 slurmd on one machine), {doc['repeat']} repetitions, order rotated;"
-        f" {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs), {doc['slurm']},"
-        f" {doc['date']}. Virtual cluster: {doc['virtual_cluster']}. Jobs submitted by"
-        f" the unprivileged user {doc.get('submitted_by', 'root')}."
-        + (
-            " A resident hpvc (`hpvc serve`) ran on each host and for the submitting side."
-            if doc.get("resident")
-            else " No resident hpvc: each hpvc command started on its own."
-        ),
-        "",
-        "| what | plain min / median / max s | --hpvc min / median / max s | added (median) s |",
-        "|---|---|---|---|",
-    ]
-    for t in doc["table"]:
-        p, h = t["plain"], t["hpvc"]
-        lines.append(
-            f"| {t['describe']} | {p['min']:.3f} / {p['median']:.3f} / {p['max']:.3f}"
-            f" | {h['min']:.3f} / {h['median']:.3f} / {h['max']:.3f}"
-            f" | {t['added_median_s']:+.3f} |"
-        )
-    return "\n".join(lines + _phase_lines(doc)) + "\n"
-
-
-def _phase_lines(doc: dict[str, Any]) -> list[str]:
-    table = doc.get("phases") or []
-    if not table:
-        return []
-    heads = [WHAT[t["what"]].split(",")[0].split(" (")[0] for t in table]
-    lines = [
-        "",
-        "Where an `--hpvc` step that brings the share up spends its time (median s; the hosts"
-        " run `hpvc node up` at once, the slowest counts):",
-        "",
-        "| phase | " + " | ".join(heads) + " |",
-        "|---|" + "---|" * len(table),
-    ]
-    for key, describe in PHASES.items():
-        if any(key in t["median_s"] for t in table):
-            cells = " | ".join(
-                f"{t['median_s'][key]:.3f}" if key in t["median_s"] else "" for t in table
-            )
-            lines.append(f"| {describe} | {cells} |")
-    return lines
+    doc = document(facts, rows, repeat, version, submitter.name, layout)
+    accel = {"accelerator": accelerator().name} if kind == "vm" else {}
+    return doc | {"resident": resident} | accel

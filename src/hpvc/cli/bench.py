@@ -206,9 +206,17 @@ phases (the check in srun, `hpvc node up` on the slowest host and its own
 phases, Slurm's rest). Every job is submitted by an ordinary user (--user,
 default nobody), as on a site. About 2 minutes for 5 repetitions.
 
+With --kind vm the nodes are two VMs (the site allows kinds=container,vm):
+`srun -N1` boots both on one host, `srun -N2` one on each, and the steps in a
+`salloc -N2` allocation run in the running guests through their agents; the
+phases then show QEMU's start and the guests' boot. The accelerator (KVM, or
+TCG where KVM cannot run) is in the report.
+
 Examples:
 
   hpvc bench slurm
+
+  hpvc bench slurm --kind vm --repeat 5 --out bench/results/slurm-vm
 
   hpvc bench slurm --repeat 10 --user alice --out /tmp/slurmbench --json
 """
@@ -220,9 +228,10 @@ def slurm_cmd(
     out: Path = typer.Option(Path("bench/results/slurm"), help="Where results go."),
     user: str = typer.Option("nobody", help="The ordinary user who submits the jobs."),
     resident: bool = typer.Option(True, "--resident/--no-resident", help=RESIDENT_HELP),
+    kind: str = typer.Option("container", help="Node kind: container or vm."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
-    doc = slurm_bench.run(repeat, progress=_progress, user=user, resident=resident)
+    doc = slurm_bench.run(repeat, progress=_progress, user=user, resident=resident, kind=kind)
     if _written(out, doc, slurm_bench.report_md(doc), as_json):
         return
     t = Table(title=f"srun --hpvc vs plain srun, {repeat} repetitions (seconds)")
