@@ -24,9 +24,10 @@ from hpvc.image import resolve_image
 from hpvc.image.guest import build_guest
 from hpvc.render.context import tap_name
 from hpvc.slurm import policy
-from tests.helpers import build_pingpong
+from tests.helpers import build_pingpong, requires
 from tests.integration.conftest import slurm_env
-from tests.integration.slurm_env import HOSTS, Env
+from tests.integration.slurm_env import HOSTS, Env, last_job
+from tests.integration.test_cluster import image_ready
 
 VM_SPEC = """name = "slvm"
 kind = "vm"
@@ -49,6 +50,8 @@ memory = "384MiB"
 def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
     """The test cluster, its site allowing VM nodes; the guest's kernel and
     disk built before any job (a job's `hpvc node up` would build them)."""
+    requires("root", "qemu")
+    image_ready()
     build_guest(resolve_image("hpc"))
     yield from slurm_env(tenants, "kinds=container,vm")
 
@@ -245,3 +248,32 @@ def test_scancel_stops_a_command_in_a_guest_and_only_the_owner_enters(
     said = sorted(line for line in out.read_text().splitlines() if line.endswith("got TERM"))
     assert said == ["compute0 got TERM", "compute1 got TERM"], out.read_text()
     wait_vm_clean(slurm, job)
+
+
+def test_a_one_host_vm_job_gives_back_hugepages_and_shared_memory(slurm: Env) -> None:
+    """Both guests on one host, on 2M hugepages: they share an ivshmem region
+    (a PCI device in each guest); when the job ends the host's hugepage pool
+    is what it was, and no region, id or hugetlbfs mount of the job is left."""
+    spec = slurm.work / "vm-pages.toml"
+    spec.write_text(VM_SPEC.replace('hugepages = "none"', 'hugepages = "2M"'))
+    before = Path("/proc/sys/vm/nr_hugepages").read_text().strip()
+    r = slurm.run(
+        "srun", "-N1", "-n2", f"--hpvc={spec}", "sh", "-c",
+        'echo "$(hostname) $(cat /sys/bus/pci/devices/*/device | grep -c 0x1110)"',
+        timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    # ivshmem-plain is PCI 1af4:1110: one in each guest
+    assert sorted(r.stdout.splitlines()) == ["compute0 1", "compute1 1"], r.stdout
+    job = last_job(slurm)
+    wait_vm_clean(slurm, job)
+    assert Path("/proc/sys/vm/nr_hugepages").read_text().strip() == before
+    for host in HOSTS:
+        store = slurm.cluster.store(host)
+        ids = store.root / "ivshmem"
+        held = [p.name for p in ids.iterdir()] if ids.is_dir() else []
+        assert held == [], f"{host}: ivshmem ids {held}"
+        view = slurm.on(host, "ls /dev/shm; echo --; cat /proc/mounts")
+        shm, mounts = view.split("--\n")
+        assert not [f for f in shm.split() if f.startswith("hpvc-ivshmem-")], shm
+        assert f"j{job}-" not in mounts, mounts
