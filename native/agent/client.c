@@ -104,20 +104,22 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 		*why = "cannot catch signals";
 		return -256;
 	}
+	/* The command in as few segments as fit: a task's environment is a hundred
+	 * frames, and each segment costs the guest an interrupt (dear under TCG). */
+	int on = 1, off = 0;
+	setsockopt(sock, IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
 	if (send_words(sock, 'a', argv) < 0 || send_words(sock, 'e', env) < 0 ||
 	    (cwd && hpvc_frame_send(sock, 'd', cwd, (uint32_t)strlen(cwd)) < 0) ||
-	    hpvc_frame_send(sock, 'g', NULL, 0) < 0) {
+	    hpvc_frame_send(sock, 'g', NULL, 0) < 0 ||
+	    (in_fd < 0 && hpvc_frame_send(sock, 'i', NULL, 0) < 0)) {
 		*why = "cannot send the command";
 		return -256;
 	}
+	setsockopt(sock, IPPROTO_TCP, TCP_CORK, &off, sizeof(off));
 	struct pollfd fds[3] = {
 		{ sock, POLLIN, 0 }, { sig_pipe[0], POLLIN, 0 }, { in_fd, POLLIN, 0 }
 	};
 	int nfds = in_fd >= 0 ? 3 : 2;
-	if (in_fd < 0 && hpvc_frame_send(sock, 'i', NULL, 0) < 0) {
-		*why = "cannot send the end of input";
-		return -256;
-	}
 	for (;;) {
 		if (poll(fds, (nfds_t)nfds, -1) < 0) {
 			if (errno == EINTR)
