@@ -234,13 +234,20 @@ static void __attribute__((noreturn)) handle(int sock)
 			} else if (type == 'i' && in_open)
 				pending_len = len;
 		}
-		if (!exited && waitpid(child, &status, WNOHANG) == child)
+		/* Exited, but not reaped yet: while the zombie holds its PID, its
+		 * process group cannot be another's, so the kill below is safe. */
+		siginfo_t si;
+		si.si_pid = 0;
+		if (!exited && waitid(P_PID, (id_t)child, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+		    si.si_pid == child)
 			exited = 1;
 		if (exited) {
 			/* What the command wrote before it exited is in the pipes. */
 			drain(out[0], sock, 'o');
 			drain(err[0], sock, 'r');
 			kill(-child, SIGKILL);
+			while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+				;
 			if (WIFSIGNALED(status))
 				finish(sock, 1, WTERMSIG(status));
 			finish(sock, 0, WEXITSTATUS(status));
