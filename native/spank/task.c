@@ -124,6 +124,19 @@ static int harden(const struct hpvc_join *j, int cap_max)
 	return 0;
 }
 
+/* The node's extra environment (hpvc node up's "env" records) into the task's. */
+static void set_env(spank_t sp, const struct hpvc_join *j)
+{
+	for (int i = 0; i < j->nenv; i++) {
+		char *eq = strchr(j->env[i], '=');
+		if (eq == NULL) /* hpvc_parse_joins only keeps K=V */
+			continue;
+		*eq = '\0';
+		spank_setenv(sp, j->env[i], eq + 1, 1);
+		*eq = '=';
+	}
+}
+
 static void relay(pid_t child, pid_t stepd)
 {
 	int sigs[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGALRM };
@@ -187,14 +200,7 @@ int hpvc_task_join(spank_t sp)
 	if (j->vm) {
 		/* The task runs in the guest: here it is only the relay. */
 		close(pidfd);
-		for (int i = 0; i < j->nenv; i++) {
-			char *eq = strchr(j->env[i], '=');
-			if (eq == NULL)
-				continue;
-			*eq = '\0';
-			spank_setenv(sp, j->env[i], eq + 1, 1);
-			*eq = '=';
-		}
+		set_env(sp, j);
 		if (hpvc_vm_connect(j) < 0)
 			return -1;
 		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
@@ -228,14 +234,7 @@ int hpvc_task_join(spank_t sp)
 		if (chdir("/") < 0)
 			return -1;
 	}
-	for (int i = 0; i < j->nenv; i++) {
-		char *eq = strchr(j->env[i], '=');
-		if (eq == NULL) /* hpvc_parse_joins only keeps K=V */
-			continue;
-		*eq = '\0';
-		spank_setenv(sp, j->env[i], eq + 1, 1);
-		*eq = '=';
-	}
+	set_env(sp, j);
 	if (harden(j, cap_max) < 0)
 		return -1;
 	if (!(j->nsflags & CLONE_NEWPID))

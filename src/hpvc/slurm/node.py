@@ -202,7 +202,7 @@ def up(
     if not 0 <= req.index < req.hosts:
         raise InputError(f"--index {req.index}", f"not a host of a {req.hosts}-host job", "")
     index = req.index
-    if spec.kind == "vm" and req.mpi.startswith(("pmi", "pmix")):
+    if spec.kind == "vm" and req.mpi.startswith("pmi"):  # pmi2, pmix, pmix_v4 ...
         raise InputError(
             f"--mpi={req.mpi} with VM nodes",
             "Slurm's PMI server is on the host, out of the guests' reach",
