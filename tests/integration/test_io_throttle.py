@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import container as ct
+from hpvc.backends.crun import container as ct
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from tests.helpers import requires

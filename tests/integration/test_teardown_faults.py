@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import vm_libvirt
+from hpvc.backends.libvirt import domain as vm_libvirt
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import MissingDependency

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import guest
+from hpvc.backends.vm import guest
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError

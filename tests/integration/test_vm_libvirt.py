@@ -32,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import vm_libvirt, vm_qemu
-from hpvc.backends.guest import ssh_argv, ssh_key
+from hpvc.backends.libvirt import domain as vm_libvirt
+from hpvc.backends.qemu import process as vm_qemu
+from hpvc.backends.vm.guest import ssh_argv, ssh_key
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.state import Store
 from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import vm_qemu
+from hpvc.backends.qemu import process as vm_qemu
 from hpvc.errors import DoesNotFit, HpvcError
 from hpvc.host import hugepages, net
 from hpvc.host.journal import Journal

@@ -9,8 +9,8 @@ import pytest
 
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, State
-from hpvc.backends.crun import CrunState
-from hpvc.backends.qemu import VmState
+from hpvc.backends.crun.backend import CrunState
+from hpvc.backends.qemu.backend import VmState
 from hpvc.cluster.state import ClusterRecord
 from hpvc.errors import HpvcError
 from hpvc.spec import parse_spec

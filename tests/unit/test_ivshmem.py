@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import guest as vm
+from hpvc.backends.vm import guest as vm
 from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import ivshmem

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hpvc.backends import vm_qemu
+from hpvc.backends.qemu import process as vm_qemu
 from hpvc.cli import command_words, main
 from hpvc.cluster import listing, ops
 from hpvc.cluster.state import ClusterRecord, Store
@@ -145,7 +145,7 @@ def test_a_permission_error_of_a_non_root_user_says_needs_root(
 
 
 def test_scale_down_does_not_wait_for_zero_guests() -> None:
-    from hpvc.backends.qemu import QemuBackend
+    from hpvc.backends.qemu.backend import QemuBackend
 
     said: list[str] = []
     QemuBackend().start(None, None, [], said.append)  # type: ignore[arg-type]

@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-import hpvc.backends.guest  # noqa: F401  (registers the undo of "node-run-dir")
-from hpvc.backends.libvirt import LibvirtBackend
-from hpvc.backends.qemu import QemuBackend
+import hpvc.backends.vm.guest  # noqa: F401  (registers the undo of "node-run-dir")
+from hpvc.backends.libvirt.backend import LibvirtBackend
+from hpvc.backends.qemu.backend import QemuBackend
 from hpvc.host.journal import Journal
 
 

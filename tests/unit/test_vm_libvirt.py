@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from hpvc.backends import vm_libvirt
+from hpvc.backends.libvirt import domain as vm_libvirt
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host.journal import Journal
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends import vm_qemu
+from hpvc.backends.qemu import process as vm_qemu
 from hpvc.errors import HpvcError
 from hpvc.host.journal import Journal
 from hpvc.plan.model import NetworkPlan, NumaCell, Plan, PlannedNode, VcpuPin

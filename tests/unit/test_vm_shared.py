@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from hpvc.backends import guest_shared
 from hpvc.backends.base import ClusterEnv, State
+from hpvc.backends.vm import guest_shared
 from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import nfs_backing, nfs_server

@@ -17,9 +17,9 @@ from hpvc.spec import Spec
 
 # name -> "module:Class". The name is stored in each cluster's record.
 BACKENDS: dict[str, str] = {
-    "crun": "hpvc.backends.crun:CrunBackend",
-    "qemu": "hpvc.backends.qemu:QemuBackend",
-    "libvirt": "hpvc.backends.libvirt:LibvirtBackend",
+    "crun": "hpvc.backends.crun.backend:CrunBackend",
+    "qemu": "hpvc.backends.qemu.backend:QemuBackend",
+    "libvirt": "hpvc.backends.libvirt.backend:LibvirtBackend",
 }
 # What a spec without ``backend`` runs on, by its ``kind``.
 DEFAULT_FOR_KIND: dict[str, str] = {"container": "crun", "vm": "qemu"}

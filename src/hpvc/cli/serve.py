@@ -45,9 +45,9 @@ PRELOAD = (
     "hpvc.slurm.node",
     "hpvc.slurm.policy",
     "hpvc.backends.registry",
-    "hpvc.backends.crun",
-    "hpvc.backends.qemu",
-    "hpvc.backends.libvirt",
+    "hpvc.backends.crun.backend",
+    "hpvc.backends.qemu.backend",
+    "hpvc.backends.libvirt.backend",
     "hpvc.host.net",
     "hpvc.host.vxlan",
 )

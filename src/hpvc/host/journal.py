@@ -77,11 +77,26 @@ class Change:
         return f"{self.kind} {self.args[key] if key else self.args}"
 
 
+# Modules that registered undoers under another name in an older hpvc: a
+# journal written then names the old module, and must still be undone.
+MOVED = {
+    "hpvc.backends.container": "hpvc.backends.crun.container",
+    "hpvc.backends.crun": "hpvc.backends.crun.backend",
+    "hpvc.backends.guest": "hpvc.backends.vm.guest",
+    "hpvc.backends.guest_shared": "hpvc.backends.vm.guest_shared",
+    "hpvc.backends.libvirt": "hpvc.backends.libvirt.backend",
+    "hpvc.backends.qemu": "hpvc.backends.qemu.backend",
+    "hpvc.backends.vm_libvirt": "hpvc.backends.libvirt.domain",
+    "hpvc.backends.vm_qemu": "hpvc.backends.qemu.process",
+}
+
+
 def _undo_for(change: Change) -> Callable[[Args], None] | None:
     fn = _UNDO.get(change.kind)
     if fn is None and change.module and change.module.startswith("hpvc."):
         with contextlib.suppress(ImportError):
-            importlib.import_module(change.module)  # registers its undoers
+            # registers its undoers
+            importlib.import_module(MOVED.get(change.module, change.module))
         fn = _UNDO.get(change.kind)
     return fn
 

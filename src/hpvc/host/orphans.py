@@ -37,7 +37,7 @@ from hpvc.host.probe import read_mounts
 
 NETNS_DIR = Path("/run/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-HOLDER_ENV = "HPVC_HOLDER"  # set by hpvc.backends.container.start_holder
+HOLDER_ENV = "HPVC_HOLDER"  # set by hpvc.backends.crun.container.start_holder
 _NODE_LINK = re.compile(r"(hc[0-9a-f]{13}|hv[0-9a-f]{12})")
 
 

@@ -1,6 +1,6 @@
 """libvirt domain XML and CPU maps as typed data: pure parsing for the read-back.
 
-``hpvc.backends.vm_libvirt`` reads a live domain (its XML, ``numaParameters``,
+``hpvc.backends.libvirt.domain`` reads a live domain (its XML, ``numaParameters``,
 CPU maps) and hands the pieces here; nothing in this module touches libvirt
 or the host, so it is tested on XML strings alone.
 """

@@ -36,9 +36,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.backends import guest as g
 from hpvc.backends import shared
 from hpvc.backends.base import ClusterEnv
+from hpvc.backends.vm import guest as g
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import nfs_backing, nfs_server
 from hpvc.image import resolve_image

@@ -16,10 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
-from qemu.qmp import QMPClient, QMPError
-
 from hpvc.errors import HpvcError
 from hpvc.host.procfs import running
+from qemu.qmp import QMPClient, QMPError
 
 QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
 QMP_COMMAND_S = 5.0

@@ -11,7 +11,7 @@ affinity, so they stay on the emulator CPUs too.
 
 Long because starting, pinning, reading back and stopping one QEMU share
 the bookkeeping of its threads and sockets; the QMP session is in
-``hpvc.backends.qmp`` and the /proc readers in ``hpvc.host.procfs``.
+``hpvc.backends.qemu.qmp`` and the /proc readers in ``hpvc.host.procfs``.
 
 DESIGN rule 3: the undo kinds are ``"tap"`` (delete the interface if it is
 still a tap) and ``"qemu"`` (written before QEMU starts: its ``-name`` value,
@@ -19,7 +19,7 @@ pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
 SIGTERM, then SIGKILL, and signals a PID only while its command line still
 holds the expected ``-name`` (a reused PID is never signalled).
 
-The QMP session code is in ``hpvc.backends.qmp`` and the ``/proc`` readers
+The QMP session code is in ``hpvc.backends.qemu.qmp`` and the ``/proc`` readers
 (below an injectable ``proc`` root, so the bookkeeping is tested with fake task
 lists) in ``hpvc.host.procfs``; the names callers use are re-exported here.
 """
@@ -38,17 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from hpvc.backends.qmp import QMP_COMMAND_S as QMP_COMMAND_S
-from hpvc.backends.qmp import QMP_CONNECT_S as QMP_CONNECT_S
-from hpvc.backends.qmp import TAIL_LINES as TAIL_LINES
-from hpvc.backends.qmp import Command as Command
-from hpvc.backends.qmp import Memdev as Memdev
-from hpvc.backends.qmp import memdevs as memdevs
-from hpvc.backends.qmp import qmp as qmp
-from hpvc.backends.qmp import tail as tail
-from hpvc.backends.qmp import vcpu_threads as vcpu_threads
-from hpvc.backends.qmp import wait_qmp as wait_qmp
-from hpvc.backends.qmp import with_tail
+from hpvc.backends.qemu.qmp import QMP_COMMAND_S as QMP_COMMAND_S
+from hpvc.backends.qemu.qmp import QMP_CONNECT_S as QMP_CONNECT_S
+from hpvc.backends.qemu.qmp import TAIL_LINES as TAIL_LINES
+from hpvc.backends.qemu.qmp import Command as Command
+from hpvc.backends.qemu.qmp import Memdev as Memdev
+from hpvc.backends.qemu.qmp import memdevs as memdevs
+from hpvc.backends.qemu.qmp import qmp as qmp
+from hpvc.backends.qemu.qmp import tail as tail
+from hpvc.backends.qemu.qmp import vcpu_threads as vcpu_threads
+from hpvc.backends.qemu.qmp import wait_qmp as wait_qmp
+from hpvc.backends.qemu.qmp import with_tail
 from hpvc.errors import HpvcError
 from hpvc.host import procfs
 

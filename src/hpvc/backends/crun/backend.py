@@ -7,7 +7,7 @@ node has an I/O weight. Per node: a writable layer of the spec's ``disk``
 size (``hpvc.host.layer``: ext4 on a loop device), an overlay root over the
 image whose upper folder is in that layer, its own
 network namespace with a veth on the cluster bridge, and the container
-itself (``hpvc.backends.container`` holds those crun and mount primitives).
+itself (``hpvc.backends.crun.container`` holds those crun and mount primitives).
 
 A tenant's cluster (``ClusterRecord.tenant``: a Slurm share, run for an
 ordinary user) gets every mount a user can reach nosuid,nodev: the node's
@@ -22,9 +22,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hpvc.backends import container as ct
 from hpvc.backends import shared
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.backends.crun import container as ct
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError
 from hpvc.faults import inject

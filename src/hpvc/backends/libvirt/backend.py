@@ -2,7 +2,7 @@
 
 The same guests as ``QemuBackend`` (disk, kernel command line, readiness,
 configuration over ssh), but each node is the domain XML ``hpvc render``
-writes, defined and started through libvirt (``hpvc.backends.vm_libvirt``):
+writes, defined and started through libvirt (``hpvc.backends.libvirt.domain``):
 libvirt creates the tap and applies the pinning, NUMA and memory backing
 itself, and ``hpvc status`` reads them back from libvirt. Running domains keep
 their pinning when the cluster is scaled (no live repin here yet).
@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hpvc.backends import vm_libvirt
 from hpvc.backends.base import Capabilities, ClusterEnv
-from hpvc.backends.qemu import QemuBackend, vm_state
+from hpvc.backends.libvirt import domain as vm_libvirt
+from hpvc.backends.qemu.backend import QemuBackend, vm_state
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress

@@ -1,10 +1,10 @@
 """The VM backend that runs QEMU directly: one process per node, pinned over QMP.
 
-Per node: a disk over the image's (``hpvc.backends.guest``), a tap on the
+Per node: a disk over the image's (``hpvc.backends.vm.guest``), a tap on the
 cluster bridge, QEMU from the command line ``hpvc render`` writes, and vCPU
-and emulator threads pinned over QMP (``hpvc.backends.vm_qemu``). Nodes boot
+and emulator threads pinned over QMP (``hpvc.backends.qemu.process``). Nodes boot
 in parallel; ``start`` returns once every new guest is ready and configured.
-``LibvirtBackend`` (``hpvc.backends.libvirt``) differs only in how a node is
+``LibvirtBackend`` (``hpvc.backends.libvirt.backend``) differs only in how a node is
 started, read back and repinned.
 """
 
@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from hpvc.backends import guest as g
-from hpvc.backends import guest_shared, vm_qemu
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
-from hpvc.backends.qmp import QMP_CONNECT_S
+from hpvc.backends.qemu import process as vm_qemu
+from hpvc.backends.qemu.qmp import QMP_CONNECT_S
+from hpvc.backends.vm import guest as g
+from hpvc.backends.vm import guest_shared
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import net, procfs

@@ -10,7 +10,7 @@ libvirtd for hpvc.
 
 Long because the libvirt binding (imported lazily, untyped), its error
 mapping and every call hpvc makes through it stay in one module; the pure
-XML parsing is in ``hpvc.backends.libvirt_xml``.
+XML parsing is in ``hpvc.backends.libvirt.domain_xml``.
 
 DESIGN rule 3: the undo kind is ``"libvirt-domain"`` (written before the
 domain is defined: the connection URI, the domain's name and UUID). Undo
@@ -41,13 +41,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from hpvc.backends.libvirt_xml import HugePages as HugePages
-from hpvc.backends.libvirt_xml import MemNode as MemNode
-from hpvc.backends.libvirt_xml import MemoryBacking as MemoryBacking
-from hpvc.backends.libvirt_xml import NumaTune as NumaTune
-from hpvc.backends.libvirt_xml import cpus_of as cpus_of
-from hpvc.backends.libvirt_xml import memory_backing as memory_backing
-from hpvc.backends.libvirt_xml import numa_tune as numa_tune
+from hpvc.backends.libvirt.domain_xml import HugePages as HugePages
+from hpvc.backends.libvirt.domain_xml import MemNode as MemNode
+from hpvc.backends.libvirt.domain_xml import MemoryBacking as MemoryBacking
+from hpvc.backends.libvirt.domain_xml import NumaTune as NumaTune
+from hpvc.backends.libvirt.domain_xml import cpus_of as cpus_of
+from hpvc.backends.libvirt.domain_xml import memory_backing as memory_backing
+from hpvc.backends.libvirt.domain_xml import numa_tune as numa_tune
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import procfs
 from hpvc.host.journal import Args, Journal, undoer

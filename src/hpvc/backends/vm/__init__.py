@@ -1,0 +1,3 @@
+"""What both VM backends share: guest disks, readiness and configuration (``guest.py``) and
+the shared directory over NFS (``guest_shared.py``).
+"""
