@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import DoesNotFit, HpvcError
+from hpvc.store import Store
 from tests.helpers import ROOT, requires
 
 CGROUPS = Path("/sys/fs/cgroup")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from hpvc.cluster import lifecycle
-from hpvc.cluster.state import Store
+from hpvc.store import Store
 from tests.helpers import ROOT
 from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file, store
 

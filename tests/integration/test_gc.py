@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
+from hpvc.store import Store
 from tests.helpers import ROOT
 from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file, store
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.host.hugepages import pool_dir
+from hpvc.store import Store
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready
 from tests.integration.test_cluster import store as store  # the fixture

@@ -30,12 +30,12 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.coordinator import coordinator
 from hpvc.coordinator.site import ENV
 from hpvc.coordinator.state import members
 from hpvc.coordinator.status import counters, held, status
 from hpvc.host import nfs_backing
+from hpvc.store import Store
 from tests.integration.test_cluster import cli_env, leftovers, store
 from tests.integration.test_shared_nfs import mounts_under, nfs_ready, our_processes
 from tests.integration.test_writable_layer import loops_under

@@ -17,7 +17,7 @@ import pytest
 
 from hpvc.backends.crun import container as ct
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
+from hpvc.store import Store
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready, leftovers
 

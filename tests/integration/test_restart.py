@@ -24,8 +24,8 @@ import pytest
 
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.restart import restart
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
+from hpvc.store import Store
 from hpvc.units import format_cpulist
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import clean_up, cli_env, image_ready, leftovers, spec_file

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.host import nfs_mount
+from hpvc.store import Store
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready, leftovers, store
 from tests.integration.test_writable_layer import loops_under

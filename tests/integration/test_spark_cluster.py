@@ -18,10 +18,10 @@ import pytest
 
 from hpvc.bench.common import ensure_image
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.plan.services import SparkPlan
 from hpvc.spark import cluster as spark
 from hpvc.spark.model import worker_memory_mib
+from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, leftovers, store
 from tests.integration.test_shared_nfs import in_node, left_by

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
+from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import (
     clean_up,

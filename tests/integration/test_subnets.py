@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle
-from hpvc.cluster.state import Store
 from hpvc.errors import InputError
+from hpvc.store import Store
 from tests.helpers import ROOT
 from tests.integration.test_cluster import cli_env, image_ready, leftovers, store
 

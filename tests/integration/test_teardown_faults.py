@@ -34,9 +34,9 @@ import pytest
 
 from hpvc.backends.libvirt import domain as vm_libvirt
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import MissingDependency
 from hpvc.render.context import tap_name
+from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, image_ready, leftovers
 from tests.integration.test_vm_cluster import vm_leftovers

@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.spec import load_spec
+from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import image_ready, leftovers, spec_file
 

@@ -11,10 +11,10 @@ import pytest
 
 from hpvc.backends.vm import guest
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
 from hpvc.plan import Plan
 from hpvc.render import files as render_files
+from hpvc.store import Store
 from tests.helpers import requires
 from tests.integration.test_cluster import bridge_and_mounts, clean_up, image_ready
 

@@ -36,7 +36,6 @@ from hpvc.backends.libvirt import domain as vm_libvirt
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.vm.guest import ssh_argv, ssh_key
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency
 from hpvc.host import net
 from hpvc.host.journal import Journal
@@ -46,6 +45,7 @@ from hpvc.plan import Plan, PlannedNode, plan_cluster
 from hpvc.render.context import RenderContext, tap_name
 from hpvc.render.libvirt import domain_name, domain_uuid, render_domain_xml
 from hpvc.spec.model import Spec
+from hpvc.store import Store
 from hpvc.topology import read_topology
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready

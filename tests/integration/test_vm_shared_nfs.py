@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.image import DEFAULT_PACKAGES, build_image, resolve_image
 from hpvc.image.model import NFS_SERVER_PACKAGES
+from hpvc.store import Store
 from tests.helpers import requires
 from tests.integration.test_cluster import clean_up, image_ready
 from tests.integration.test_vm_cluster import vm_leftovers

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
+from hpvc.store import Store
 from tests.helpers import ROOT, build_pingpong, requires
 from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file
 from tests.integration.test_vm_cluster import vm_leftovers

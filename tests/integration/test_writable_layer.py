@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from hpvc.cluster import lifecycle
-from hpvc.cluster.state import Store
 from hpvc.host import layer
+from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, image_ready, leftovers
 

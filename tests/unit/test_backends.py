@@ -11,9 +11,9 @@ from hpvc.backends import registry
 from hpvc.backends.base import Backend, State
 from hpvc.backends.crun.backend import CrunState
 from hpvc.backends.qemu.backend import VmState
-from hpvc.cluster.state import ClusterRecord
 from hpvc.errors import HpvcError
 from hpvc.spec import parse_spec
+from hpvc.store import ClusterRecord
 
 NODES = [{"role": "compute", "count": 1, "vcpus": 1, "memory": "256MiB"}]
 

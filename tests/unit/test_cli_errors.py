@@ -28,7 +28,7 @@ def test_permission_denied_is_one_line_naming_the_fix(
 def test_run_refuses_fewer_than_one_rank(
     n: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hpvc.cluster.state import ClusterRecord, Store
+    from hpvc.store import ClusterRecord, Store
 
     store = Store(tmp_path)
     store.save(ClusterRecord("c", {}, "c.toml", {}, "running", 0.0, 0.0))

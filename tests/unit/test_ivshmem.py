@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from hpvc.backends.vm import guest as vm
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import ivshmem
 from hpvc.host.journal import Journal
 from hpvc.image import guest, guest_disk
 from hpvc.render import qemu_argv, render_domain_xml
+from hpvc.store import Store
 from tests.helpers import requires
 from tests.unit.test_render import ctx, hand_vm_plan, make_node, make_plan
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from hpvc.cluster import lifecycle, state
-from hpvc.cluster.state import ClusterRecord, Store
+from hpvc.cluster import lifecycle
 from hpvc.errors import HpvcError
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.store import ClusterRecord, Store
+from hpvc.store import records as state
 
 DONE: list[str] = []
 FAILING: set[str] = set()

@@ -16,11 +16,11 @@ import pytest
 from hpvc.backends.base import ClusterEnv, State
 from hpvc.cli import main
 from hpvc.cluster import restart as rs
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.plan import Plan, PlannedNode, plan_cluster
 from hpvc.progress import Progress
 from hpvc.spec import parse_spec
+from hpvc.store import ClusterRecord, Store
 from tests.unit.topogen import make_topology
 
 

@@ -179,7 +179,7 @@ def test_a_vm_join_names_the_guests_agent() -> None:
 def test_slurms_pmi_is_refused_for_vm_nodes_before_the_host_changes(
     tmp_path: Path, mpi: str
 ) -> None:
-    from hpvc.cluster.state import Store
+    from hpvc.store import Store
 
     store = Store(tmp_path)
     site = policy.Site(kinds=("container", "vm"))
@@ -191,7 +191,7 @@ def test_slurms_pmi_is_refused_for_vm_nodes_before_the_host_changes(
 
 
 def test_cache_path_only_for_plain_mpi_names(tmp_path: Path) -> None:
-    from hpvc.cluster.state import Store
+    from hpvc.store import Store
 
     store = Store(tmp_path)
     assert node.cache_path(store, "j5-0", "") == tmp_path / "jobs" / "j5-0.none.join"

@@ -13,11 +13,11 @@ import pytest
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.cli import command_words, main
 from hpvc.cluster import listing, ops
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.host import blkio
 from hpvc.locks import holder, owned_lock
 from hpvc.plan import plan_cluster
 from hpvc.spec import parse_spec
+from hpvc.store import ClusterRecord, Store
 from tests.unit.topogen import make_topology
 
 

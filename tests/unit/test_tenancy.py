@@ -23,7 +23,6 @@ import pytest
 
 from hpvc.cli import main
 from hpvc.cluster import lifecycle
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError, SpecError
 from hpvc.host import tree
 from hpvc.host.journal import Journal
@@ -33,6 +32,7 @@ from hpvc.image.model import ImageSpec, check_name, normalize_packages
 from hpvc.paths import PRIVATE, private_dir
 from hpvc.render import render_oci_config
 from hpvc.spec import parse_spec
+from hpvc.store import ClusterRecord, Store
 from hpvc.units import parse_size
 from tests.unit.test_render import ctx, hand_container_plan
 

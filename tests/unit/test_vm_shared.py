@@ -17,7 +17,6 @@ import pytest
 
 from hpvc.backends.base import ClusterEnv, State
 from hpvc.backends.vm import guest_shared
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import nfs_backing, nfs_server
 from hpvc.host.journal import Journal
@@ -28,6 +27,7 @@ from hpvc.render import render_domain_xml
 from hpvc.render.context import SHARED_DISK_SERIAL, RenderContext
 from hpvc.render.qemu import qemu_argv
 from hpvc.spec import Spec, parse_spec
+from hpvc.store import ClusterRecord, Store
 from tests.helpers import requires
 from tests.unit.test_guest import fake_image
 from tests.unit.topogen import make_topology

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, Self
 
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
 from hpvc.spec import Spec
+from hpvc.store import ClusterRecord, Store
 
 
 class State:

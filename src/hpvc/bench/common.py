@@ -23,10 +23,10 @@ from typing import Any
 
 from hpvc import __version__
 from hpvc.cluster import inspect, lifecycle
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.image import build_image, resolve_image
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 # Tool -> Debian package that provides it.
 APT_PACKAGE = {

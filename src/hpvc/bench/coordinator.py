@@ -49,12 +49,12 @@ from hpvc.bench import common
 from hpvc.bench.coordinator_report import MB, document
 from hpvc.bench.io_disk import sh
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.coordinator.coordinator import set_cluster
 from hpvc.coordinator.site import ENV
 from hpvc.coordinator.status import counters, held
 from hpvc.errors import HpvcError, InputError
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 PRIORITIES = {"p1": 1, "p2": 2, "p4": 4}
 HIGH = 10_000 * MB  # a capacity no disk here reaches: the throttle never bites

@@ -68,9 +68,9 @@ from hpvc.bench.hpcc_input import (
 from hpvc.bench.hpcc_parse import METRICS, SUITE, checked, rank0_host
 from hpvc.bench.hpcc_report import document
 from hpvc.cluster import inspect, lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 from hpvc.sysroot import HOST, RootLike
 
 Runner = Callable[[int], str]

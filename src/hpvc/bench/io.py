@@ -55,9 +55,9 @@ from hpvc.bench.io_jobs import (
 )
 from hpvc.bench.io_report import document
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 TOOLS = {"fio": "fio", "losetup": "mount", "mkfs.ext4": "e2fsprogs", "umount": "mount"}
 

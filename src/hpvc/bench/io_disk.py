@@ -18,9 +18,9 @@ from typing import Any
 
 from hpvc.bench import common
 from hpvc.cluster import inspect
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 DISK_BYTES = 2 << 30
 

@@ -61,10 +61,10 @@ from hpvc.bench.isolation_report import Outcome, document
 from hpvc.bench.isolation_stats import load_row, parse_hpcc, rotations, sample_rows
 from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.cluster.inspect import HostView
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.image import resolve_image
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 HPCC_N = 1800  # about 3.5 s per hpcc run on an idle core here (HPL about 0.7 s of it)
 HPCC_NB = 80  # HPL block size (as in Debian's example input)

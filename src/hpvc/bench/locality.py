@@ -36,9 +36,9 @@ from typing import Any
 from hpvc.bench import common
 from hpvc.bench.stats import summary
 from hpvc.cluster import lifecycle, ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 Runner = Callable[[], str]
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.bench import common
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.progress import Progress, quiet
 from hpvc.slurm.policy import parse_share_name
+from hpvc.store import Store
 
 TIMEOUT_S = 120
 

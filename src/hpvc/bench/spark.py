@@ -42,12 +42,12 @@ from typing import Any
 from hpvc.bench import common
 from hpvc.bench.harness import accelerator
 from hpvc.cluster import lifecycle
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError
 from hpvc.image import resolve_image
 from hpvc.progress import Progress, quiet
 from hpvc.spark import jobs, model
 from hpvc.spark.native import NativeSpark
+from hpvc.store import Store
 
 CONFIGS = ("native", "container", "container-nfs", "vm")
 DEFAULT_CONFIGS = ("native", "container", "container-nfs")

@@ -31,10 +31,10 @@ from typing import Any
 from hpvc.bench import cli_start, common, podman, podman_report
 from hpvc.bench.stats import summary
 from hpvc.cluster import ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.paths import image_dir
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 GOAL_NODES = 8
 GOAL_S = 2.0

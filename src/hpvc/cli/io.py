@@ -76,7 +76,7 @@ io_app = typer.Typer(help=IO_HELP, no_args_is_help=True)
 
 
 def _store() -> Any:
-    from hpvc.cluster.state import Store
+    from hpvc.store import Store
 
     return Store()
 

@@ -114,8 +114,8 @@ def up_cmd(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
 ) -> None:
     from hpvc.cli import STARTED  # now: a resident hpvc's fork sets it anew
-    from hpvc.cluster.state import Store
     from hpvc.slurm import node, policy
+    from hpvc.store import Store
 
     if os.geteuid() != 0:
         raise InputError("hpvc node up", "needs root", "it is run by the SPANK plugin as root")
@@ -216,8 +216,8 @@ def enter_cmd(
     argv: list[str] = typer.Argument(None, help="Command (after --)."),
 ) -> None:
     from hpvc.cluster import ops
-    from hpvc.cluster.state import Store
     from hpvc.slurm import node
+    from hpvc.store import Store
 
     store = Store()
     for name in node.job_shares(store, job):

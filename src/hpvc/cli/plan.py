@@ -94,7 +94,7 @@ def _held_apart(name: str, host: str, topo: Topology) -> tuple[str, Topology]:
     (grown for them, maybe not mapped yet) are not free. Without access to
     hpvc's state (not root), the kernel's own free counts."""
     from hpvc.cluster import pages
-    from hpvc.cluster.state import Store
+    from hpvc.store import Store
 
     try:
         return host, pages.unheld(Store(), topo, host, name)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import subprocess
 
-from hpvc.cluster.state import Store
 from hpvc.host import net, orphans
 from hpvc.progress import Progress, quiet
 from hpvc.render.context import tap_name
+from hpvc.store import Store
 
 
 def keep(store: Store) -> orphans.Keep:

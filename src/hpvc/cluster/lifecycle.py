@@ -25,7 +25,6 @@ from typing import Any
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster import pages
-from hpvc.cluster.state import ClusterRecord, Store, full
 from hpvc.cluster.subnets import claim_subnet
 from hpvc.cluster.teardown import down as down
 from hpvc.cluster.teardown import teardown as teardown
@@ -42,6 +41,7 @@ from hpvc.plan.reservations import Holding, holdings_of
 from hpvc.progress import Progress, quiet
 from hpvc.render import files as render_files
 from hpvc.spec import Spec, load_spec, parse_spec
+from hpvc.store import ClusterRecord, Store, full
 from hpvc.topology import read_topology
 from hpvc.topology.model import Topology
 
@@ -327,7 +327,7 @@ def _scale_locked(
 
 def _disk_full_is_one_line(name: str, store: Store, save: Callable[..., None], *args: Any) -> None:
     """A record write that meets a full state disk (its reserve spent, see
-    ``hpvc.cluster.state``) fails ``scale`` with one line; the record then
+    ``hpvc.store``) fails ``scale`` with one line; the record then
     still says what it said before (``running``, or ``scaling``: interrupted)."""
     try:
         save(*args)

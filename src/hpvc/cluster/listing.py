@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.locks import holder
+from hpvc.store import ClusterRecord, Store
 
 # A record in one of these says a command is under way; when nobody holds the
 # cluster's lock, that command was killed before it finished.

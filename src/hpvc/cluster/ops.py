@@ -19,12 +19,12 @@ from typing import Any
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.listing import under_way
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError, MissingDependency, require_root
 from hpvc.host import hugepages, probe, procfs, vxlan
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
+from hpvc.store import Store
 
 MPIRUN = "mpirun.openmpi"
 

@@ -37,11 +37,11 @@ from dataclasses import replace
 
 from hpvc.backends import registry
 from hpvc.backends.base import Backend
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.host import cgroups, hugepages
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan
 from hpvc.spec import parse_spec
+from hpvc.store import ClusterRecord, Store
 from hpvc.topology.model import Topology
 
 Key = tuple[int, int]  # (host NUMA node, page KiB)

@@ -33,12 +33,12 @@ from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env, start_services, stopped_by
-from hpvc.cluster.state import Store
 from hpvc.cluster.teardown import waiting
 from hpvc.coordinator import after_change
 from hpvc.errors import HpvcError, InputError
 from hpvc.plan import Plan
 from hpvc.progress import Progress, quiet
+from hpvc.store import Store
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from hpvc.cluster.state import Store
 from hpvc.errors import InputError
 from hpvc.host import routes
 from hpvc.spec import Spec
+from hpvc.store import Store
 
 POOL = "10.88.0.0/16"  # where a spec that names no subnet gets a free /24
 

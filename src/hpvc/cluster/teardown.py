@@ -1,6 +1,6 @@
 """Taking a cluster's host changes back, in the order they depend on each other.
 
-What a cluster made is in its journals (``hpvc.cluster.state``): one per
+What a cluster made is in its journals (``hpvc.store``): one per
 node, one for the cluster, one for host-wide changes shared by every
 cluster here. Each was made on top of the ones before it: a node's domain or
 container runs from its folder, on the cluster's bridge, in its cgroup; the
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hpvc.cluster.state import ClusterRecord, Store, full
 from hpvc.concurrent import each
 from hpvc.coordinator import after_change
 from hpvc.errors import HpvcError
 from hpvc.progress import Progress, quiet
+from hpvc.store import ClusterRecord, Store, full
 
 SHOWN = 3  # failed steps named in a "not finished" line; the rest are counted
 

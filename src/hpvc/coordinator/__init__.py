@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from hpvc.progress import Progress, quiet
 
 if TYPE_CHECKING:
-    from hpvc.cluster.state import Store
+    from hpvc.store import Store
 
 
 def after_change(store: Store, progress: Progress = quiet) -> None:

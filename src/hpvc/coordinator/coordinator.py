@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster.state import Store
 from hpvc.coordinator import alloc
 from hpvc.coordinator.site import FIX, Priorities, Site, load_site, site_path
 from hpvc.coordinator.state import (
@@ -59,6 +58,7 @@ from hpvc.host import io_coord, nfs_backing
 from hpvc.host.blkio import block_device
 from hpvc.host.journal import Journal
 from hpvc.locks import file_lock
+from hpvc.store import Store
 
 MIN_RATE = 1_000_000  # bytes/s: a 1 MiB NFS WRITE within the client's 10 s timeout
 APPLIED = "applied"  # <state>/io/applied: throttles were written (removed when none are)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import InputError
 from hpvc.host import io_coord
 from hpvc.paths import private_dir
 from hpvc.spec import parse_spec
+from hpvc.store import ClusterRecord, Store
 
 DIRECTIONS = io_coord.DIRECTIONS
 GONE = ("deleting",)  # a cluster being taken down gives its share back at once

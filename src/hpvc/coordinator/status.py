@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster.state import Store
 from hpvc.coordinator.coordinator import (
     APPLIED,
     Target,
@@ -24,6 +23,7 @@ from hpvc.coordinator.coordinator import (
 )
 from hpvc.coordinator.state import DIRECTIONS, load_overrides, members
 from hpvc.host import io_coord
+from hpvc.store import Store
 
 
 def _counted(t: Target) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpvc.cluster.state import Store
+from hpvc.store import Store
 
 
 def share_name(job: int, index: int) -> str:

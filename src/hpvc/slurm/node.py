@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.cluster import inspect, lifecycle, ops
-from hpvc.cluster.state import ClusterRecord, Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.locks import file_lock
 from hpvc.paths import private_dir
@@ -58,6 +57,7 @@ from hpvc.slurm.policy import (
     task_pool,
 )
 from hpvc.spec import Spec
+from hpvc.store import ClusterRecord, Store
 from hpvc.sysroot import HOST
 from hpvc.topology import read_topology
 from hpvc.topology.model import Topology

@@ -12,13 +12,13 @@ import time
 from typing import Any
 
 from hpvc.cluster import ops
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, InputError
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED
 from hpvc.progress import Progress, quiet
 from hpvc.spark import cluster as spark
 from hpvc.spark import model
+from hpvc.store import Store
 from hpvc.units import parse_size
 
 TERASORT = "terasort"

@@ -22,7 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpvc.backends.qemu import process as vm_qemu
-from hpvc.cluster.state import Store
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem, tree
 from hpvc.host.journal import Args, Journal, undoer
@@ -38,6 +37,7 @@ from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
+from hpvc.store import Store
 
 DISK_MODE: DiskMode = "qcow2"  # see docs/vms.md: made in milliseconds, boots like a raw copy
 READY_TIMEOUT_S = 300.0
