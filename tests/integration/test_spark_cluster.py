@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from hpvc.bench.common import ensure_image
-from hpvc.cluster import lifecycle, ops
+from hpvc.cluster import lifecycle, ops, spark
 from hpvc.plan.services import SparkPlan
-from hpvc.spark import cluster as spark
-from hpvc.spark.model import worker_memory_mib
+from hpvc.spec.spark import worker_memory_mib
 from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, leftovers, store

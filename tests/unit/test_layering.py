@@ -8,7 +8,10 @@ b. only host/ and topology/ read the machine's /proc and /sys (DESIGN rule 2:
    everything else takes a root);
 c. cluster/ never branches on the node kind or the backend: that knowledge
    lives behind the one Backend protocol (DESIGN rule 4);
-d. a module past 400 lines says in its docstring why ("Long because ...").
+d. a module past 400 lines says in its docstring why ("Long because ...");
+e. the packages import each other without a cycle (cluster -> backends -> host,
+   the pure layers below everything that acts), counting imports inside
+   functions and under TYPE_CHECKING: a cycle is a cycle.
 
 Each check is a function from source text to ``Hit``s; the self-tests at the
 end feed it good and bad snippets, so a check cannot pass by seeing nothing.
@@ -276,6 +279,68 @@ def unexplained_length(source: str, limit: int = LONG_LINES) -> list[Hit]:
     return [Hit(1, f"{lines} lines, no {LONG_REASON!r} in the module docstring")]
 
 
+# --- e. no cycle between packages ---------------------------------------------------------
+
+
+def unit_of(name: str) -> str | None:
+    """The package (``cluster`` for hpvc.cluster.ops) or top-level module
+    (``errors``) a module name belongs to; None outside hpvc and for ``hpvc`` itself."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "hpvc" else None
+
+
+def package_graph(mods: Iterable[Module]) -> dict[str, dict[str, str]]:
+    """unit -> {imported unit: where the first such import is (``file:line``)}."""
+    graph: dict[str, dict[str, str]] = {}
+    for m in mods:
+        src = unit_of(m.name)
+        if src is None:
+            continue
+        edges = graph.setdefault(src, {})
+        for line, name in imported(m.source, m.name, m.is_package):
+            dst = unit_of(name)
+            if dst is not None and dst != src and dst not in edges:
+                edges[dst] = f"{m.path.name}:{line}"
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The strongly connected components of more than one unit (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def cycle_report(graph: dict[str, dict[str, str]], comp: list[str]) -> list[str]:
+    """Every import that stays inside one cycle, so the upward one is easy to spot."""
+    return [f"{a} -> {b} ({graph[a][b]})" for a in comp for b in sorted(graph[a]) if b in comp]
+
+
 # --- the checks over src/hpvc -------------------------------------------------------------
 
 
@@ -344,6 +409,18 @@ def test_long_modules_say_why() -> None:
     assert not found, report(
         f"modules over {LONG_LINES} lines: split them, or say in the module docstring "
         f"why not ({LONG_REASON} ...):",
+        found,
+    )
+
+
+def test_packages_import_each_other_without_a_cycle() -> None:
+    graph = package_graph(modules())
+    assert {"cluster", "backends", "host", "plan", "store", "errors"} <= set(graph)
+    assert "backends" in graph["cluster"] and "host" in graph["backends"]  # the walk sees edges
+    found = [line for comp in cycles(graph) for line in cycle_report(graph, comp)]
+    assert not found, report(
+        "packages import each other in a cycle (docs/architecture.md, rule 7); "
+        "move the upward import's target down, or pass it in:",
         found,
     )
 
@@ -500,3 +577,39 @@ def test_a_report_lists_file_and_line() -> None:
     (hit,) = kind_branches(m.source)
     assert m.where(hit) == "src/hpvc/cluster/x.py:1 plan.kind == 'vm'"
     assert report("title", ["a:1 x", "b:2 y"]) == "title\n  a:1 x\n  b:2 y"
+
+
+def _mods(sources: dict[str, str]) -> list[Module]:
+    return [Module(PKG / "x.py", name, src) for name, src in sources.items()]
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {"hpvc.a.x": "import hpvc.b.y\n", "hpvc.b.y": "from hpvc.a import x\n"},
+        {"hpvc.a.x": "def f():\n    from hpvc.b import y\n", "hpvc.b.y": "import hpvc.a\n"},
+        {
+            "hpvc.a.x": "if TYPE_CHECKING:\n    from hpvc.b.y import T\n",
+            "hpvc.b.y": "from hpvc.c import z\n",
+            "hpvc.c.z": "from ..a.x import f\n",
+        },
+        {"hpvc.a.x": "from hpvc import errors\n", "hpvc.errors": "import hpvc.a.x\n"},
+    ],
+)
+def test_cycles_fire(sources: dict[str, str]) -> None:
+    graph = package_graph(_mods(sources))
+    (comp,) = cycles(graph)
+    assert comp == sorted({unit_of(n) for n in sources if unit_of(n)})
+    assert all(" -> " in line for line in cycle_report(graph, comp))
+
+
+def test_cycles_stay_quiet() -> None:
+    sources = {
+        "hpvc.a.x": "import hpvc.b.y\nfrom hpvc.a import z\n",  # inside a package is no cycle
+        "hpvc.a.z": "from hpvc.a import x\n",
+        "hpvc.b.y": "import hpvc.c\nX = 'hpvc.a'\n",  # a string is no import
+        "hpvc.c": "import os\nimport hpvcx.a\n",
+    }
+    graph = package_graph(_mods(sources))
+    assert graph == {"a": {"b": "x.py:1"}, "b": {"c": "x.py:1"}, "c": {}}
+    assert cycles(graph) == []

@@ -10,8 +10,8 @@ from hpvc.errors import SpecError
 from hpvc.plan import Reservations, plan_cluster
 from hpvc.plan.model import plan_from_json
 from hpvc.plan.services import DEFAULT_SHARED, VM_SHARED_MIB, server_node
-from hpvc.spark.model import worker_memory_mib
 from hpvc.spec import Spec, parse_spec
+from hpvc.spec.spark import worker_memory_mib
 from tests.unit.topogen import make_topology
 
 

@@ -15,24 +15,25 @@ import pytest
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.image.extras import SPARK_EXTRA
 from hpvc.spark import app, dist, model
+from hpvc.spec import spark as sizing
 from tests import gensort
 
 # --- worker memory ------------------------------------------------------------------------
 
 
 def test_worker_memory_leaves_the_os_the_daemon_and_the_jvm_their_share() -> None:
-    assert model.worker_memory_mib(4096) == 2944
-    assert model.worker_memory_mib(16384) == 13120
-    sizes = [model.worker_memory_mib(m) for m in range(2048, 65536, 512)]
+    assert sizing.worker_memory_mib(4096) == 2944
+    assert sizing.worker_memory_mib(16384) == 13120
+    sizes = [sizing.worker_memory_mib(m) for m in range(2048, 65536, 512)]
     assert sizes == sorted(sizes) and all(s % 64 == 0 for s in sizes)
     for node in (2048, 8192, 65536):
-        heap = model.worker_memory_mib(node)
-        assert node - heap >= model.OS_RESERVE_MIN_MIB + model.DAEMON_MEMORY_MIB + 384
+        heap = sizing.worker_memory_mib(node)
+        assert node - heap >= sizing.OS_RESERVE_MIN_MIB + sizing.DAEMON_MEMORY_MIB + 384
 
 
 def test_worker_memory_refuses_a_node_too_small() -> None:
     with pytest.raises(InputError, match="at least 2 GiB"):
-        model.worker_memory_mib(1024)
+        sizing.worker_memory_mib(1024)
 
 
 # --- command lines ------------------------------------------------------------------------

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from hpvc.bench import spark_report
+from hpvc.cluster import spark
+from hpvc.cluster import spark_jobs as jobs
 from hpvc.errors import InputError
 from hpvc.plan import Plan, Reservations, plan_cluster
-from hpvc.spark import cluster as spark
-from hpvc.spark import jobs, model
+from hpvc.spark import model
 from hpvc.spec import parse_spec
+from hpvc.spec import spark as sizing
 from tests.unit.topogen import make_topology
 
 
@@ -51,7 +53,7 @@ def test_master_and_worker_lines_start_in_the_background_with_their_sizes() -> N
     assert ">/data/spark/logs/head0.log" in master  # logs on the shared directory
     worker = _line(spark.daemon_argv(sp, plan, "compute1"))
     assert "org.apache.spark.deploy.worker.Worker" in worker
-    assert f"--cores 2 --memory {model.worker_memory_mib(4096)}M" in worker
+    assert f"--cores 2 --memory {sizing.worker_memory_mib(4096)}M" in worker
     assert worker.split(" >")[0].endswith("spark://10.88.0.2:7100")
     assert "SPARK_LOCAL_IP=10.88.0.4" in worker
     shlex.split(worker)  # a well-formed shell line
@@ -68,7 +70,7 @@ def test_submit_runs_in_client_mode_with_event_logs_on_shared() -> None:
     assert "spark.eventLog.dir=file:///data/spark/events" in words
     assert "spark.foo=1" in words
     assert words[-3:] == ["/data/app.jar", "a b", "c"]
-    assert words[words.index("--driver-memory") + 1] == f"{model.worker_memory_mib(2048)}m"
+    assert words[words.index("--driver-memory") + 1] == f"{sizing.worker_memory_mib(2048)}m"
 
 
 def test_alive_workers_reads_the_masters_json() -> None:

@@ -42,11 +42,13 @@ from typing import Any
 from hpvc.bench import common
 from hpvc.bench.harness import accelerator
 from hpvc.cluster import lifecycle
+from hpvc.cluster import spark_jobs as jobs
 from hpvc.errors import HpvcError
 from hpvc.image import resolve_image
 from hpvc.progress import Progress, quiet
-from hpvc.spark import jobs, model
+from hpvc.spark import model
 from hpvc.spark.native import NativeSpark
+from hpvc.spec import spark as sizing
 from hpvc.store import Store
 
 CONFIGS = ("native", "container", "container-nfs", "vm")
@@ -59,7 +61,7 @@ WORKERS = 2
 # comes from the whole host. With 4 GiB nodes a 4 GiB sort ran at 0.73 of
 # native (docs/benchmarks.md). VMs keep 4 GiB: under TCG the guests' memory is
 # preallocated on this small host.
-WORKER_MIB = model.worker_memory_mib(4096)
+WORKER_MIB = sizing.worker_memory_mib(4096)
 NODE_MIB = {"container": 8192, "vm": 4096}
 HEAD_MIB = 2048
 GOAL = 0.95  # container/native sort throughput
@@ -158,7 +160,7 @@ def _setups(
     rootfs = resolve_image("spark").rootfs
     java = rootfs / "usr/lib/jvm/java-17-openjdk-amd64"
     worker_mib = WORKER_MIB
-    driver_mib = model.worker_memory_mib(HEAD_MIB)
+    driver_mib = sizing.worker_memory_mib(HEAD_MIB)
     runners: dict[str, Runner] = {}
     with ExitStack() as stack:
         subnets = iter(common.free_subnets(3))

@@ -7,9 +7,8 @@ import subprocess
 import typer
 
 from hpvc.cli.common import console, err_console, print_json
-from hpvc.cluster import ops
-from hpvc.spark import cluster as spark
-from hpvc.spark import jobs
+from hpvc.cluster import ops, spark
+from hpvc.cluster import spark_jobs as jobs
 
 spark_app = typer.Typer(
     help="Run Spark applications on a Spark virtual cluster (spec [spark], docs/spark.md).",

@@ -393,6 +393,6 @@ def start_services(
     """What the cluster serves itself from inside its nodes (Spark's daemons),
     on the nodes ``names`` that just started."""
     if plan.spark is not None and names:
-        from hpvc.spark import cluster as spark  # only Spark clusters pay its import
+        from hpvc.cluster import spark  # only Spark clusters pay its import
 
         spark.start(backend, env, plan, names, progress)

@@ -91,7 +91,7 @@ def _spark(plan: Plan) -> dict[str, Any]:
     """A Spark cluster's master and live workers (read from the master itself)."""
     if plan.spark is None:
         return {}
-    from hpvc.spark import cluster as spark  # only Spark clusters pay its import
+    from hpvc.cluster import spark  # only Spark clusters pay its import
 
     return {"spark": spark.status(plan)}
 

@@ -6,7 +6,7 @@ node of the cluster: the first storage node, else the head, else the first
 node, on its cluster address. Spark (spec ``[spark]``, docs/spark.md) runs its
 master on the head and one worker per compute node, sized from the node: all
 its vCPUs, and what its memory leaves after the node's own system, the worker
-daemon and the executor JVM's overhead (``hpvc.spark.model.worker_memory_mib``).
+daemon and the executor JVM's overhead (``hpvc.spec.spark.worker_memory_mib``).
 
 Both are planned from the spec and the placed nodes; a Slurm share, whose plan
 holds only its host's nodes, still knows the server's and the master's
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpvc.plan.addresses import node_ip
-from hpvc.spark.model import worker_memory_mib
+from hpvc.spec.spark import worker_memory_mib
 
 if TYPE_CHECKING:
     from hpvc.plan.model import PlannedNode

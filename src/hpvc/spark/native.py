@@ -33,6 +33,7 @@ from hpvc.errors import HpvcError, InputError
 from hpvc.spark import model
 from hpvc.spark.dist import cache_dir, java_home
 from hpvc.spark.dist import spark_home as pinned_spark_home
+from hpvc.spec import spark as sizing
 
 STOP_GRACE_S = 10.0
 
@@ -119,7 +120,7 @@ class NativeSpark:
         java: Path | None = None,
         host: str = "127.0.0.1",
         start_timeout_s: float = 90.0,
-        daemon_memory_mib: int = model.DAEMON_MEMORY_MIB,
+        daemon_memory_mib: int = sizing.DAEMON_MEMORY_MIB,
     ) -> None:
         if workers < 1:
             raise InputError("native spark", f"{workers} workers", "ask for at least 1")

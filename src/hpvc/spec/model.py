@@ -263,7 +263,7 @@ class Spec(Strict):
             )
         if self.spark.master_port == self.spark.ui_port:
             raise ValueError("spark: master_port and ui_port must differ")
-        from hpvc.spark.model import MIN_WORKER_MIB, worker_memory_mib  # pure: sizing rule
+        from hpvc.spec.spark import MIN_WORKER_MIB, worker_memory_mib
 
         for i, g in enumerate(self.nodes):
             if g.role == "compute" and g.count:

@@ -30,6 +30,7 @@ from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SparkPlan
 from hpvc.progress import Progress
 from hpvc.spark import model
+from hpvc.spec import spark as sizing
 
 SPARK_HOME = model.IMAGE_SPARK_HOME
 JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
@@ -49,7 +50,7 @@ def _env(sp: SparkPlan, address: str, plan: Plan) -> dict[str, str]:
         "SPARK_LOCAL_IP": address,
         "SPARK_LOCAL_DIRS": f"{SCRATCH}/local",
         "SPARK_WORKER_DIR": f"{SCRATCH}/work",
-        "SPARK_DAEMON_MEMORY": f"{model.DAEMON_MEMORY_MIB}m",
+        "SPARK_DAEMON_MEMORY": f"{sizing.DAEMON_MEMORY_MIB}m",
         "SPARK_LOG_DIR": f"{spark_dir(plan)}/logs",
         "SPARK_NO_DAEMONIZE": "1",
     }
@@ -177,7 +178,7 @@ def submit_argv(plan: Plan, app: str, args: list[str], *, cls: str | None = None
     assert sp is not None
     head = plan.node(sp.master) if sp.master in {n.name for n in plan.nodes} else None
     try:
-        driver_mib = model.worker_memory_mib(head.memory_mib if head else 2048)
+        driver_mib = sizing.worker_memory_mib(head.memory_mib if head else 2048)
     except HpvcError:  # a small head: the driver keeps Spark's own default
         driver_mib = 512
     settings = {

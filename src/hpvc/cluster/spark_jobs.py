@@ -11,12 +11,11 @@ import subprocess
 import time
 from typing import Any
 
-from hpvc.cluster import ops
+from hpvc.cluster import ops, spark
 from hpvc.errors import HpvcError, InputError
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED
 from hpvc.progress import Progress, quiet
-from hpvc.spark import cluster as spark
 from hpvc.spark import model
 from hpvc.store import Store
 from hpvc.units import parse_size
