@@ -3,7 +3,7 @@ one node's wait on netlink, mount and crun).
 
 ``each`` runs a function per item in a small thread pool. The calls must be
 independent: each node has its own journal, folder, namespace, veth and
-container, so each records and undoes its own changes (DESIGN rule 3 holds
+container, so each records and undoes its own changes (architecture rule 5 holds
 per node). On the first failure nothing new starts; the calls already under
 way finish (their journals complete) before the error is raised, so the
 caller's rollback never races a node still being made. Ctrl-C and SIGTERM

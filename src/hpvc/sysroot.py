@@ -1,6 +1,6 @@
 """The one root every host reader reads under: ``/`` on a real host, a tree in tests.
 
-DESIGN rule 2 (no host path in logic): code that reads /proc, /sys or /dev takes a
+architecture rule 2 (no host path in logic): code that reads /proc, /sys or /dev takes a
 ``SysRoot`` (or, for convenience in tests and on the command line, a ``Path`` or
 ``str`` naming one) and joins absolute paths under it with ``at``. ``HOST`` is the
 real host. Pure: importing this module touches nothing.

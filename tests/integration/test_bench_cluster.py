@@ -2,7 +2,7 @@
 
 These check that the benchmarks run and write complete results, and that they
 leave nothing behind; they assert no timings (benchmarks measure speed, tests
-do not: DESIGN rule 9).
+do not: architecture rule 8).
 """
 
 from __future__ import annotations

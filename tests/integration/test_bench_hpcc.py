@@ -2,7 +2,7 @@
 
 Checks that every metric comes back positive from both sides, that the
 container run really ran in the cluster's node with our input, and that
-nothing is left behind; no timings are asserted (DESIGN rule 9).
+nothing is left behind; no timings are asserted (architecture rule 8).
 """
 
 from __future__ import annotations

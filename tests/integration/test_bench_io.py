@@ -2,7 +2,7 @@
 
 Checks that the benchmark writes all three parts with positive numbers and
 leaves nothing behind (no loop device, mount, cluster or scratch directory of
-its own); it asserts no timings (DESIGN rule 9).
+its own); it asserts no timings (architecture rule 8).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Checks that every configuration yields samples, that the competing load really
 burned CPU in its tenant's cgroup, that the partitioned nodes sat on disjoint
-CPUs, and that nothing is left behind. It asserts no timings (DESIGN rule 9).
+CPUs, and that nothing is left behind. It asserts no timings (architecture rule 8).
 """
 
 from __future__ import annotations

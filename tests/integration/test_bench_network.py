@@ -2,7 +2,7 @@
 
 Checks that the benchmark runs on the two-host test bed, writes every sample
 of both sides and a report with the paired ratios, and leaves nothing behind
-(namespaces, journals, servers); it asserts no speed (DESIGN rule 9).
+(namespaces, journals, servers); it asserts no speed (architecture rule 8).
 """
 
 from __future__ import annotations

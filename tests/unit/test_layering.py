@@ -1,13 +1,13 @@
 """Architecture checks over src/hpvc, read with ``ast`` (nothing of hpvc is imported).
 
-DESIGN.md's pipeline only holds while the code keeps its shape:
+docs/architecture.md's pipeline only holds while the code keeps its shape:
 
 a. the pure layers (plan, render, spec, topology) import nothing with side
    effects (host, backends, cluster, cli), not even inside a function;
-b. only host/ and topology/ read the machine's /proc and /sys (DESIGN rule 2:
+b. only host/ and topology/ read the machine's /proc and /sys (architecture rule 2:
    everything else takes a root);
 c. cluster/ never branches on the node kind or the backend: that knowledge
-   lives behind the one Backend protocol (DESIGN rule 4);
+   lives behind the one Backend protocol (architecture rule 3);
 d. a module past 400 lines says in its docstring why ("Long because ...");
 e. the packages import each other without a cycle (cluster -> backends -> host,
    the pure layers below everything that acts), counting imports inside
@@ -390,7 +390,7 @@ def test_only_host_and_topology_read_proc_and_sys() -> None:
     found = violations(lambda m: host_path_opens(m.source), lambda m: m.layer not in MAY_READ_HOST)
     assert not found, report(
         "only hpvc.host and hpvc.topology may read /proc or /sys; take a root "
-        "(DESIGN rule 2) or ask hpvc.host:",
+        "(architecture rule 2) or ask hpvc.host:",
         found,
     )
 
@@ -399,7 +399,7 @@ def test_cluster_does_not_branch_on_kind_or_backend() -> None:
     found = violations(lambda m: kind_branches(m.source), lambda m: m.layer == "cluster")
     assert not found, report(
         "hpvc.cluster must not tell node kinds or backends apart; put it behind "
-        "the Backend protocol (DESIGN rule 4):",
+        "the Backend protocol (architecture rule 3):",
         found,
     )
 

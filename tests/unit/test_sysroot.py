@@ -1,4 +1,4 @@
-"""The one root object every host reader takes (DESIGN rule 2)."""
+"""The one root object every host reader takes (architecture rule 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one interface every node backend implements (DESIGN rule 4).
+"""The one interface every node backend implements (architecture rule 3).
 
 A backend turns the planned nodes of one cluster into running ones and back:
 crun containers, QEMU VMs started directly, QEMU VMs started by libvirt. The

@@ -1,4 +1,4 @@
-"""Which backend runs a cluster: one table, one line per backend (DESIGN rule 4).
+"""Which backend runs a cluster: one table, one line per backend (architecture rule 3).
 
 A backend is named by ``module:Class`` and imported on first use, so a
 command that never starts a node never pays for libvirt or QEMU code. To add

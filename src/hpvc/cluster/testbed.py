@@ -14,7 +14,7 @@ Each host's part is made by hpvc's own code (``hpvc.host.net`` and
 ``hpvc.host.vxlan`` with an ``hpvc.plan.overlay.Overlay``), run by a Python
 child entered into that host's namespace with ``nsenter --net`` (netlink
 sockets, nftables and ``/proc/sys/net`` follow the process's namespace). Every
-change is journaled before it is made (DESIGN rule 3): one journal per host
+change is journaled before it is made (architecture rule 5): one journal per host
 and one for the fabric, each undone inside its own namespace, and one for the
 namespaces themselves, undone last from here. Nothing is routed out of the
 namespaces: all traffic stays on the private fabric.

@@ -1,6 +1,6 @@
 """Hugepage pools per NUMA node: grown for a cluster, given back exactly; hugetlbfs mounts.
 
-Bookkeeping of a grow (DESIGN rule 3). The kernel's interface is one absolute
+Bookkeeping of a grow (architecture rule 5). The kernel's interface is one absolute
 number per pool (``nr_hugepages``), shared by every cluster and by anyone else on
 the host, and it may grant fewer pages than asked. So hpvc never writes back an
 old value: it records how many pages *it* added and, on undo, lowers the pool by

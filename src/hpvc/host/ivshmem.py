@@ -14,7 +14,7 @@ naming its cluster and backing file. An id is never given out while its id file
 or its backing file exists (the latter also keeps clear of another hpvc state
 directory on the same host); a freed id may be given out again.
 
-Journal kind ``"ivshmem"`` (DESIGN rule 3), recorded before the id file and the
+Journal kind ``"ivshmem"`` (architecture rule 5), recorded before the id file and the
 backing file are made: ``{id, cluster, path, record, lock}``. Its undo removes
 the backing file and then the id file, under the lock, but only while the id
 file still names that cluster and path: an id that was never taken, or is

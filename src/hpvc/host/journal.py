@@ -1,6 +1,6 @@
 """Every change hpvc makes to a host, written down before it is made.
 
-DESIGN rule 3: each host change has its undo, registered before the next step.
+architecture rule 5: each host change has its undo, registered before the next step.
 A ``Journal`` is an append-only JSON-lines file (one per cluster and host). A
 module that changes the host calls ``journal.record(kind, **args)`` *before*
 the change, and registers how to undo that kind with ``@undoer(kind)``. Undo

@@ -11,7 +11,7 @@ subnet route that comes with each address. IPv6 is switched off on every
 interface made here (no link-local address, no DAD or router solicitations),
 where the kernel lets us.
 
-DESIGN rule 3: every change is written to the ``Journal`` before it is made;
+architecture rule 5: every change is written to the ``Journal`` before it is made;
 the undo kinds are ``"bridge"``, ``"netns"`` and ``"veth"``, each idempotent.
 Errors become ``HpvcError`` naming the interface and the kernel's reason.
 Namespaces are joined by path (``nsenter --net=PATH``, crun), never with

@@ -17,7 +17,7 @@ from any other source, before the VXLAN socket sees it. nftables, not tc: this
 kernel has tc's ``clsact`` but none of the classifiers a match needs (u32,
 flower, bpf), and Debian ships ``nft`` (package nftables).
 
-Undo kinds (DESIGN rule 3): ``"vxlan"`` ``{name, vni}`` deletes the link if it
+Undo kinds (architecture rule 5): ``"vxlan"`` ``{name, vni}`` deletes the link if it
 is still a VXLAN with that VNI (its forwarding entries go with it);
 ``"vxlan-filter"`` ``{table}`` deletes the nftables table.
 """

@@ -12,7 +12,7 @@ Long because the libvirt binding (imported lazily, untyped), its error
 mapping and every call hpvc makes through it stay in one module; the pure
 XML parsing is in ``hpvc.backends.libvirt.domain_xml``.
 
-DESIGN rule 3: the undo kind is ``"libvirt-domain"`` (written before the
+architecture rule 5: the undo kind is ``"libvirt-domain"`` (written before the
 domain is defined: the connection URI, the domain's name and UUID). Undo
 destroys the domain if it runs and undefines it with its managed-save image,
 snapshot and checkpoint metadata and NVRAM; a domain that is already gone is

@@ -13,7 +13,7 @@ Long because starting, pinning, reading back and stopping one QEMU share
 the bookkeeping of its threads and sockets; the QMP session is in
 ``hpvc.backends.qemu.qmp`` and the /proc readers in ``hpvc.host.procfs``.
 
-DESIGN rule 3: the undo kinds are ``"tap"`` (delete the interface if it is
+architecture rule 5: the undo kinds are ``"tap"`` (delete the interface if it is
 still a tap) and ``"qemu"`` (written before QEMU starts: its ``-name`` value,
 pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
 SIGTERM, then SIGKILL, and signals a PID only while its command line still
