@@ -28,6 +28,7 @@ from hpvc.plan.model import (
     PlannedNode,
     VcpuPin,
 )
+from hpvc.plan.network import filter_table
 from hpvc.render import (
     RenderContext,
     ethers,
@@ -46,7 +47,7 @@ from hpvc.render import (
 )
 from hpvc.render.context import IFNAMSIZ
 from hpvc.render.libvirt import guest_topology
-from hpvc.render.network import network_script
+from hpvc.render.network import network_script, vni_filter
 from hpvc.spec import parse_spec
 from hpvc.topology import read_topology
 from hpvc.topology.inventory import read_inventory
@@ -670,12 +671,11 @@ def test_network_scripts_say_what_host_vxlan_applies(
         assert facts["link"] == vxlan.link_name(plan.cluster)
         assert (facts["vni"], facts["local"], facts["port"]) == (ov.vni, ov.local, ov.port)
         assert facts["nolearning"] is True
-        nft = vxlan.nft_rules(ov)["nftables"]
-        assert facts["table"] == nft[0]["add"]["table"]["name"]
-        rule = nft[3]["add"]["rule"]["expr"]
-        assert facts["filter"] == (rule[1]["match"]["right"], rule[2]["match"]["right"])
-        assert facts["peers"] == rule[3]["match"]["right"]["set"]
-        assert facts["comment"] == nft[3]["add"]["rule"]["comment"]
+        # The filter: only the cluster's hosts may send into its VNI.
+        assert facts["table"] == filter_table(ov.vni)
+        assert facts["filter"] == (ov.port, ov.vni)
+        assert facts["peers"] == ov.peers()
+        assert facts["comment"] == f"hpvc: only the cluster's hosts may send into VNI {ov.vni}"
         expected = []
         for v in ov.remotes:
             expected.append(("00:00:00:00:00:00", facts["link"], v.address))
@@ -686,6 +686,33 @@ def test_network_scripts_say_what_host_vxlan_applies(
         assert facts["bridge"] == remote
     one_host = render_cluster(real_plan(snapshots, "ct-amd-2m"), ctx())
     assert not [rel for rel in one_host if rel.startswith("network-")]
+
+
+def test_host_vxlan_applies_the_filter_render_spells(
+    snapshots: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One spelling of the VNI filter: what ``hpvc up`` feeds nft is what the script shows."""
+    from hpvc.host import vxlan
+    from hpvc.host.journal import Journal
+
+    plan = across_plan(snapshots, tmp_path)
+    host = plan.network.vteps[0][0]
+    ov = host_overlay(plan, host)
+    assert ov is not None
+    fed: list[tuple[list[str], str]] = []
+
+    def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        fed.append((argv, str(kw["input"])))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(vxlan, "_nft", lambda: "/usr/sbin/nft")
+    monkeypatch.setattr(vxlan.subprocess, "run", run)
+    vxlan._filter(Journal(tmp_path / "j.jsonl"), ov)
+    ((argv, text),) = fed
+    assert argv == ["/usr/sbin/nft", "-f", "-"]
+    assert text == vni_filter(ov)
+    script = network_script(plan, host)
+    assert f"nft -f - <<'EOF'\n{text}EOF\n" in script
 
 
 # --- the command -----------------------------------------------------------------------

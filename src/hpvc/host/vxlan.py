@@ -15,7 +15,9 @@ Only the cluster's own hosts may inject frames into its VNI: an nftables table
 per VNI (``inet hpvc-vni<VNI>``) drops UDP to the VXLAN port carrying that VNI
 from any other source, before the VXLAN socket sees it. nftables, not tc: this
 kernel has tc's ``clsact`` but none of the classifiers a match needs (u32,
-flower, bpf), and Debian ships ``nft`` (package nftables).
+flower, bpf), and Debian ships ``nft`` (package nftables). The table's text is
+``hpvc.render.network.vni_filter``'s, the same that ``network-<host>.sh`` shows:
+one spelling of the rule, applied here with ``nft -f -``.
 
 Undo kinds (architecture rule 5): ``"vxlan"`` ``{name, vni}`` deletes the link if it
 is still a VXLAN with that VNI (its forwarding entries go with it);
@@ -36,6 +38,7 @@ from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import Overlay
+from hpvc.render.network import vni_filter
 
 _ENODEV = 19
 _NUD_NOARP = 0x40  # a bridge's "static" entry (NUD_PERMANENT would mean its own address)
@@ -194,73 +197,12 @@ def _nft() -> str:
     return path
 
 
-def nft_rules(overlay: Overlay) -> dict[str, Any]:
-    """The nftables JSON that drops this VNI's packets from anyone but its hosts.
-
-    The VNI is bits 32-55 of the VXLAN header, which follows the 8-byte UDP
-    header: ``@th,96,24`` in nft's raw payload syntax.
-    """
-    table = {"family": "inet", "name": filter_table(overlay.vni)}
-    chain = {"family": "inet", "table": table["name"], "name": "input"}
-    allowed = {"set": list(overlay.peers())}
-    rule = {
-        "family": "inet",
-        "table": table["name"],
-        "chain": "input",
-        "comment": f"hpvc: only the cluster's hosts may send into VNI {overlay.vni}",
-        "expr": [
-            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "udp"}},
-            {
-                "match": {
-                    "op": "==",
-                    "left": {"payload": {"protocol": "udp", "field": "dport"}},
-                    "right": overlay.port,
-                }
-            },
-            {
-                "match": {
-                    "op": "==",
-                    "left": {"payload": {"base": "th", "offset": 96, "len": 24}},
-                    "right": overlay.vni,
-                }
-            },
-            {
-                "match": {
-                    "op": "!=",
-                    "left": {"payload": {"protocol": "ip", "field": "saddr"}},
-                    "right": allowed,
-                }
-            },
-            {"counter": None},
-            {"drop": None},
-        ],
-    }
-    return {
-        "nftables": [
-            {"add": {"table": table}},
-            {
-                "add": {
-                    "chain": {
-                        **chain,
-                        "type": "filter",
-                        "hook": "input",
-                        "prio": -200,
-                        "policy": "accept",
-                    }
-                }
-            },
-            {"flush": {"chain": chain}},
-            {"add": {"rule": rule}},
-        ]
-    }
-
-
 def _filter(journal: Journal, overlay: Overlay) -> None:
     nft = _nft()
     journal.record("vxlan-filter", table=filter_table(overlay.vni))
     r = subprocess.run(
-        [nft, "-j", "-f", "-"],
-        input=json.dumps(nft_rules(overlay)),
+        [nft, "-f", "-"],
+        input=vni_filter(overlay),
         capture_output=True,
         text=True,
         check=False,

@@ -8,14 +8,40 @@ with learning off, one flood entry per other host and one forwarding entry per
 remote node, in the VXLAN link's table and as a static entry in the bridge's
 (so the bridge does not flood frames to remote nodes to every port). Rendered
 only for a plan across hosts.
+
+``vni_filter`` is the one spelling of that nftables table: the script embeds
+it, and ``hpvc.host.vxlan`` feeds the same text to ``nft -f -``.
 """
 
 from __future__ import annotations
 
 from hpvc.plan.model import Plan
 from hpvc.plan.network import filter_table, host_overlay, vxlan_link_name
+from hpvc.plan.overlay import Overlay
 
 _ZERO_MAC = "00:00:00:00:00:00"
+
+
+def vni_filter(ov: Overlay) -> str:
+    """The nftables commands (``nft -f`` input) of the table that drops UDP to the VXLAN
+    port carrying ``ov``'s VNI from any source but the cluster's hosts, before the
+    VXLAN socket sees it. The VNI is bits 32-55 of the VXLAN header, which follows the
+    8-byte UDP header: ``@th,96,24`` in nft's raw payload syntax. Re-applying it
+    replaces the rule (the chain is flushed), so a host's peers can change."""
+    table = filter_table(ov.vni)
+    peers = ", ".join(ov.peers())
+    chain = "{ type filter hook input priority -200; policy accept; }"
+    rule = (
+        f"udp dport {ov.port} @th,96,24 {ov.vni} ip saddr != {{ {peers} }} counter drop"
+        f' comment "hpvc: only the cluster\'s hosts may send into VNI {ov.vni}"'
+    )
+    lines = [
+        f"add table inet {table}",
+        f"add chain inet {table} input {chain}",
+        f"flush chain inet {table} input",
+        f"add rule inet {table} input {rule}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def network_scripts(plan: Plan) -> dict[str, str]:
@@ -30,8 +56,6 @@ def network_script(plan: Plan, host: str) -> str:
         raise ValueError(f"plan of {plan.cluster} has no network across hosts")
     net = plan.network
     link = vxlan_link_name(plan.cluster)
-    table = filter_table(ov.vni)
-    peers = ", ".join(ov.peers())
     others = ", ".join(f"{v.host} {v.address}" for v in ov.remotes)
     lines = [
         "#!/bin/sh",
@@ -45,12 +69,7 @@ def network_script(plan: Plan, host: str) -> str:
         "",
         "# Only the cluster's hosts may send into its VNI (bits 32-55 of the VXLAN header).",
         "nft -f - <<'EOF'",
-        f"add table inet {table}",
-        f"add chain inet {table} input {{ type filter hook input priority -200; policy accept; }}",
-        f"flush chain inet {table} input",
-        f"add rule inet {table} input udp dport {ov.port} @th,96,24 {ov.vni}"
-        f" ip saddr != {{ {peers} }} counter drop"
-        f' comment "hpvc: only the cluster\'s hosts may send into VNI {ov.vni}"',
+        *vni_filter(ov).splitlines(),
         "EOF",
         "",
         "# The bridge's VXLAN port; the forwarding database is written, never learned.",
