@@ -33,11 +33,11 @@ from pathlib import Path
 import pytest
 
 from hpvc.backends.libvirt import domain as vm_libvirt
-from hpvc.backends.qemu import process as vm_qemu
+from hpvc.backends.vm import console
 from hpvc.backends.vm.guest import ssh_argv, ssh_key
 from hpvc.cluster import lifecycle, ops
 from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency
-from hpvc.host import net
+from hpvc.host import net, procfs
 from hpvc.host.journal import Journal
 from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest, kernel_cmdline, node_disk
@@ -203,7 +203,7 @@ class PrivateLibvirtd:
         parts = []
         for name in ("stdio.log", "libvirtd.log", "virtlogd.log"):
             path = self.root / "daemon-logs" / name
-            parts.append(f"{name}: " + " | ".join(vm_qemu.tail(path)))
+            parts.append(f"{name}: " + " | ".join(console.tail(path)))
         return "; ".join(parts)
 
     def remove_domains(self) -> list[str]:
@@ -247,7 +247,7 @@ def _alive(pid: int, marker: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
-    return marker in cmdline and vm_qemu.running(pid)
+    return marker in cmdline and procfs.running(pid)
 
 
 def _stop_pid(pid: int, marker: str) -> None:
@@ -421,7 +421,7 @@ def test_boot_pin_read_back_undo(
         pid = vm_libvirt.start_domain(node.journal, conn, xml, name)
         start_s = time.monotonic() - started
         log = Path(ctx.console_log(plan.cluster, vm.name))
-        boot_s = vm_qemu.wait_ready(log, f"hpvc-ready {vm.name}", READY_TIMEOUT_S, pid)
+        boot_s = console.wait_ready(log, f"hpvc-ready {vm.name}", READY_TIMEOUT_S, pid)
         print(
             f"\nlibvirt: private libvirtd up in {libvirtd.start_s:.2f} s; "
             f"define+start {start_s:.2f} s, then hpvc-ready after {boot_s:.2f} s"

@@ -21,7 +21,7 @@ import pytest
 
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.errors import DoesNotFit, HpvcError
-from hpvc.host import hugepages, net
+from hpvc.host import hugepages, net, procfs
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, plan_cluster
 from hpvc.render.context import RenderContext
@@ -101,12 +101,12 @@ class Vm:
 
     def leftovers(self) -> list[str]:
         left = [n for n in [self.bridge, *self.taps] if _link_exists(n)]
-        return left + [f"QEMU {pid}" for name in self.names for pid in vm_qemu.find_qemu(name)]
+        return left + [f"QEMU {pid}" for name in self.names for pid in procfs.find_qemu(name)]
 
     def force_remove(self) -> None:
         """Last resort after a failed undo: our own QEMUs (checked by name) and links."""
         for name in self.names:
-            for pid in vm_qemu.find_qemu(name):  # matched by its -name, so ours
+            for pid in procfs.find_qemu(name):  # matched by its -name, so ours
                 os.kill(pid, 9)
         for link in [*self.taps, self.bridge]:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
@@ -155,7 +155,7 @@ def test_start_pin_read_back_undo(vm: Vm, pinning: str, vcpus: int) -> None:
         assert os.sched_getaffinity(v["tid"]) == want[v["vcpu"]]
         assert v["name"] == f"CPU {v['vcpu']}/TCG"
     vcpu_tids = {v["tid"] for v in pinned["vcpus"]}
-    others = [t for t in vm_qemu.task_ids(pid) if t not in vcpu_tids]
+    others = [t for t in procfs.task_ids(pid) if t not in vcpu_tids]
     assert pid in others
     for tid in others:
         assert os.sched_getaffinity(tid) == set(node.emulator_cpus), tid

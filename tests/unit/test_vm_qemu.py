@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from hpvc.backends.qemu import process as vm_qemu
+from hpvc.backends.qemu import qmp
+from hpvc.backends.vm import console
 from hpvc.errors import HpvcError
+from hpvc.host import procfs
 from hpvc.host.journal import Journal
 from hpvc.plan.model import NetworkPlan, NumaCell, Plan, PlannedNode, VcpuPin
 from hpvc.render.context import RenderContext
@@ -164,16 +167,16 @@ def test_planned_cpus_must_be_available() -> None:
 
 def test_vcpu_threads_from_query_cpus_fast() -> None:
     reply = [{"cpu-index": 1, "thread-id": 21}, {"cpu-index": 0, "thread-id": 20}]
-    assert vm_qemu.vcpu_threads(reply) == {0: 20, 1: 21}
+    assert qmp.vcpu_threads(reply) == {0: 20, 1: 21}
     with pytest.raises(HpvcError, match="thread-id"):
-        vm_qemu.vcpu_threads([{"cpu-index": 0}])
+        qmp.vcpu_threads([{"cpu-index": 0}])
     with pytest.raises(HpvcError, match="unexpected reply"):
-        vm_qemu.vcpu_threads({"return": []})
+        qmp.vcpu_threads({"return": []})
 
 
 def test_memdevs_are_typed() -> None:
     reply = [{"id": "mem0", "size": 1 << 27, "host-nodes": [1], "policy": "bind", "prealloc": True}]
-    (m,) = vm_qemu.memdevs(reply)
+    (m,) = qmp.memdevs(reply)
     assert m == {
         "id": "mem0",
         "size": 1 << 27,
@@ -199,10 +202,10 @@ def _fake_proc(root: Path, pid: int, tids: list[int], argv: list[str], state: st
 
 def test_emulator_threads_are_the_ones_without_a_vcpu(tmp_path: Path) -> None:
     _fake_proc(tmp_path, 100, [100, 101, 102, 103, 104], ["qemu"])
-    tasks = vm_qemu.task_ids(100, tmp_path)
+    tasks = procfs.task_ids(100, tmp_path)
     assert tasks == [100, 101, 102, 103, 104]
     assert vm_qemu.emulator_threads(tasks, [102, 103]) == [100, 101, 104]
-    assert vm_qemu.task_ids(999, tmp_path) == []
+    assert procfs.task_ids(999, tmp_path) == []
 
 
 def test_qemu_is_recognised_by_its_name(tmp_path: Path) -> None:
@@ -211,13 +214,13 @@ def test_qemu_is_recognised_by_its_name(tmp_path: Path) -> None:
     _fake_proc(tmp_path, 200, [200], ["qemu", "-name", "hpvc-demo-compute1,debug-threads=on"])
     _fake_proc(tmp_path, 300, [300], ["bash", name])  # the name, but not after -name
     _fake_proc(tmp_path, 400, [400], [], state="Z")  # a zombie has no command line
-    assert vm_qemu.is_qemu(100, name, tmp_path)
-    assert not vm_qemu.is_qemu(300, name, tmp_path)
-    assert not vm_qemu.is_qemu(555, name, tmp_path)
-    assert vm_qemu.find_qemu(name, tmp_path) == [100]
-    assert vm_qemu.running(100, tmp_path)
-    assert not vm_qemu.running(400, tmp_path)
-    assert not vm_qemu.running(555, tmp_path)
+    assert procfs.is_qemu(100, name, tmp_path)
+    assert not procfs.is_qemu(300, name, tmp_path)
+    assert not procfs.is_qemu(555, name, tmp_path)
+    assert procfs.find_qemu(name, tmp_path) == [100]
+    assert procfs.running(100, tmp_path)
+    assert not procfs.running(400, tmp_path)
+    assert not procfs.running(555, tmp_path)
 
 
 # --- readiness -----------------------------------------------------------------------
@@ -240,7 +243,7 @@ def test_wait_ready_sees_the_marker_appear(tmp_path: Path) -> None:
 
     writer = threading.Thread(target=boot)
     writer.start()
-    waited = vm_qemu.wait_ready(log, "hpvc-ready compute1", 10, os.getpid())
+    waited = console.wait_ready(log, "hpvc-ready compute1", 10, os.getpid())
     writer.join()
     assert 0.15 < waited < 10
 
@@ -250,7 +253,7 @@ def test_wait_ready_fails_early_when_qemu_exits(tmp_path: Path) -> None:
     log.write_text("".join(f"line {i}\n" for i in range(30)) + "Kernel panic - not syncing\n")
     start = time.monotonic()
     with pytest.raises(HpvcError, match=r"exited before .*line 29 \| Kernel panic") as e:
-        vm_qemu.wait_ready(log, "hpvc-ready head0", 30, _dead_pid())
+        console.wait_ready(log, "hpvc-ready head0", 30, _dead_pid())
     assert time.monotonic() - start < 5
     assert "line 18 " not in e.value.why  # only the last lines
 
@@ -258,7 +261,7 @@ def test_wait_ready_fails_early_when_qemu_exits(tmp_path: Path) -> None:
 def test_wait_ready_times_out(tmp_path: Path) -> None:
     log = tmp_path / "missing.log"
     with pytest.raises(HpvcError, match=r"no 'hpvc-ready head0' after 0.2 s .*is empty"):
-        vm_qemu.wait_ready(log, "hpvc-ready head0", 0.2, os.getpid())
+        console.wait_ready(log, "hpvc-ready head0", 0.2, os.getpid())
 
 
 # --- a fake QEMU ---------------------------------------------------------------------
@@ -284,9 +287,9 @@ def fake(tmp_path: Path) -> Iterator[tuple[Path, Journal, str]]:
     name = f"hpvc-fake{os.getpid()}-{tmp_path.name},debug-threads=on"
     yield tmp_path, journal, name
     errors = journal.undo_all()
-    left = vm_qemu.find_qemu(name)
+    left = procfs.find_qemu(name)
     for pid in left:  # last resort, our own fake only
-        if vm_qemu.is_qemu(pid, name):
+        if procfs.is_qemu(pid, name):
             os.kill(pid, 9)
     assert errors == []
     assert left == []
@@ -296,7 +299,7 @@ def test_start_pin_read_back_and_undo(fake: tuple[Path, Journal, str]) -> None:
     tmp, journal, name = fake
     launch = _fake_launch(tmp, name, "-delay", "0.3")
     pid = vm_qemu.start_qemu(journal, launch, log=tmp / "qemu.log")
-    assert vm_qemu.is_qemu(pid, name)
+    assert procfs.is_qemu(pid, name)
     assert Path(launch.pidfile).read_text().strip() == str(pid)
     pinned = vm_qemu.apply_pinning(launch.qmp_socket, pid, launch.pinning)
     for v in pinned["vcpus"]:
@@ -308,7 +311,7 @@ def test_start_pin_read_back_and_undo(fake: tuple[Path, Journal, str]) -> None:
     assert back["memdevs"][0]["policy"] == "bind"
     assert back["kvm"] == {"enabled": False, "present": True}
     assert journal.undo_all() == []
-    assert not vm_qemu.running(pid)
+    assert not procfs.running(pid)
     assert not Path(launch.qmp_socket).exists()
     assert not Path(launch.pidfile).exists()
 
@@ -338,7 +341,7 @@ def test_stop_escalates_to_sigkill(
     pid = vm_qemu.start_qemu(journal, launch, log=tmp / "qemu.log")
     start = time.monotonic()
     assert journal.undo_all() == []
-    assert not vm_qemu.running(pid)
+    assert not procfs.running(pid)
     assert time.monotonic() - start > 0.5  # quit and SIGTERM were ignored
 
 
@@ -364,7 +367,7 @@ def test_qmp_waits_for_a_late_socket(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     child = subprocess.Popen(list(launch.argv))
     try:
-        (reply,) = vm_qemu.qmp(launch.qmp_socket, "query-status", pid=child.pid)
+        (reply,) = qmp.qmp(launch.qmp_socket, "query-status", pid=child.pid)
         assert reply == {"status": "running", "running": True}
     finally:
         child.kill()
@@ -373,4 +376,4 @@ def test_qmp_waits_for_a_late_socket(tmp_path: Path) -> None:
 
 def test_qmp_gives_up_when_nothing_listens(tmp_path: Path) -> None:
     with pytest.raises(HpvcError, match=r"no answer after 0.2 s"):
-        vm_qemu.qmp(tmp_path / "none.sock", "query-status", connect_s=0.2)
+        qmp.qmp(tmp_path / "none.sock", "query-status", connect_s=0.2)

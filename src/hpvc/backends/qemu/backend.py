@@ -219,9 +219,9 @@ class QemuBackend:
         killed before it recorded its PIDs); None when none runs."""
         name = qemu_name(plan, node)
         pid = vm_state(env).pids.get(node.name)
-        if pid and vm_qemu.is_qemu(pid, name) and vm_qemu.running(pid):
+        if pid and procfs.is_qemu(pid, name) and procfs.running(pid):
             return pid
-        found = [p for p in vm_qemu.find_qemu(name) if vm_qemu.running(p)]
+        found = [p for p in procfs.find_qemu(name) if procfs.running(p)]
         return found[0] if found else None
 
     def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:

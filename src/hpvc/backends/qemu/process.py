@@ -1,4 +1,4 @@
-"""VM nodes run by QEMU directly: tap, process, QMP, CPU pinning, read-back, readiness.
+"""VM nodes run by QEMU directly: the process, its CPU pinning over QMP, read-back.
 
 The renderer (``hpvc.render.qemu``) says what to run; this module runs it and
 applies the tuning QEMU cannot apply itself. QEMU is started as a detached
@@ -19,16 +19,15 @@ pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
 SIGTERM, then SIGKILL, and signals a PID only while its command line still
 holds the expected ``-name`` (a reused PID is never signalled).
 
-The QMP session code is in ``hpvc.backends.qemu.qmp`` and the ``/proc`` readers
-(below an injectable ``proc`` root, so the bookkeeping is tested with fake task
-lists) in ``hpvc.host.procfs``; the names callers use are re-exported here.
+The ``/proc`` readers take an injectable ``proc`` root, so the bookkeeping is
+tested with fake task lists. A guest's readiness (its console's ready line) is
+VM-wide: ``hpvc.backends.vm.console``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -38,32 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from hpvc.backends.qemu.qmp import QMP_COMMAND_S as QMP_COMMAND_S
-from hpvc.backends.qemu.qmp import QMP_CONNECT_S as QMP_CONNECT_S
-from hpvc.backends.qemu.qmp import TAIL_LINES as TAIL_LINES
-from hpvc.backends.qemu.qmp import Command as Command
-from hpvc.backends.qemu.qmp import Memdev as Memdev
-from hpvc.backends.qemu.qmp import memdevs as memdevs
-from hpvc.backends.qemu.qmp import qmp as qmp
-from hpvc.backends.qemu.qmp import tail as tail
-from hpvc.backends.qemu.qmp import vcpu_threads as vcpu_threads
-from hpvc.backends.qemu.qmp import wait_qmp as wait_qmp
-from hpvc.backends.qemu.qmp import with_tail
+from hpvc.backends.qemu.qmp import QMP_CONNECT_S, Memdev, memdevs, qmp, vcpu_threads, wait_qmp
 from hpvc.errors import HpvcError
 from hpvc.host import procfs
-
-# Moved to hpvc.host.accel; re-exported until cluster/lifecycle.py and bench/ import it there.
-from hpvc.host.accel import ACCEL_ENV as ACCEL_ENV
-from hpvc.host.accel import AccelChoice as AccelChoice
-from hpvc.host.accel import accelerator as accelerator
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.host.procfs import PROC as PROC
-from hpvc.host.procfs import ThreadAffinity as ThreadAffinity
-from hpvc.host.procfs import find_qemu as find_qemu
-from hpvc.host.procfs import is_qemu as is_qemu
-from hpvc.host.procfs import running as running
-from hpvc.host.procfs import task_ids as task_ids
-from hpvc.host.procfs import thread_affinity
+from hpvc.host.procfs import PROC, ThreadAffinity, find_qemu, is_qemu, task_ids, thread_affinity
 from hpvc.paths import private_dir
 from hpvc.render.qemu import QemuLaunch, QemuPinning
 from hpvc.units import format_cpulist
@@ -373,51 +351,3 @@ def read_back(pid: int, qmp_socket: str | Path, proc: Path = PROC) -> ReadBack:
         memory=_int_dict(summary),
         kvm=_bool_dict(kvm),
     )
-
-
-# --- readiness -----------------------------------------------------------------------
-
-
-class _LogFollower:
-    """Reads what was appended to a log since the last call, in whole lines."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:  # truncated: start over
-                    self.offset, self.partial = 0, b""
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        *whole, self.partial = (self.partial + data).split(b"\n")
-        return [w.decode(errors="replace").replace("\r", "") for w in whole]
-
-
-def wait_ready(
-    console_log: Path, marker: str, timeout: float, pid: int, proc: Path = PROC
-) -> float:
-    """Wait for a console line holding ``marker`` as a whole word; seconds waited.
-
-    Fails at once, with the log's last lines, when the QEMU process exits.
-    """
-    pattern = re.compile(rf"(^|\s){re.escape(marker)}(\s|$)")
-    follow = _LogFollower(console_log)
-    start = time.monotonic()
-    while True:
-        lines = [*follow.lines(), follow.partial.decode(errors="replace")]
-        if any(pattern.search(line) for line in lines):
-            return time.monotonic() - start
-        if not running(pid, proc):
-            why = with_tail(f"QEMU (PID {pid}) exited before '{marker}'", console_log)
-            raise HpvcError(f"VM boot ({marker})", why)
-        if time.monotonic() - start > timeout:
-            why = with_tail(f"no '{marker}' after {timeout:g} s", console_log)
-            raise HpvcError(f"VM boot ({marker})", why, "see the console log")
-        time.sleep(0.05)

@@ -2,8 +2,9 @@
 
 ``qmp`` runs a few commands in one session through ``qemu.qmp``'s asyncio
 ``QMPClient`` (wrapped here so callers stay synchronous); ``wait_qmp`` waits
-until a QEMU that is starting answers, and fails early, quoting its log, when
-the process exits first. Every failure becomes an ``HpvcError``.
+until a QEMU that is starting answers, and fails early, quoting its log
+(``hpvc.backends.vm.console``), when the process exits first. Every failure
+becomes an ``HpvcError``.
 """
 
 from __future__ import annotations
@@ -16,34 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
+from hpvc.backends.vm.console import with_tail
 from hpvc.errors import HpvcError
 from hpvc.host.procfs import running
 from qemu.qmp import QMPClient, QMPError
 
 QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
 QMP_COMMAND_S = 5.0
-TAIL_LINES = 12
 
 Command = str | tuple[str, Mapping[str, object]]
-
-
-# --- QEMU's log ----------------------------------------------------------------------
-
-
-def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
-    """The last ``lines`` non-empty lines of a log (empty when unreadable)."""
-    try:
-        text = path.read_bytes()[-16384:].decode(errors="replace")
-    except OSError:
-        return []
-    clean = [line.replace("\r", "").rstrip() for line in text.splitlines()]
-    return [line for line in clean if line][-lines:]
-
-
-def with_tail(why: str, log: Path) -> str:
-    """``why`` followed by the last lines of ``log`` (or a note that it is empty)."""
-    last = tail(log)
-    return f"{why}; last lines of {log}: " + " | ".join(last) if last else f"{why} ({log} is empty)"
 
 
 # --- sessions ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hpvc.backends.qemu import process as vm_qemu
+from hpvc.backends.vm.console import wait_ready
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem, tree
 from hpvc.host.journal import Args, Journal, undoer
@@ -174,7 +174,7 @@ def wait_all(
     for name, pid in pids.items():
         log = Path(ctx.console_log(plan.cluster, name))
         left = max(1.0, deadline - time.monotonic())
-        waited[name] = vm_qemu.wait_ready(log, f"hpvc-ready {name}", left, pid)
+        waited[name] = wait_ready(log, f"hpvc-ready {name}", left, pid)
     return waited
 
 
