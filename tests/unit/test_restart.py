@@ -47,13 +47,15 @@ class FakeBackend:
         for n in names:
             self.states[n] = "missing"
 
-    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+    def start(
+        self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress
+    ) -> dict[str, float]:
         self.calls.append(("start", names))
-        env.rec.phases["boot"] = 99.0  # what a VM backend's start writes
         for n in names:
             self.states[n] = "running"
             if self.fail_start:
                 raise HpvcError("injected failure", f"start {n}")
+        return {"boot": 99.0}  # what a VM backend's start reports
 
 
 def cluster(tmp_path: Path, status: str = "running") -> Store:

@@ -55,6 +55,13 @@ class Capabilities:
     pages_on_demand: bool = False
 
 
+# Seconds per phase of a backend's ``start`` (``{"boot": 12.3, ...}``), in the
+# order they ran: the cluster's record keeps them (``hpvc up --json`` shows
+# them, ``hpvc bench`` reads them). Empty: the start is one phase, which the
+# cluster layer times itself as ``nodes``.
+Phases = dict[str, float]
+
+
 @dataclass(frozen=True)
 class MpiLaunch:
     """How ``hpvc run`` starts a rank inside a node: the rank script (bash,
@@ -128,8 +135,9 @@ class Backend(Protocol):
         """Cluster-wide host changes of this backend, after pools, bridge and hosts file."""
         ...
 
-    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
-        """Start the named nodes (new ones: up, scale) and wait until they are usable."""
+    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> Phases:
+        """Start the named nodes (new ones: up, scale) and wait until they are usable;
+        how long each of its phases took (empty: one phase)."""
         ...
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:

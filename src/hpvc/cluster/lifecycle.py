@@ -184,10 +184,9 @@ def _up_locked(
         _prepare(env, backend, plan, hosts, progress)
         phases["host"] = time.perf_counter() - t0 - sum(phases.values())
         env.save()  # what was prepared (holder PID, accelerator) survives a crash
-        own = set(phases)
-        backend.start(env, plan, [n.name for n in plan.nodes], progress)
-        if set(phases) == own:  # a backend that splits its start (VMs) said how
-            phases["nodes"] = time.perf_counter() - t0 - sum(phases.values())
+        split = backend.start(env, plan, [n.name for n in plan.nodes], progress)
+        # A backend that splits its start (VMs: start, boot, configure) says how.
+        phases.update(split or {"nodes": time.perf_counter() - t0 - sum(phases.values())})
         if plan.spark is not None:
             start_services(backend, env, plan, [n.name for n in plan.nodes], progress)
             phases["services"] = time.perf_counter() - t0 - sum(phases.values())

@@ -114,11 +114,10 @@ def _bring_back(
     """Undo what is left of ``names``, start them again; on failure leave them stopped."""
     for n in names:
         progress(f"node {n} is {was[n]}: restarting")
-    phases = dict(env.rec.phases)  # what `up` measured stays in the record
     backend.stop(env, plan, names, quiet)  # what is left of them (no line per undo)
     env.save()  # the dead nodes' PIDs are gone from the backend's state
     try:
-        backend.start(env, plan, names, progress)
+        backend.start(env, plan, names, progress)  # its phases go: the record keeps up's
         dead = {n: backend.node_state(env, plan, plan.node(n)) for n in names}
         dead = {n: s for n, s in dead.items() if s != "running"}
         if dead:
@@ -134,9 +133,7 @@ def _bring_back(
                 f"restart {env.name}", f"{e}; and undo failed: {undo.why}", f"hpvc down {env.name}"
             ) from e
         finally:
-            env.rec.phases = phases
             env.save()
         raise
-    env.rec.phases = phases
     env.save()
     after_change(env.store, progress)  # a restarted NFS server gets its storage limits back

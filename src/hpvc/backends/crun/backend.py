@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpvc.backends import shared
-from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, Phases, State, undo_nodes
 from hpvc.backends.crun import container as ct
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError
@@ -162,7 +162,7 @@ class CrunBackend:
             # Weights need the bfq scheduler; the device is host-wide, so is the undo.
             cgroups.ensure_bfq(env.host_journal(), cgroups.device_name(dev))
 
-    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> Phases:
         rootfs = resolve_image(plan.image).rootfs
         ctx = render_context(env)
         sizes = [plan.node(n).disk_mib for n in names]
@@ -196,6 +196,7 @@ class CrunBackend:
         server, others = shared.server_first(plan, names)
         each(server, one)
         each(others, one)
+        return {}  # one phase
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         errors = undo_nodes(env, names, progress)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, State, undo_nodes
+from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, Phases, State, undo_nodes
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S
 from hpvc.backends.vm import guest as g
@@ -149,10 +149,10 @@ class QemuBackend:
             ctx = replace(ctx, ivshmem=shm)
         return guest_shared.context(env, plan, guest, ctx)  # NFS: its initramfs and disk
 
-    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
+    def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> Phases:
         """Start the VMs (they boot in parallel), wait for all, configure them."""
         if not names:
-            return
+            return {}
         st = vm_state(env)
         guest = self._guest(plan.image, progress)
         ctx = self._context(env, plan, guest)
@@ -181,8 +181,8 @@ class QemuBackend:
         # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line (the
         # guests' hosts and ARP made by their init); configure: the same over ssh
         # for guests whose command line could not carry them; shared: NFS.
-        env.rec.phases.update(start=t1 - t0, boot=t2 - t1, configure=t3 - t2)
-        env.rec.phases.update({"shared": shared_s} if shared_s is not None else {})
+        phases = {"start": t1 - t0, "boot": t2 - t1, "configure": t3 - t2}
+        return phases | ({"shared": shared_s} if shared_s is not None else {})
 
     def stop(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> None:
         st = vm_state(env)
