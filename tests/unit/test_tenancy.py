@@ -148,6 +148,9 @@ def test_tenant_is_kept_in_the_record(tmp_path: Path) -> None:
 # --- names Slurm keeps --------------------------------------------------------------
 
 
+NODE_DOC = {"role": "compute", "memory": "256MiB"}
+
+
 def _spec_file(tmp_path: Path, name: str) -> Path:
     p = tmp_path / "c.toml"
     p.write_text(
@@ -164,7 +167,7 @@ def test_up_refuses_a_slurm_share_name(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     called: list[str] = []
-    monkeypatch.setattr(lifecycle, "up", lambda *a, **k: called.append("up"))
+    monkeypatch.setattr(lifecycle, "up_spec", lambda *a, **k: called.append("up"))
     monkeypatch.setenv("HPVC_STATE_DIR", str(tmp_path / "state"))
     with pytest.raises(SystemExit) as e:
         main(["up", str(_spec_file(tmp_path, name))])
@@ -185,10 +188,39 @@ def test_up_takes_names_that_are_not_shares(
         called.append("up")
         raise InputError("fake up", "stopped here")
 
-    monkeypatch.setattr(lifecycle, "up", fake_up)
+    monkeypatch.setattr(lifecycle, "up_spec", fake_up)
     with pytest.raises(SystemExit):
         main(["up", str(_spec_file(tmp_path, name))])
     assert called == ["up"]
+
+
+def test_up_reads_the_spec_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hpvc up SPEC`` reads and parses the file once, up to the planning (it
+    used to read it three times: the name check, the spec, the document)."""
+    path = _spec_file(tmp_path, "demo")
+    reads: list[str] = []
+    for method in ("read_bytes", "read_text"):
+        real = getattr(Path, method)
+
+        def counted(self: Path, *a: Any, _real: Any = real, _m: str = method, **k: Any) -> Any:
+            if self.name == path.name:
+                reads.append(_m)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Path, method, counted)
+    planned: list[tuple[str, dict[str, Any]]] = []
+
+    def stop_at_planning(_b: object, spec: Any, doc: dict[str, Any], *_: Any, **__: Any) -> Any:
+        planned.append((spec.name, doc))
+        raise InputError("fake up", "stopped here")
+
+    monkeypatch.setattr(lifecycle, "preflight", lambda spec, *a: object())
+    monkeypatch.setattr(lifecycle, "_up_locked", stop_at_planning)
+    monkeypatch.setenv("HPVC_STATE_DIR", str(tmp_path / "state"))
+    with pytest.raises(SystemExit):
+        main(["up", str(path)])
+    assert planned == [("demo", {"name": "demo", "image": "hpc", "nodes": [NODE_DOC]})]
+    assert reads == ["read_bytes"]
 
 
 def test_the_slurm_path_still_makes_share_clusters(
@@ -196,7 +228,7 @@ def test_the_slurm_path_still_makes_share_clusters(
 ) -> None:
     """up_spec (what hpvc.slurm.node calls, with the name it sets) checks no name."""
     reached: list[str] = []
-    monkeypatch.setattr(lifecycle, "preflight", lambda spec: object())
+    monkeypatch.setattr(lifecycle, "preflight", lambda spec, *a: object())
     monkeypatch.setattr(lifecycle, "_up_locked", lambda *a, **k: reached.append(a[1].name))
     spec = parse_spec({"name": "j7-0", "nodes": NODES})
     lifecycle.up_spec(spec, {}, "slurm job 7", Store(tmp_path), tenant=True)

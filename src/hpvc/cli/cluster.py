@@ -40,14 +40,12 @@ def _progress(msg: str) -> None:
     err_console.print(f"[dim]{msg}[/dim]")
 
 
-def refuse_reserved_name(spec_path: str) -> None:
+def refuse_reserved_name(spec_path: str, name: str) -> None:
     """A user's cluster may not take a name of the shape Slurm's shares have
     (``j<job>-<index>``, hpvc.slurm.policy): ``hpvc node down`` of that job
     would take it down, and the job's share could not come up."""
     from hpvc.slurm.policy import parse_share_name
-    from hpvc.spec import load_spec
 
-    name = load_spec(spec_path).name
     if parse_share_name(name) is not None:
         raise SpecError(
             spec_path,
@@ -68,12 +66,17 @@ def up_cmd(
         " the planned nodes and the phases).",
     ),
 ) -> None:
+    from pathlib import Path
+
     from hpvc.cluster import lifecycle, ops
+    from hpvc.spec import read_spec
 
     t0 = time.perf_counter()
-    refuse_reserved_name(spec)
+    parsed, doc = read_spec(spec)  # the file is read once, here
+    refuse_reserved_name(spec, parsed.name)
+    where = str(Path(spec).resolve())
     if quiet:
-        rec = lifecycle.up(spec)
+        rec = lifecycle.up_spec(parsed, doc, where)
         took = time.perf_counter() - t0
         if as_json:
             print_json(_planned(rec, took))
@@ -83,7 +86,7 @@ def up_cmd(
             )
         return
     with err_console.status("bringing the cluster up"):
-        rec = lifecycle.up(spec, progress=_progress)
+        rec = lifecycle.up_spec(parsed, doc, where, progress=_progress)
     if as_json:
         print_json(ops.status(rec.name))
         return

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -40,7 +39,7 @@ from hpvc.plan.overlay import Overlay
 from hpvc.plan.reservations import Holding, holdings_of
 from hpvc.progress import Progress, quiet
 from hpvc.render import files as render_files
-from hpvc.spec import Spec, load_spec, parse_spec
+from hpvc.spec import Spec, parse_spec, read_spec
 from hpvc.store import ClusterRecord, Store, full
 from hpvc.topology import read_topology
 from hpvc.topology.model import Topology
@@ -115,8 +114,7 @@ def _plan_all(spec: Spec, host: str, topo: Topology, res: Reservations) -> Plan:
 
 def up(spec_path: str, store: Store | None = None, progress: Progress = quiet) -> ClusterRecord:
     """Plan, then bring every node up; on any failure leave nothing behind."""
-    spec = load_spec(spec_path)
-    doc = tomllib.loads(Path(spec_path).read_text())  # as written: scale edits counts
+    spec, doc = read_spec(spec_path)
     return up_spec(spec, doc, str(Path(spec_path).resolve()), store, progress)
 
 

@@ -59,6 +59,12 @@ def parse_spec(data: dict[str, Any], path: str = "<spec>") -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
+    return read_spec(path)[0]
+
+
+def read_spec(path: str | Path) -> tuple[Spec, dict[str, Any]]:
+    """The spec at ``path`` and its TOML document as written (``scale`` edits the
+    counts there), from one read of the file."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -72,4 +78,4 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(str(p), "", "not UTF-8 text", "save the spec as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(str(p), "", f"not valid TOML: {e}", "fix the TOML syntax") from None
-    return parse_spec(data, str(p))
+    return parse_spec(data, str(p)), data
