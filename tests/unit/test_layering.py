@@ -11,7 +11,12 @@ c. cluster/ never branches on the node kind or the backend: that knowledge
 d. a module past 400 lines says in its docstring why ("Long because ...");
 e. the packages import each other without a cycle (cluster -> backends -> host,
    the pure layers below everything that acts), counting imports inside
-   functions and under TYPE_CHECKING: a cycle is a cycle.
+   functions and under TYPE_CHECKING: a cycle is a cycle;
+f. bench/, slurm/ and cli/ reach backends/ and host/ through cluster/, except
+   host/'s read-only readers (``READ_ONLY_HOST``), which change nothing: no
+   journal, no undo, no write, no command (architecture rule 2);
+g. the test beds (testbed/) stand on host/ and plan/ only, and only bench/
+   uses them: nothing of the product does.
 
 Each check is a function from source text to ``Hit``s; the self-tests at the
 end feed it good and bad snippets, so a check cannot pass by seeing nothing.
@@ -341,6 +346,83 @@ def cycle_report(graph: dict[str, dict[str, str]], comp: list[str]) -> list[str]
     return [f"{a} -> {b} ({graph[a][b]})" for a in comp for b in sorted(graph[a]) if b in comp]
 
 
+# --- f. below the cluster API: only the read-only host readers ---------------------------
+
+BELOW_THE_CLUSTER_API = ("hpvc.host", "hpvc.backends")
+# Host-wide questions that change nothing (hardware facts, CPU time, the accelerator, the
+# fabric's addresses, doctor's checks): bench/, slurm/ and cli/ ask these directly.
+READ_ONLY_HOST = (
+    "hpvc.host.accel",
+    "hpvc.host.doctor",
+    "hpvc.host.fabric",
+    "hpvc.host.hwinfo",
+    "hpvc.host.probe",
+    "hpvc.host.usage",
+)
+
+
+def below_the_cluster_api(
+    source: str, module: str, is_package: bool = False, allowed: Iterable[str] = READ_ONLY_HOST
+) -> list[Hit]:
+    """Imports of hpvc.host or hpvc.backends modules other than the ``allowed`` readers
+    (``hpvc.host`` itself, the package, imports nothing; ``from hpvc.host import x``
+    is judged by ``hpvc.host.x``)."""
+    allowed = tuple(allowed)
+    hits: dict[int, str] = {}
+    for line, name in imported(source, module, is_package):
+        if name == "hpvc.host" or any(_under(name, a) for a in allowed):
+            continue
+        if any(_under(name, b) for b in BELOW_THE_CLUSTER_API) and line not in hits:
+            hits[line] = f"imports {name}"
+    return [Hit(line, what) for line, what in sorted(hits.items())]
+
+
+# Calls that change the host: files, mounts, commands, and the journal's own record.
+_WRITES = frozenset(
+    {
+        "write_text", "write_bytes", "mkdir", "makedirs", "unlink", "rmdir", "rmtree",
+        "chmod", "chown", "symlink", "rename", "mount", "umount", "record", "undoer",
+        "run", "Popen", "call", "check_call", "check_output", "system", "execvp",
+    }
+)  # fmt: skip
+
+
+def _write_mode(node: ast.Call) -> bool:
+    """``open(path, "w")`` and the like: a mode that writes, appends or creates."""
+    mode = node.args[1] if len(node.args) > 1 else None
+    mode = next((k.value for k in node.keywords if k.arg == "mode"), mode)
+    text = _literal(mode) if mode is not None else None
+    return text is not None and any(c in text for c in "wax+")
+
+
+def host_writes(source: str, module: str) -> list[Hit]:
+    """What makes a module more than a reader: the journal imported, an undo registered,
+    a call that writes, mounts or runs a command, a file opened for writing."""
+    hits: dict[int, str] = {}
+    for line, name in imported(source, module):
+        if _under(name, "hpvc.host.journal"):
+            hits.setdefault(line, f"imports {name}")
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        called = _called(node)
+        if called in _WRITES or (called == "open" and _write_mode(node)):
+            hits.setdefault(node.lineno, f"calls {called}")
+    return [Hit(line, what) for line, what in sorted(hits.items())]
+
+
+# --- g. the test beds ---------------------------------------------------------------------
+
+TESTBED = "hpvc.testbed"
+# What a test bed stands on is host/ and plan/ (and the shared pieces at the top):
+# nothing that runs clusters, and nothing that runs it.
+ABOVE_THE_TESTBED = (
+    "hpvc.backends", "hpvc.bench", "hpvc.cli", "hpvc.cluster", "hpvc.coordinator",
+    "hpvc.image", "hpvc.slurm", "hpvc.spark", "hpvc.store",
+)  # fmt: skip
+MAY_USE_THE_TESTBED = ("bench", "testbed")
+
+
 # --- the checks over src/hpvc -------------------------------------------------------------
 
 
@@ -355,7 +437,7 @@ def test_the_walk_sees_every_layer() -> None:
     found = {m.name: m for m in modules()}
     assert len(found) > 50
     layers = {m.layer for m in found.values()}
-    assert {*PURE_LAYERS, *MAY_READ_HOST, "cluster", "backends", "cli"} <= layers
+    assert {*PURE_LAYERS, *MAY_READ_HOST, "cluster", "backends", "cli", "testbed"} <= layers
     assert found["hpvc.plan"].is_package and found["hpvc.plan"].layer == "plan"
     assert found["hpvc.errors"].layer == ""
 
@@ -371,17 +453,51 @@ def test_pure_layers_import_nothing_with_side_effects() -> None:
 
 
 CLUSTER_API_USERS = ("bench", "slurm", "cli")
-BELOW_THE_CLUSTER_API = ("hpvc.host", "hpvc.backends")
 
 
 def test_bench_slurm_and_cli_go_through_the_cluster_api() -> None:
     found = violations(
-        lambda m: forbidden_imports(m.source, m.name, m.is_package, BELOW_THE_CLUSTER_API),
+        lambda m: below_the_cluster_api(m.source, m.name, m.is_package),
         lambda m: m.layer in CLUSTER_API_USERS,
     )
     assert not found, report(
         f"{'/'.join(CLUSTER_API_USERS)} reach hosts and backends through hpvc.cluster"
-        f" (docs/architecture.md), not {', '.join(BELOW_THE_CLUSTER_API)}:",
+        f" (docs/architecture.md, rule 2), not {', '.join(BELOW_THE_CLUSTER_API)}; only"
+        f" the read-only readers {', '.join(READ_ONLY_HOST)} are asked directly:",
+        found,
+    )
+
+
+def test_the_read_only_host_readers_change_nothing() -> None:
+    found = {m.name: m for m in modules()}
+    assert set(READ_ONLY_HOST) <= set(found), "a read-only reader was moved or renamed"
+    hits = [found[n].where(h) for n in READ_ONLY_HOST for h in host_writes(found[n].source, n)]
+    assert not hits, report(
+        "a module bench/, slurm/ and cli/ may ask directly must change nothing on the host;"
+        " move the change behind hpvc.cluster, or take the module off READ_ONLY_HOST:",
+        hits,
+    )
+
+
+def test_test_beds_stand_on_host_and_plan() -> None:
+    found = violations(
+        lambda m: forbidden_imports(m.source, m.name, m.is_package, ABOVE_THE_TESTBED),
+        lambda m: m.layer == "testbed",
+    )
+    assert not found, report(
+        "hpvc.testbed builds hosts apart from hpvc.host and hpvc.plan only (docs/architecture.md):",
+        found,
+    )
+
+
+def test_only_bench_uses_the_test_beds() -> None:
+    found = violations(
+        lambda m: forbidden_imports(m.source, m.name, m.is_package, (TESTBED,)),
+        lambda m: m.layer not in MAY_USE_THE_TESTBED,
+    )
+    assert not found, report(
+        "hpvc.testbed is for tests and benchmarks; the product (cluster, backends, slurm,"
+        " cli, ...) never imports it:",
         found,
     )
 
@@ -613,3 +729,65 @@ def test_cycles_stay_quiet() -> None:
     graph = package_graph(_mods(sources))
     assert graph == {"a": {"b": "x.py:1"}, "b": {"c": "x.py:1"}, "c": {}}
     assert cycles(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "lines"),
+    [
+        ("from hpvc.host import cgroups\n", [1]),
+        ("import hpvc.host.net\n", [1]),
+        ("from hpvc.host.vxlan import join\n", [1]),
+        ("from hpvc.backends import registry\n", [1]),
+        ("def f():\n    from hpvc.host import accel, net\n", [2]),  # one bad name is enough
+        ("from ...host import journal\n", [1]),
+    ],
+)
+def test_below_the_cluster_api_fires(source: str, lines: list[int]) -> None:
+    assert [h.line for h in below_the_cluster_api(source, "hpvc.bench.x.runner")] == lines
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from hpvc.host import accel, hwinfo, usage\n",
+        "from hpvc.host.accel import accelerator\n",
+        "import hpvc.host.fabric\nimport hpvc.host\n",
+        "from hpvc.host.doctor import Report\n",
+        "from hpvc.cluster import inspect\nfrom hpvc.hostname import x\n",  # prefixes only
+    ],
+)
+def test_below_the_cluster_api_stays_quiet(source: str) -> None:
+    assert below_the_cluster_api(source, "hpvc.cli.doctor") == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from hpvc.host.journal import Journal\n",
+        "from .journal import undoer\n",
+        "@undoer('x')\ndef _undo(args): ...\n",
+        "Path(p).write_text('1')\n",
+        "subprocess.run(['modprobe', 'kvm'])\n",
+        "open(path, 'w')\n",
+        "open(path, mode='a')\n",
+        "os.mkdir(d)\n",
+        "journal.record('bridge', name=n)\n",
+    ],
+)
+def test_host_writes_fire(source: str) -> None:
+    hits = host_writes(source, "hpvc.host.reader")
+    assert len(hits) == 1, hits
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "open(path).read()\n",
+        "open(path, 'rb')\n",
+        "Path(p).read_text()\n",
+        "FIX = 'modprobe kvm_intel; mkdir -p /dev/hugepages'\n",  # advice, not a call
+        "from hpvc.host.probe import read_mounts\n",
+    ],
+)
+def test_host_writes_stay_quiet(source: str) -> None:
+    assert host_writes(source, "hpvc.host.reader") == []

@@ -9,7 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from hpvc.cli.common import console, err_console, print_json
-from hpvc.cluster.doctor import Report, run_checks
+from hpvc.cluster.doctor import run_checks
+from hpvc.host.doctor import Report
 from hpvc.sysroot import SysRoot
 
 _STYLE = {"ok": "green", "warn": "yellow", "missing": "red"}

@@ -54,9 +54,9 @@ def _accel(choice: str) -> Literal["kvm", "tcg"]:
         return "kvm" if choice == "kvm" else "tcg"
     if choice != "auto":
         raise InputError("--accel", f"got {choice!r}", "use kvm, tcg or auto")
-    from hpvc.cluster import inspect
+    from hpvc.host.accel import accelerator
 
-    return inspect.accelerator().name
+    return accelerator().name
 
 
 def write_artifacts(out: Path, artifacts: dict[str, str]) -> list[Path]:

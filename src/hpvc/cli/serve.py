@@ -41,7 +41,6 @@ PRELOAD = (
     "hpvc.cluster.ops",
     "hpvc.cluster.teardown",
     "hpvc.cluster.restart",
-    "hpvc.cluster.inspect",
     "hpvc.slurm.node",
     "hpvc.slurm.policy",
     "hpvc.backends.registry",

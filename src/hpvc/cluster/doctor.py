@@ -1,9 +1,10 @@
-"""``hpvc doctor`` through the cluster API: what this host offers and lacks.
+"""``hpvc doctor``'s whole report: the host's checks, then hpvc's own on this host.
 
-The checks live with the host readers (``hpvc.host.doctor``); the CLI reaches
-them here, as it reaches everything on the host through ``hpvc.cluster``.
-On the live host (not a snapshot) the report also says whether a resident
-hpvc (``hpvc serve``, hpvc.resident) answers for this state directory.
+The host's checks are ``hpvc.host.doctor``'s (read-only; the CLI may import that
+module for its ``Report`` type, docs/architecture.md rule 2). What this module
+adds is a check that is not about the host but about hpvc on it: on the live
+host (not a snapshot), whether a resident hpvc (``hpvc serve``, hpvc.resident)
+answers for this state directory.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import replace
 
-from hpvc.host.doctor import Check
-from hpvc.host.doctor import Report as Report
+from hpvc.host.doctor import Check, Report
 from hpvc.host.doctor import run_checks as host_checks
 from hpvc.host.probe import Which
 from hpvc.sysroot import HOST, RootLike, as_root

@@ -31,8 +31,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster import inspect, lifecycle, ops
+from hpvc.cluster import lifecycle, ops
 from hpvc.errors import HpvcError, InputError
+from hpvc.host import fabric
 from hpvc.locks import file_lock
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, plan_cluster
@@ -347,8 +348,8 @@ def _overlay(spec: Spec, req: Request) -> Overlay | None:
             f"node list {req.nodelist!r} names {len(hosts)} host(s), the job has {req.hosts}",
             "the SPANK plugin passes SLURM_JOB_NODELIST: is it up to date?",
         )
-    addresses = inspect.fabric_addresses(hosts)
-    mtu = inspect.fabric_mtu(addresses[req.index])
+    addresses = [fabric.address_of(h) for h in hosts]  # as each host resolves here
+    mtu = fabric.mtu_of(addresses[req.index])
     return share_overlay(spec, req.job, req.index, hosts, addresses, mtu)
 
 
