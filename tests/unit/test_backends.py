@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from hpvc.backends import registry
 from hpvc.backends.base import Backend, State
 from hpvc.backends.crun.backend import CrunState
 from hpvc.backends.qemu.backend import VmState
-from hpvc.errors import HpvcError
+from hpvc.errors import HpvcError, SpecError
 from hpvc.spec import parse_spec
 from hpvc.store import ClusterRecord
 
@@ -41,6 +42,50 @@ def test_a_spec_names_its_backend(top: dict[str, Any], want: str) -> None:
 def test_unknown_backend_is_a_clear_error() -> None:
     with pytest.raises(HpvcError, match="one of: crun, libvirt, qemu"):
         registry.get("podman")
+
+
+def test_the_spec_takes_any_backend_name_and_the_registry_judges_it() -> None:
+    """The spec does not list the backends (spec/ is below backends/): a name this
+    hpvc lacks is refused by the registry, as a spec mistake (exit 2) at its key."""
+    s = spec(kind="vm", backend="firecracker")
+    assert s.backend == "firecracker"
+    with pytest.raises(SpecError) as e:
+        registry.for_spec(s, "t.toml")
+    assert (e.value.exit_code, e.value.path, e.value.key) == (2, "t.toml", "backend")
+    assert e.value.why == "got 'firecracker', not a backend of this hpvc"
+    assert e.value.fix == "one of: crun, libvirt, qemu"
+
+
+@pytest.mark.parametrize(
+    ("top", "ours"),
+    [
+        ({"kind": "container", "backend": "libvirt"}, "crun"),
+        ({"kind": "vm", "backend": "crun"}, "libvirt, qemu"),
+    ],
+)
+def test_a_backend_of_another_kind_is_refused(top: dict[str, Any], ours: str) -> None:
+    with pytest.raises(SpecError) as e:
+        registry.for_spec(spec(**top), "t.toml")
+    assert (e.value.exit_code, e.value.key) == (2, "backend")
+    assert f"{top['backend']!r} runs kind = " in e.value.why
+    assert e.value.fix == f"remove it, or give one of: {ours}"
+
+
+def test_hpvc_up_refuses_an_unknown_backend_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpvc.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text('name = "c"\nkind = "vm"\nbackend = "xen"\n[[nodes]]\nrole = "compute"\n')
+    monkeypatch.setenv("HPVC_STATE_DIR", str(tmp_path / "state"))
+    with pytest.raises(SystemExit) as e:
+        main(["up", str(path)])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2
+    assert f"{path}: backend: got 'xen', not a backend of this hpvc" in line
+    assert "one of: crun, libvirt, qemu" in line
+    assert not (tmp_path / "state" / "clusters").exists()  # nothing booked, nothing changed
 
 
 PROTOCOL = [

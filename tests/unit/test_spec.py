@@ -76,7 +76,6 @@ def test_examples_load(path: Path) -> None:
         (("weight = 500", "weight = 5000"), "nodes[1].io.weight", "less than or equal to 1000"),
         (('role = "head"', 'role = "login"'), "nodes[0].role", "'head', 'compute' or"),
         (("vcpus = 1", "vcpus = 1\ncolour = 3"), "nodes[0].colour", "unknown key"),
-        (('kind = "container"', 'kind = "container"\nbackend = "libvirt"'), "", 'kind = "vm"'),
     ],
 )
 def test_mistakes_name_file_key_and_fix(

@@ -12,7 +12,7 @@ import importlib
 from functools import cache
 
 from hpvc.backends.base import Backend
-from hpvc.errors import HpvcError
+from hpvc.errors import HpvcError, SpecError
 from hpvc.spec import Spec
 
 # name -> "module:Class". The name is stored in each cluster's record.
@@ -42,5 +42,29 @@ def get(name: str) -> Backend:
     return backend
 
 
-def for_spec(spec: Spec) -> Backend:
-    return get(name_for(spec))
+def import_all() -> None:
+    """Import every registered backend's module (what ``hpvc serve`` loads ahead)."""
+    for where in BACKENDS.values():
+        importlib.import_module(where.partition(":")[0])
+
+
+def for_spec(spec: Spec, origin: str = "<spec>") -> Backend:
+    """The backend of a spec read from ``origin``; a name this hpvc does not know, or
+    a backend of another kind, is a ``SpecError`` there (the spec itself cannot
+    tell: the names are this table's)."""
+    name = name_for(spec)
+    if name not in BACKENDS:
+        known = ", ".join(sorted(BACKENDS))
+        raise SpecError(
+            origin, "backend", f"got {name!r}, not a backend of this hpvc", f"one of: {known}"
+        )
+    backend = get(name)
+    if backend.kind != spec.kind:
+        ours = ", ".join(sorted(n for n in BACKENDS if get(n).kind == spec.kind))
+        raise SpecError(
+            origin,
+            "backend",
+            f"{name!r} runs kind = {backend.kind!r} nodes, the spec's kind is {spec.kind!r}",
+            f"remove it, or give one of: {ours}",
+        )
+    return backend

@@ -43,10 +43,6 @@ PRELOAD = (
     "hpvc.cluster.restart",
     "hpvc.slurm.node",
     "hpvc.slurm.policy",
-    "hpvc.backends.registry",
-    "hpvc.backends.crun.backend",
-    "hpvc.backends.qemu.backend",
-    "hpvc.backends.libvirt.backend",
     "hpvc.host.net",
     "hpvc.host.vxlan",
 )
@@ -65,6 +61,9 @@ def _preload() -> None:
         importlib.import_module(f"hpvc.cli.{module}")
     for module in PRELOAD:
         importlib.import_module(module)
+    from hpvc.cluster import backends
+
+    backends.load_all()  # every registered one (the registry's table)
 
 
 def _run(argv: list[str]) -> int:

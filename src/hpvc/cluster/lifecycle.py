@@ -45,13 +45,14 @@ from hpvc.topology import read_topology
 from hpvc.topology.model import Topology
 
 
-def preflight(spec: Spec) -> Backend:
-    """Refuse, before any host change, what cannot work here; the spec's backend."""
+def preflight(spec: Spec, origin: str = "<spec>") -> Backend:
+    """Refuse, before any host change, what cannot work here; the spec's backend
+    (a spec from ``origin`` naming none of this hpvc's is refused there)."""
+    backend = registry.for_spec(spec, origin)  # the spec's own mistakes first
     if os.geteuid() != 0:
         raise MissingDependency(
             "hpvc up", "needs root (cgroups, namespaces, mounts)", "run as root"
         )
-    backend = registry.for_spec(spec)
     backend.preflight(spec)
     return backend
 
@@ -142,7 +143,7 @@ def up_spec(
     ``exclusive_subnet``: refuse a subnet that overlaps another cluster here
     or a host route (a spec naming none gets a free one); Slurm shares, whose
     subnets hpvc.slurm cuts and checks itself, pass False."""
-    backend = preflight(spec)
+    backend = preflight(spec, spec_path)
     store = store or Store()
     with store.cluster_lock(spec.name, "hpvc up", _waiting(spec.name, progress)):
         return _up_locked(backend, spec, doc, spec_path, store, progress, planner,

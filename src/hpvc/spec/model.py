@@ -199,7 +199,9 @@ class Spec(Strict):
     name: str
     kind: Literal["container", "vm"] = "container"
     image: str = "hpc"
-    backend: Literal["qemu", "libvirt"] | None = None
+    # A name in hpvc.backends.registry (checked there, before any host change:
+    # the spec does not know the backends); unset, the kind's default.
+    backend: str | None = None
     network: Network = Network()
     tuning: Tuning = Tuning()
     nodes: list[NodeGroup] = Field(min_length=1)
@@ -225,8 +227,6 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _whole(self) -> Spec:
-        if self.backend is not None and self.kind != "vm":
-            raise ValueError("'backend' applies to kind = \"vm\" only; remove it")
         page_mib = self.tuning.hugepage_kib // 1024
         for i, g in enumerate(self.nodes):
             if self.kind == "vm" and "disk" in g.model_fields_set:
