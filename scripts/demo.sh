@@ -74,7 +74,7 @@ make -s -C native/spank
 bash scripts/slurm/install.sh >/dev/null
 slurm_dir=$(mktemp -d /var/tmp/hpvc-demo-slurm.XXXXXX)
 chmod 755 "$slurm_dir"
-port=$($PY -c 'from hpvc.bench.slurm_cluster import free_base_port; print(free_base_port(7817))')
+port=$($PY -c 'from hpvc.bench.slurm.cluster import free_base_port; print(free_base_port(7817))')
 slurm_env=(HPVC_SLURM_DIR="$slurm_dir/slurm" HPVC_SLURM_PORT="$port"
   HPVC_SLURM_HOST_STATE="$slurm_dir/slurm/hpvc/%h" HPVC_SPANK_ARGS="binds=$slurm_dir")
 slurm_stop() { env "${slurm_env[@]}" bash scripts/slurm/down.sh >/dev/null || true; rm -rf "$slurm_dir"; }

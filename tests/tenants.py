@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from hpvc.bench.slurm_cluster import Submitter
+from hpvc.bench.slurm.cluster import Submitter
 
 MARK = "hpvc test tenant"
 NAMES = ("hpvct1", "hpvct2")

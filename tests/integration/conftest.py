@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench import slurm_cluster as bench_slurm
+from hpvc.bench.slurm import cluster as bench_slurm
 from tests.helpers import requires
 from tests.integration.slurm_env import Env, spec_text
 from tests.integration.test_cluster import image_ready

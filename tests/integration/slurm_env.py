@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hpvc.bench import slurm_cluster as bench_slurm
+from hpvc.bench.slurm import cluster as bench_slurm
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import vni_for
 from hpvc.slurm import node, policy

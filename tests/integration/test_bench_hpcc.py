@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import hpcc, hpcc_parse, hpcc_report, ratios
+from hpvc.bench import ratios
+from hpvc.bench.hpcc import parse as hpcc_parse
+from hpvc.bench.hpcc import report as hpcc_report
+from hpvc.bench.hpcc import runner as hpcc
 from hpvc.errors import InputError
 from tests.helpers import prefix_leftovers, requires
 

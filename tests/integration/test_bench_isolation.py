@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import isolation as iso
-from hpvc.bench import isolation_report, isolation_stats
+from hpvc.bench.isolation import report as isolation_report
+from hpvc.bench.isolation import runner as iso
+from hpvc.bench.isolation import stats as isolation_stats
 from hpvc.units import parse_cpulist
 from tests.helpers import prefix_leftovers, requires
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench.slurm_cluster import Submitter
+from hpvc.bench.slurm.cluster import Submitter
 from hpvc.store import Store
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import cli_env, image_ready, leftovers, spec_file

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench import slurm_cluster as bench_slurm
-from hpvc.bench.slurm_cluster import Submitter
+from hpvc.bench.slurm import cluster as bench_slurm
+from hpvc.bench.slurm.cluster import Submitter
 from tests.helpers import ROOT, build_pingpong, requires
 
 UP = os.path.join(ROOT, "scripts", "slurm", "up.sh")

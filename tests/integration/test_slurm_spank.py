@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpvc.bench.slurm_cluster import Submitter
+from hpvc.bench.slurm.cluster import Submitter
 from hpvc.plan.addresses import node_ip, node_mac
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import vni_for
@@ -367,7 +367,7 @@ def test_bench_slurm_measures_both_paths(tenants: tuple[Submitter, Submitter]) -
     requires("root", "crun", "ip")
     requires_slurm()
     image_ready()
-    from hpvc.bench import slurm as bench
+    from hpvc.bench.slurm import runner as bench
 
     doc = bench.run(1, user=tenants[0].name)
     assert doc["submitted_by"] == tenants[0].name

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hpvc.bench.slurm_cluster import Submitter
+from hpvc.bench.slurm.cluster import Submitter
 from hpvc.slurm import node
 from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
 

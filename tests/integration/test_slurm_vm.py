@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench import slurm_cluster as bench_slurm
+from hpvc.bench.slurm import cluster as bench_slurm
 from hpvc.image import resolve_image
 from hpvc.image.guest import build_guest
 from hpvc.render.context import tap_name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpvc.bench.coordinator_report import MB, document, plot, report_md
+from hpvc.bench.coordinator.report import MB, document, plot, report_md
 
 
 def samples() -> dict[str, list[dict[str, object]]]:

@@ -286,7 +286,7 @@ def test_run_records_a_failed_suite_and_goes_on(
 
     full = run_doc()
     monkeypatch.setattr(common, "host_facts", lambda mpi=True: {"host": "test"})
-    monkeypatch.setattr(harness, "accelerator", lambda: {"vm": "tcg"})
+    monkeypatch.setattr(common, "accelerator", lambda: {"vm": "tcg"})
     monkeypatch.setitem(harness.RUNNERS, "hpcc", fake("hpcc", full["suites"]["hpcc"]))
     monkeypatch.setitem(harness.RUNNERS, "isolation", fake("isolation", isolation_doc()))
     monkeypatch.setitem(harness.RUNNERS, "io", broken)
@@ -328,7 +328,7 @@ def test_run_skips_container_only_suites_with_a_note(
         return {"kinds": {"vm": vm}, "samples": samples, "goals": goals}
 
     monkeypatch.setattr(common, "host_facts", lambda mpi=True: {"host": "test"})
-    monkeypatch.setattr(harness, "accelerator", lambda: {"vm": "tcg"})
+    monkeypatch.setattr(common, "accelerator", lambda: {"vm": "tcg"})
     monkeypatch.setitem(harness.RUNNERS, "startup", startup)
     out = tmp_path / "run"
     args = ["bench", "run", "--suite", "io,startup", "--targets", "vm", "--out", str(out)]

@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import hpcc, hpcc_configs, hpcc_input, hpcc_parse, hpcc_report, ratios
+from hpvc.bench import ratios
+from hpvc.bench.hpcc import configs as hpcc_configs
+from hpvc.bench.hpcc import input as hpcc_input
+from hpvc.bench.hpcc import parse as hpcc_parse
+from hpvc.bench.hpcc import report as hpcc_report
+from hpvc.bench.hpcc import runner as hpcc
 from hpvc.cluster import inspect
 from hpvc.errors import HpvcError, InputError
 

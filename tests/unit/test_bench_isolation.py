@@ -7,8 +7,11 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import hpcc_input, isolation_layout, isolation_report, isolation_stats
-from hpvc.bench import isolation as iso
+from hpvc.bench.hpcc import input as hpcc_input
+from hpvc.bench.isolation import layout as isolation_layout
+from hpvc.bench.isolation import report as isolation_report
+from hpvc.bench.isolation import runner as iso
+from hpvc.bench.isolation import stats as isolation_stats
 from hpvc.cluster import inspect
 from hpvc.cluster.inspect import HostView
 from hpvc.errors import HpvcError, InputError

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import network, network_report
-from hpvc.bench.network_report import build, goals, parse_iperf3, parse_sockperf, report_md
+from hpvc.bench.network import report as network_report
+from hpvc.bench.network import runner as network
+from hpvc.bench.network.report import build, goals, parse_iperf3, parse_sockperf, report_md
 from hpvc.cli import main
 from hpvc.errors import HpvcError, MissingDependency
 

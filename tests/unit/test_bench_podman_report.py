@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpvc.bench import podman_report
+from hpvc.bench.startup import podman_report
 
 
 def _runs() -> tuple[list[dict[str, float]], dict[str, list[dict[str, float]]]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpvc.bench import slurm
+from hpvc.bench.slurm import runner as slurm
 from hpvc.errors import InputError
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hpvc.bench import spark_report
+from hpvc.bench.spark import report as spark_report
 from hpvc.cluster import spark
 from hpvc.cluster import spark_jobs as jobs
 from hpvc.errors import InputError
@@ -150,7 +150,7 @@ def test_small_sizes_have_no_goal_and_vm_rows_say_their_accelerator() -> None:
 
 
 def test_bench_sizes_are_gib_when_bare_else_sizes() -> None:
-    from hpvc.bench.spark import size_label
+    from hpvc.bench.spark.runner import size_label
     from hpvc.cli.bench_spark import _sizes
 
     assert _sizes("1,4") == [1 << 30, 4 << 30]
@@ -162,7 +162,7 @@ def test_bench_sizes_are_gib_when_bare_else_sizes() -> None:
 
 
 def test_bench_clusters_offer_native_workers_memory_and_keep_room_for_page_cache() -> None:
-    from hpvc.bench.spark import NODE_MIB, WORKER_MIB, spec
+    from hpvc.bench.spark.runner import NODE_MIB, WORKER_MIB, spec
 
     for kind in ("container", "vm"):
         s = parse_spec(tomllib.loads(spec("bs", "10.77.0.0/24", "nfs", 4, kind)), "b.toml")

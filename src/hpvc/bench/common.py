@@ -199,6 +199,15 @@ def teardown_all(store: Store, progress: Progress = quiet) -> list[str]:
     return errors
 
 
+def sh(argv: list[str], what: str) -> str:
+    """Run ``argv``; its stdout, or HpvcError with the last line it said."""
+    r = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        raise HpvcError(what, lines[-1] if lines else f"exit code {r.returncode}")
+    return r.stdout.strip()
+
+
 def tool_version(argv: list[str]) -> str:
     """The first line a tool's ``--version`` prints (stdout, else stderr), or "unknown"."""
     try:
@@ -226,6 +235,19 @@ def host_facts(mpi: bool = True) -> dict[str, Any]:
     if mpi:
         facts["open_mpi"] = tool_version(["ompi_info", "--version"])
     return facts
+
+
+def error_line(e: BaseException) -> str:
+    return e.line() if isinstance(e, HpvcError) else f"{type(e).__name__}: {e}"
+
+
+def accelerator() -> dict[str, Any]:
+    """The VM accelerator of this host (kvm or tcg) and why, for reading the VM figures."""
+    try:
+        a = inspect.accelerator()
+    except Exception as e:
+        return {"vm": None, "error": error_line(e)}
+    return {"vm": a.name, "forced": a.forced, "note": a.warning}
 
 
 def write_results(out: Path, doc: dict[str, Any], report: str) -> None:

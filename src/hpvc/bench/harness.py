@@ -23,9 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpvc.bench import common, io, io_jobs, startup
-from hpvc.bench.report import Sample, error_line, suite_module
-from hpvc.cluster import inspect
+from hpvc.bench import common
+from hpvc.bench.common import error_line
+from hpvc.bench.io import jobs as io_jobs
+from hpvc.bench.io import runner as io
+from hpvc.bench.report import Sample, suite_module
+from hpvc.bench.startup import runner as startup
 from hpvc.errors import InputError
 from hpvc.progress import Progress, quiet
 
@@ -323,7 +326,7 @@ def run(
             "notes": {p.suite: p.note for p in plans if p.note},
         },
         "host": common.host_facts(),
-        "accelerator": accelerator(),
+        "accelerator": common.accelerator(),
         "suites": {},
         "samples": [],
     }
@@ -355,15 +358,6 @@ def run(
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def accelerator() -> dict[str, Any]:
-    """The VM accelerator of this host (kvm or tcg) and why, for reading the VM figures."""
-    try:
-        a = inspect.accelerator()
-    except Exception as e:
-        return {"vm": None, "error": error_line(e)}
-    return {"vm": a.name, "forced": a.forced, "note": a.warning}
 
 
 def failed_suites(doc: dict[str, Any]) -> dict[str, str]:

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpvc.bench import hpcc_report, io_report, isolation_report, startup
+from hpvc.bench.common import error_line
+from hpvc.bench.hpcc import report as hpcc_report
+from hpvc.bench.io import report as io_report
+from hpvc.bench.isolation import report as isolation_report
+from hpvc.bench.startup import runner as startup
 from hpvc.bench.stats import summary
 from hpvc.errors import HpvcError, InputError
 
@@ -35,16 +39,13 @@ BASELINE = {"hpcc": "native", "isolation": "idle", "io": "native"}
 # --- shared with the harness -----------------------------------------------------------
 
 
-def error_line(e: BaseException) -> str:
-    return e.line() if isinstance(e, HpvcError) else f"{type(e).__name__}: {e}"
-
-
 def suite_module(name: str) -> Any:
-    """A suite written apart from the harness (hpcc, isolation), imported when used."""
+    """A suite's runner written apart from the harness (hpcc, isolation), imported when used."""
+    module = f"hpvc.bench.{name}.runner"
     try:
-        return importlib.import_module(f"hpvc.bench.{name}")
+        return importlib.import_module(module)
     except ImportError as e:
-        raise HpvcError(f"suite {name}", f"cannot import hpvc.bench.{name}: {e}") from None
+        raise HpvcError(f"suite {name}", f"cannot import {module}: {e}") from None
 
 
 # --- numbers from samples --------------------------------------------------------------

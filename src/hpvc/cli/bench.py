@@ -15,17 +15,15 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from hpvc.bench import (
-    common,
-    io,
-    io_jobs,
-    io_report,
-    locality,
-    planning,
-    podman,
-    startup,
-)
-from hpvc.bench import slurm as slurm_bench
+from hpvc.bench import common
+from hpvc.bench.io import jobs as io_jobs
+from hpvc.bench.io import report as io_report
+from hpvc.bench.io import runner as io
+from hpvc.bench.locality import runner as locality
+from hpvc.bench.planning import runner as planning
+from hpvc.bench.slurm import runner as slurm_bench
+from hpvc.bench.startup import podman
+from hpvc.bench.startup import runner as startup
 from hpvc.cli import bench_coordinator, bench_network, bench_run, bench_spark
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from hpvc.bench import common, coordinator_report
-from hpvc.bench import coordinator as coordinator_bench
+from hpvc.bench import common
+from hpvc.bench.coordinator import report as coordinator_report
+from hpvc.bench.coordinator import runner as coordinator_bench
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 from hpvc.units import parse_size

@@ -7,7 +7,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hpvc.bench import common, network, network_report
+from hpvc.bench import common
+from hpvc.bench.network import report as network_report
+from hpvc.bench.network import runner as network
 from hpvc.cli.common import console, err_console, print_json
 
 NETWORK_HELP = """The cluster network across hosts against the fabric (root, iperf3, sockperf).

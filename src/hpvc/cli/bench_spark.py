@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from hpvc.bench import common, spark_report
-from hpvc.bench import spark as spark_bench
+from hpvc.bench import common
+from hpvc.bench.spark import report as spark_report
+from hpvc.bench.spark import runner as spark_bench
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 from hpvc.units import parse_size

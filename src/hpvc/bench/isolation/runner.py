@@ -30,8 +30,8 @@ Partitions keep hpvc's clusters apart, not the host's other processes
 the HPC node, the tenant (proof that the load competed) and the rest of the
 host used while it ran, as the cluster API reports them (``cluster.inspect``).
 
-This module runs the experiment; the specs are ``isolation_layout``'s, the
-numbers ``isolation_stats``' and the document and report ``isolation_report``'s.
+This module runs the experiment; the specs are ``isolation.layout``'s, the
+numbers ``isolation.stats``' and the document and report ``isolation.report``'s.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.hpcc_input import input_text
-from hpvc.bench.isolation_layout import (
+from hpvc.bench.hpcc.input import input_text
+from hpvc.bench.isolation.layout import (
     NODE,
     Layout,
     Partitioning,
@@ -57,8 +57,8 @@ from hpvc.bench.isolation_layout import (
     layouts,
     tenant_spec,
 )
-from hpvc.bench.isolation_report import Outcome, document
-from hpvc.bench.isolation_stats import load_row, parse_hpcc, rotations, sample_rows
+from hpvc.bench.isolation.report import Outcome, document
+from hpvc.bench.isolation.stats import load_row, parse_hpcc, rotations, sample_rows
 from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.cluster.inspect import HostView
 from hpvc.errors import HpvcError, InputError, MissingDependency
@@ -232,7 +232,7 @@ def run(
 ) -> dict[str, Any]:
     """Each configuration ``samples_per_config`` times per repetition, ``repeat`` repetitions
     (the order rotating); ``hpcc_n``: hpcc's problem size (smaller is faster). Returns the
-    results document (see ``isolation_report``)."""
+    results document (see ``isolation.report``)."""
     preflight(repeat, samples_per_config, hpcc_n)
     check_image(progress)
     facts = common.host_facts()

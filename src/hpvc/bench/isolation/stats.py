@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from hpvc.bench.hpcc_parse import summary_fields
+from hpvc.bench.hpcc.parse import summary_fields
 from hpvc.bench.stats import summary
 from hpvc.errors import HpvcError
 

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.harness import accelerator
 from hpvc.cluster import lifecycle
 from hpvc.cluster import spark_jobs as jobs
 from hpvc.errors import HpvcError
@@ -196,7 +195,7 @@ def run(
     samples: list[dict[str, Any]] = []
     facts = common.host_facts(mpi=False)
     if "vm" in configs:
-        facts["accelerator"] = accelerator()
+        facts["accelerator"] = common.accelerator()
     with ExitStack() as stack:
         tmp, store = stack.enter_context(common.scratch_state("bench spark", progress))
         runners = stack.enter_context(_setups(store, tmp, configs, max(sizes), progress))

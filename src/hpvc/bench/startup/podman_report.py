@@ -1,6 +1,6 @@
 """hpvc against Podman in ``hpvc bench startup``: per-size summaries, ratios, goals, tables.
 
-Pure: the samples come from ``bench.startup`` (hpvc) and ``bench.podman``
+Pure: the samples come from ``startup.runner`` (hpvc) and ``startup.podman``
 (the peer), taken alternated in one run. A ratio is hpvc / Podman of the
 same repetition (below 1: hpvc is faster); its min/median/max are over the
 repetitions, and ``of_medians`` is the ratio of the two medians. Goals (issue

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpvc.bench.isolation_layout import Layout, Partitioning, describe
-from hpvc.bench.isolation_stats import (
+from hpvc.bench.isolation.layout import Layout, Partitioning, describe
+from hpvc.bench.isolation.stats import (
     CONFIGS,
     LOAD_KEYS,
     METRICS,

@@ -17,7 +17,7 @@ left to the scheduler, a ping-pong lands on one CPU or on two by chance, and
 that alone moves its latency 3-4x on a small VM. The servers (one iperf3 and one
 sockperf on host B and on node B) run for the whole run and are stopped by
 PID at the end, also on failure. Ratios node / fabric are paired per
-repetition (``network_report``); the goals: bandwidth >= 0.90 of the fabric's,
+repetition (``network.report``); the goals: bandwidth >= 0.90 of the fabric's,
 latency <= 1.2x.
 
 Bridge netfilter (``br_netfilter``) is off in the fabric's and the hosts'
@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hpvc.bench import common, network_report
+from hpvc.bench import common
+from hpvc.bench.network import report as network_report
 from hpvc.cluster import testbed
 from hpvc.cluster.testbed import Testbed
 from hpvc.errors import HpvcError, MissingDependency

@@ -5,7 +5,7 @@ pins the HPC node (whole sockets where the host has one to spare for the
 tenant, else a core or a hyper-thread of its own); ``shared`` lets both float.
 The tenant's spec is the same in both loaded configurations; only the HPC
 cluster's tuning differs. Which partitioning a host allows is asked of the
-planner by the runner (``isolation.partitioning``); everything here is pure.
+planner by the runner (``isolation.runner.partitioning``); everything here is pure.
 """
 
 from __future__ import annotations

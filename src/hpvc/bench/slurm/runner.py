@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.slurm_cluster import SlurmCluster, Submitter, private_slurm
-from hpvc.bench.slurm_report import phase_table
-from hpvc.bench.slurm_report import report_md as report_md
+from hpvc.bench.slurm.cluster import SlurmCluster, Submitter, private_slurm
+from hpvc.bench.slurm.report import phase_table
+from hpvc.bench.slurm.report import report_md as report_md
 from hpvc.bench.stats import summary
 from hpvc.cluster.inspect import accelerator
 from hpvc.errors import HpvcError, InputError, MissingDependency

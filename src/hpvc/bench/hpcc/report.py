@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from hpvc.bench import ratios
-from hpvc.bench.hpcc_configs import CONFIGS
-from hpvc.bench.hpcc_input import NB, grid
-from hpvc.bench.hpcc_parse import METRICS, SUITE
+from hpvc.bench.hpcc.configs import CONFIGS
+from hpvc.bench.hpcc.input import NB, grid
+from hpvc.bench.hpcc.parse import METRICS, SUITE
 from hpvc.bench.stats import summary
 
 GOAL_RATIO = 0.97

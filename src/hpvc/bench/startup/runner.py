@@ -11,10 +11,10 @@ process, as a user sees them (CLI start included).
 The goal: 8 nodes up in under 2 s (median).
 
 With ``peer``, every repetition also starts and removes as many Podman
-containers as each size has nodes (``bench.podman``: the same image, limits
+containers as each size has nodes (``startup.podman``: the same image, limits
 and runtime, a bridge network), in parallel and one by one, the order of
 hpvc / Podman-parallel / Podman-sequential rotating between repetitions, so
-that the ratios (``bench.podman_report``) come from one run.
+that the ratios (``startup.podman_report``) come from one run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from hpvc.bench import cli_start, common, podman, podman_report
+from hpvc.bench import common
+from hpvc.bench.startup import cli_start, podman, podman_report
 from hpvc.bench.stats import summary
 from hpvc.cluster import ops
 from hpvc.errors import HpvcError, InputError
@@ -245,7 +246,7 @@ def run(
 def _cli_start(
     store: Store, spec: tuple[str, str], repeat: int, progress: Progress, resident: str | None
 ) -> dict[str, Any]:
-    """The quick commands' start (``bench.cli_start``), with one cluster up for status."""
+    """The quick commands' start (``startup.cli_start``), with one cluster up for status."""
     name, path = spec
     timed_cli(["up", path, "--quiet"], store, resident)
     try:

@@ -1,6 +1,6 @@
 """The coordinator benchmark's document, report and figure (pure but for the PNG file).
 
-``document`` turns the samples of ``hpvc.bench.coordinator`` into results:
+``document`` turns the samples of ``hpvc.bench.coordinator.runner`` into results:
 per phase and cluster the measured rate against its target (error in %), the
 phases' sums against the declared capacity, rebalance times, and the paired
 overhead ratios (managed/unmanaged, enforced/managed) with min/median/max.

@@ -20,8 +20,8 @@ cluster's shared directory, which every node sees at ``/shared``: all sides
 read the same kind of file on the same file system, through no overlay.
 Each repetition runs the three parts in a rotating order.
 
-This module runs it; the nodes and fio jobs are ``io_jobs``', the disk
-``io_disk``'s and the document and report ``io_report``'s.
+This module runs it; the nodes and fio jobs are ``io.jobs``', the disk
+``io.disk``'s and the document and report ``io.report``'s.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.io_disk import device_facts, loop_state, sh
-from hpvc.bench.io_jobs import (
+from hpvc.bench.io.disk import device_facts, loop_state
+from hpvc.bench.io.jobs import (
     FILE_MIB,
     MB,
     MEMORY,
@@ -53,7 +53,7 @@ from hpvc.bench.io_jobs import (
     rotate,
     throttle_targets,
 )
-from hpvc.bench.io_report import document
+from hpvc.bench.io.report import document
 from hpvc.cluster import lifecycle, ops
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.progress import Progress, quiet
@@ -136,7 +136,7 @@ def layout_files(store: Store, name: str, progress: Progress) -> None:
     for label in [*node_names(), "native"]:
         argv = ["fio", "--name=layout", f"--filename={shared / label}", "--rw=write"]
         argv += ["--bs=1M", f"--size={FILE_MIB}M", "--direct=1", "--ioengine=psync"]
-        sh(argv, f"fio layout of {label}")
+        common.sh(argv, f"fio layout of {label}")
 
 
 # --- fio -------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def repetitions(
 
 def node_fio_version(s: Side) -> str:
     try:
-        return sh([*s.prefix, "fio", "--version"], "fio --version in a node")
+        return common.sh([*s.prefix, "fio", "--version"], "fio --version in a node")
     except HpvcError as e:
         return f"unknown ({e.why})"
 
@@ -248,7 +248,7 @@ def run(repeat: int = 3, seconds: int = 5, progress: Progress = quiet) -> dict[s
     preflight()
     common.ensure_image("hpc", progress)
     facts = common.host_facts(mpi=False)
-    facts["fio"] = sh(["fio", "--version"], "fio --version")
+    facts["fio"] = common.sh(["fio", "--version"], "fio --version")
     t0 = time.perf_counter()
     with loop_state(progress) as (tmp, store, dev):
         name = bring_up(tmp, store, progress)

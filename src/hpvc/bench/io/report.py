@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpvc.bench.io_jobs import (
+from hpvc.bench.io.jobs import (
     FILE_MIB,
     GOAL_ERROR_PCT,
     MB,

@@ -25,15 +25,6 @@ from hpvc.store import Store
 DISK_BYTES = 2 << 30
 
 
-def sh(argv: list[str], what: str) -> str:
-    """Run ``argv``; its stdout, or HpvcError with the last line it said."""
-    r = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        lines = (r.stderr or r.stdout).strip().splitlines()
-        raise HpvcError(what, lines[-1] if lines else f"exit code {r.returncode}")
-    return r.stdout.strip()
-
-
 def _release(tmp: Path, mnt: Path, dev: str | None, mounted: bool, progress: Progress) -> str:
     """Tear down the clusters, unmount, detach, remove; return what failed ("" if none)."""
     if mounted:
@@ -66,11 +57,11 @@ def loop_state(progress: Progress = quiet) -> Iterator[tuple[Path, Store, str]]:
     try:
         with open(backing, "wb") as f:
             f.truncate(DISK_BYTES)
-        dev = sh(["losetup", "-f", "--show", str(backing)], f"loop device for {backing}")
+        dev = common.sh(["losetup", "-f", "--show", str(backing)], f"loop device for {backing}")
         progress(f"loop device {dev}: ext4 on a {DISK_BYTES >> 30} GiB sparse file")
-        sh(["mkfs.ext4", "-q", "-F", dev], f"mkfs.ext4 {dev}")
+        common.sh(["mkfs.ext4", "-q", "-F", dev], f"mkfs.ext4 {dev}")
         mnt.mkdir()
-        sh(["mount", dev, str(mnt)], f"mount {dev}")
+        common.sh(["mount", dev, str(mnt)], f"mount {dev}")
         mounted = True
         yield tmp, Store(mnt), dev
         failed = False
@@ -85,7 +76,7 @@ def loop_state(progress: Progress = quiet) -> Iterator[tuple[Path, Store, str]]:
 def device_facts(dev: str, tmp: Path) -> dict[str, Any]:
     """The loop device as the kernel shows it now (scheduler, direct-I/O of the loop)."""
     queue = inspect.block_device(dev)
-    backing_fs = sh(["df", "--output=fstype", str(tmp)], "df").splitlines()[-1].strip()
+    backing_fs = common.sh(["df", "--output=fstype", str(tmp)], "df").splitlines()[-1].strip()
     return {
         "device": dev,
         "major_minor": queue.major_minor,

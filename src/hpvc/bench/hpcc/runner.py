@@ -37,8 +37,8 @@ that fits; the results say so in the configuration's ``describe`` and
 ``pinning``.
 
 This module runs the suite (preflight, the clusters, the rotation of runs);
-the problem size is ``hpcc_input``'s, the output parsing ``hpcc_parse``'s, the
-configurations ``hpcc_configs``' and the document and report ``hpcc_report``'s.
+the problem size is ``hpcc.input``'s, the output parsing ``hpcc.parse``'s, the
+configurations ``hpcc.configs``' and the document and report ``hpcc.report``'s.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.hpcc_configs import CONFIGS, Config, spec_text
-from hpvc.bench.hpcc_input import (
+from hpvc.bench.hpcc.configs import CONFIGS, Config, spec_text
+from hpvc.bench.hpcc.input import (
     MATRIX_MIB,
     NB,
     VM_TCG_N,
@@ -65,8 +65,8 @@ from hpvc.bench.hpcc_input import (
     node_memory_mib,
     problem_size,
 )
-from hpvc.bench.hpcc_parse import METRICS, SUITE, checked, rank0_host
-from hpvc.bench.hpcc_report import document
+from hpvc.bench.hpcc.parse import METRICS, SUITE, checked, rank0_host
+from hpvc.bench.hpcc.report import document
 from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.progress import Progress, quiet

@@ -31,7 +31,7 @@ Each repetition, the parts in a rotating order:
   that, the others 1:2 of the rest; also the time from the call to the
   throttles in the kernel.
 
-Pure parts (the document, report, figure) are in ``coordinator_report``.
+Pure parts (the document, report, figure) are in ``coordinator.report``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.coordinator_report import MB, document
-from hpvc.bench.io_disk import sh
+from hpvc.bench.coordinator.report import MB, document
 from hpvc.cluster import lifecycle, ops
 from hpvc.coordinator.coordinator import set_cluster
 from hpvc.coordinator.site import ENV
@@ -205,7 +204,7 @@ def overhead_once(r: Run, rep: int) -> list[dict[str, Any]]:
             set_cluster(r.store, r.name("alone"), write=HIGH // 2)
         else:
             set_cluster(r.store, r.name("alone"), reset=True)
-        sh(["sync"], "sync")
+        common.sh(["sync"], "sync")
         bw = finish(r.fio("alone", r.seconds), "alone")
         r.progress(f"  overhead {side}: {bw / MB:.1f} MB/s")
         out.append({"rep": rep, "order": i, "pair": i // 2, "side": side, "fio_bps": bw})
@@ -278,14 +277,14 @@ def run(
     common.require("bench coordinator", ["crun", "ip", "fio", "ganesha.nfsd"])
     common.ensure_image("hpc", progress)
     facts = common.host_facts(mpi=False)
-    facts["fio"] = sh(["fio", "--version"], "fio --version")
+    facts["fio"] = common.sh(["fio", "--version"], "fio --version")
     samples: dict[str, list[Any]] = {"overhead": [], "shares": [], "rebalance": []}
     old_env = os.environ.get(ENV)
     t0 = time.perf_counter()
     try:
         with common.scratch_state("bench coordinator", progress) as (tmp, store):
             store.root.mkdir(parents=True)
-            facts["disk"] = sh(["df", "--output=source,fstype", str(store.root)], "df")
+            facts["disk"] = common.sh(["df", "--output=source,fstype", str(store.root)], "df")
             os.environ[ENV] = str(tmp / "io.toml")
             r = Run(tmp, store, capacity, seconds, progress)
             r.write_site(HIGH)

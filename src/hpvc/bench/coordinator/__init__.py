@@ -1,0 +1,1 @@
+"""The storage bandwidth coordinator, measured with fio (``hpvc bench coordinator``)."""

@@ -1,0 +1,1 @@
+"""HPC Challenge: native, tuned container nodes, ablations, a VM (suite ``hpcc``)."""

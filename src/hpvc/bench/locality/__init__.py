@@ -1,0 +1,1 @@
+"""MPI ping-pong: native, co-resident containers, isolated ones (``hpvc bench locality``)."""

@@ -1,0 +1,1 @@
+"""The cluster network across hosts against the fabric (``hpvc bench network``)."""

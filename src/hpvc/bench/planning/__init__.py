@@ -1,0 +1,1 @@
+"""How long the planner takes for a big cluster (``hpvc bench plan``)."""

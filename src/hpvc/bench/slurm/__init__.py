@@ -1,0 +1,1 @@
+"""What ``srun --hpvc`` costs, on a private Slurm test cluster (``hpvc bench slurm``)."""

@@ -1,0 +1,1 @@
+"""TeraSort on a Spark virtual cluster against native Spark (``hpvc bench spark``)."""

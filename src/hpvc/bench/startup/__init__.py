@@ -1,0 +1,1 @@
+"""How long ``hpvc up``, ``down`` and the quick commands take, against Podman."""
