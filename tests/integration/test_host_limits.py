@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from hpvc.errors import HpvcError
+from hpvc.host.blkio import ensure_bfq
+from hpvc.host.cgroupfs.v1 import CONTROLLERS as CRUN_V1
 from hpvc.host.cgroups import (
-    CRUN_V1,
     apply_node_extras,
     cluster_cgroup_exists,
-    ensure_bfq,
     ensure_cluster_cgroup,
     ensure_hugetlb_v1,
     node_tasks,

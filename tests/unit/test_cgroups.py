@@ -11,16 +11,13 @@ import pytest
 
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import blkio, cgroups
+from hpvc.host.blkio import device_name, ensure_bfq, parse_device_map, parse_io_max
 from hpvc.host.cgroups import (
     apply_node_extras,
     cluster_cgroup_exists,
-    device_name,
-    ensure_bfq,
     ensure_cluster_cgroup,
     ensure_hugetlb_v1,
     node_tasks,
-    parse_device_map,
-    parse_io_max,
     read_node_limits,
 )
 from hpvc.host.journal import Journal

@@ -208,17 +208,14 @@ def test_cgroups_from_proc_self_cgroup(tmp_path: Path) -> None:
     assert doctor.check_cgroups(Path(tmp_path / "empty")).status == "missing"
 
 
-def test_cgroup_procs_of_a_process(tmp_path: Path) -> None:
-    put(tmp_path, "proc/mounts", HYBRID_MOUNTS)
+def test_proc_cgroups_of_a_process(tmp_path: Path) -> None:
     put(tmp_path, "proc/42/cgroup", "3:memory:/hpvc/c/n\n2:cpu,cpuacct:/hpvc/c/n\n0::/x\n")
-    put(tmp_path, "sys/fs/cgroup/memory/hpvc/c/n/cgroup.procs")
-    put(tmp_path, "sys/fs/cgroup/unified/x/cgroup.procs")
-    assert probe.proc_cgroups(42, tmp_path)[0] == ("memory", "/hpvc/c/n")
-    assert probe.cgroup_procs(42, tmp_path) == (
-        "/sys/fs/cgroup/memory/hpvc/c/n/cgroup.procs",
-        "/sys/fs/cgroup/unified/x/cgroup.procs",
-    )
-    assert probe.cgroup_procs(43, tmp_path) == ()
+    assert probe.proc_cgroups(42, tmp_path) == [
+        ("memory", "/hpvc/c/n"),
+        ("cpu,cpuacct", "/hpvc/c/n"),
+        ("", "/x"),
+    ]
+    assert probe.proc_cgroups(43, tmp_path) == []
 
 
 def test_mounts_under(tmp_path: Path) -> None:

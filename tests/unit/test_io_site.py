@@ -20,6 +20,8 @@ from hpvc.coordinator.site import DEFAULT_PATH, ENV, load_site, parse_site
 from hpvc.coordinator.state import Member, Override
 from hpvc.errors import InputError
 from hpvc.host import io_coord
+from hpvc.host.cgroupfs.v1 import V1Manager
+from hpvc.host.probe import CgroupLayout
 
 GOOD = """
 [devices.disk0]
@@ -121,7 +123,8 @@ def test_one_disk_declared_twice_is_refused(tmp_path: Path) -> None:
 
 
 def member(tmp_path: Path, name: str, owner: str | None = None, **demand: int) -> Member:
-    cg = io_coord.ServerCgroup(name, "v1", tmp_path / name)
+    layout = CgroupLayout("v1", {"blkio": "/sys/fs/cgroup/blkio"})
+    cg = io_coord.ServerCgroup(name, tmp_path / name, V1Manager(tmp_path, layout))
     full = {d: demand.get(d) for d in ("read", "write")}
     return Member(name, owner, tmp_path, True, full, cg)
 

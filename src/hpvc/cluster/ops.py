@@ -20,7 +20,7 @@ from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.listing import under_way
 from hpvc.errors import HpvcError, InputError, MissingDependency, require_root
-from hpvc.host import hugepages, probe, procfs, vxlan
+from hpvc.host import cgroupfs, hugepages, procfs, vxlan
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
@@ -190,7 +190,8 @@ def node_process(name: str, node: str, store: Store | None = None) -> NodeProces
     start = procfs.start_time(pid)
     if start is None:
         raise HpvcError(f"node {node} of {name}", f"its process {pid} is gone", "hpvc down it")
-    return NodeProcess(pid, start, probe.cgroup_procs(pid, only=NODE_CONTROLLERS))
+    m = cgroupfs.find_manager()
+    return NodeProcess(pid, start, m.procs_files(pid, NODE_CONTROLLERS) if m else ())
 
 
 def node_pid(name: str, node: str, store: Store | None = None) -> int:

@@ -1,13 +1,14 @@
 """Block I/O of hpvc nodes: the bfq scheduler, per-node weights and throttles.
 
-crun writes a node's throttles (``blkio.throttle.*`` on v1, ``io.max`` on v2)
-from its OCI config; ``apply_io`` checks them, sets one crun skipped, and sets
-the bfq weight crun cannot. Weights need the bfq scheduler on the disk, which
-``ensure_bfq`` switches to. ``hpvc.host.cgroups`` finds the node's cgroup and
-re-exports the names callers use; the small cgroup-file helpers here
-(``read_text``, ``write_text``, ``to_int``) are shared with it.
+crun writes a node's throttles from its OCI config; ``hpvc.host.cgroups``
+checks them and sets the bfq weight crun cannot, through the cgroup manager of
+the host's layout (``hpvc.host.cgroupfs``), which knows the files. Weights need
+the bfq scheduler on the disk, which ``ensure_bfq`` switches to and
+``require_bfq`` checks. The small cgroup-file helpers here (``read_text``,
+``write_text``, ``to_int``) and the parsers of throttle files are shared with
+the managers.
 
-Undo kind (DESIGN rule 3):
+Undo kind (architecture rule 5):
 
 ``"blk-scheduler"`` ``{root, device, previous}``
     host-wide: ``ensure_bfq`` switched a device to bfq; the undo puts the
@@ -23,13 +24,11 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
 
 from hpvc.errors import HpvcError
 from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.plan.model import IOPlan
 from hpvc.sysroot import HOST, RootLike, as_root
 
 THROTTLES = (
@@ -40,7 +39,6 @@ THROTTLES = (
 )
 _UNLIMITED = 1 << 62  # v1 prints "no limit" as PAGE_COUNTER_MAX * page size
 Runner = Callable[[Sequence[str]], None]
-Version = Literal["v1", "v2"]
 
 
 _runner: Runner = _host_run
@@ -140,52 +138,26 @@ def device_name(device: tuple[int, int], root: RootLike = HOST) -> str:
     return real.parent.name if (real / "partition").exists() else real.name
 
 
-# --- a node's weight and throttles ---------------------------------------------------
+# --- weights and throttles ----------------------------------------------------------
 
 
-def apply_io(
-    root: RootLike, version: Version, d: Path, io: IOPlan, device: tuple[int, int] | None
-) -> list[str]:
-    """Set the bfq weight and check the throttles of the node cgroup ``d``; what was set."""
-    done: list[str] = []
-    if io.weight is not None:
-        done += _apply_weight(root, version, d, io.weight, device)
-    wanted = {name: getattr(io, name) for name, _ in THROTTLES if getattr(io, name) is not None}
-    if wanted and device is None:
-        done.append("block I/O throttles not checked: no block device given")
-    elif wanted and device is not None:
-        key = f"{device[0]}:{device[1]}"
-        setter = _throttle_v1 if version == "v1" else _throttle_v2
-        done += [setter(d, key, name, value) for name, value in wanted.items()]
-    return [line for line in done if line]
+def require_bfq(device: tuple[int, int], what: str, root: RootLike = HOST) -> None:
+    """Refuse ``what`` (a block I/O weight) unless ``device``'s disk uses bfq."""
+    name = device_name(device, root)
+    state = _scheduler(_at(root, f"/sys/block/{name}/queue/scheduler"))
+    if state is None or state[0] != "bfq":
+        raise HpvcError(
+            what,
+            f"{name} uses the {state[0] if state else '?'} scheduler; weights need bfq",
+            f"hpvc switches it at up (ensure_bfq); by hand: echo bfq > /sys/block/{name}"
+            "/queue/scheduler",
+        )
 
 
 def weight_value(text: str | None) -> int | None:
     """``100`` or ``default 100`` (plus per-device lines) -> 100."""
     first = (text or "").splitlines()[0].split() if text else []
     return to_int(first[-1]) if first else None
-
-
-def _apply_weight(
-    root: RootLike, version: Version, d: Path, weight: int, device: tuple[int, int] | None
-) -> list[str]:
-    if device is not None:
-        name = device_name(device, root)
-        state = _scheduler(_at(root, f"/sys/block/{name}/queue/scheduler"))
-        if state is None or state[0] != "bfq":
-            raise HpvcError(
-                f"block I/O weight {weight} of {d}",
-                f"{name} uses the {state[0] if state else '?'} scheduler; weights need bfq",
-                f"hpvc switches it at up (ensure_bfq); by hand: echo bfq > /sys/block/{name}"
-                "/queue/scheduler",
-            )
-    path = d / ("blkio.bfq.weight" if version == "v1" else "io.bfq.weight")
-    if not path.exists():
-        raise HpvcError(f"block I/O weight of {d}", f"no {path.name}", "modprobe bfq")
-    write_text(path, str(weight))
-    if weight_value(read_text(path)) != weight:
-        raise HpvcError(f"block I/O weight of {d}", f"{path.name} reads {read_text(path)!r}")
-    return [f"{path.name} = {weight}"]
 
 
 def parse_device_map(text: str | None) -> dict[str, int]:
@@ -205,27 +177,6 @@ def parse_io_max(text: str | None) -> dict[str, dict[str, int | None]]:
         dev, *pairs = line.split()
         out[dev] = {k: to_int(v) for k, _, v in (p.partition("=") for p in pairs)}
     return out
-
-
-def _throttle_v1(d: Path, key: str, name: str, value: int) -> str:
-    path = d / f"blkio.throttle.{name}_device"
-    if parse_device_map(read_text(path)).get(key) == value:
-        return ""
-    write_text(path, f"{key} {value}")
-    if parse_device_map(read_text(path)).get(key) != value:
-        raise HpvcError(f"block I/O limit of {d}", f"{path.name} does not hold {key} {value}")
-    return f"{path.name} = {key} {value} (crun had not set it)"
-
-
-def _throttle_v2(d: Path, key: str, name: str, value: int) -> str:
-    field = dict(THROTTLES)[name]
-    path = d / "io.max"
-    if parse_io_max(read_text(path)).get(key, {}).get(field) == value:
-        return ""
-    write_text(path, f"{key} {field}={value}")
-    if parse_io_max(read_text(path)).get(key, {}).get(field) != value:
-        raise HpvcError(f"block I/O limit of {d}", f"io.max does not hold {key} {field}={value}")
-    return f"io.max = {key} {field}={value} (crun had not set it)"
 
 
 def block_device(path: Path, root: RootLike = HOST) -> tuple[int, int] | None:

@@ -11,20 +11,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from hpvc.host import probe
 from hpvc.host.accel import ACCEL_ENV, accelerator
-from hpvc.host.probe import Accelerator, CgroupLayout, Mount, Which
+from hpvc.host.cgroupfs import find_manager
+from hpvc.host.probe import Accelerator, Mount, Which
 from hpvc.sysroot import HOST, RootLike
 from hpvc.units import format_cpulist
 
 Status = Literal["ok", "warn", "missing"]
 
 STATUSES: tuple[Status, ...] = ("ok", "warn", "missing")
-WANTED_V1 = ("cpuset", "cpu", "cpuacct", "memory", "blkio", "pids", "hugetlb", "devices", "freezer")
-WANTED_V2 = ("cpuset", "cpu", "memory", "io", "pids", "hugetlb")
 _SHIFT = {"GiB": 20, "MiB": 10, "KiB": 0}
 
 
@@ -169,53 +167,18 @@ def check_thp(root: RootLike = HOST) -> Check:
 # --- cgroups and block I/O -----------------------------------------------------------
 
 
-def _describe(layout: CgroupLayout) -> str:
-    parts = []
-    if layout.v1:
-        bases = sorted({str(Path(p).parent) for p in layout.v1.values() if p})
-        where = f" under {', '.join(bases)}" if bases else ""
-        parts.append(f"v1 {','.join(sorted(layout.v1))}{where}")
-    if layout.v2_path is not None:
-        held = ",".join(layout.v2) or "no controllers"
-        parts.append(f"cgroup2 at {layout.v2_path or '?'} with {held}")
-    return f"{layout.mode}: " + "; ".join(parts)
-
-
-def _v1_mount_fix(layout: CgroupLayout, names: Iterable[str]) -> str:
-    bases = sorted({str(Path(p).parent) for p in layout.v1.values() if p})
-    base = bases[0] if bases else "/sys/fs/cgroup"
-    return " && ".join(
-        f"mkdir -p {base}/{c} && mount -t cgroup -o {c} cgroup {base}/{c}" for c in names
-    )
-
-
 def check_cgroups(root: RootLike = HOST, mounts: Iterable[Mount] | None = None) -> Check:
     """Mode and controllers; warns on hybrid with controllers on cgroup2 (crun refuses)."""
-    layout = probe.cgroup_layout(root, mounts)
-    if layout.mode == "none":
+    m = find_manager(root, mounts)
+    if m is None:
         return Check(
             "cgroups",
             "missing",
             "no cgroup filesystem mounted",
             "mount -t cgroup2 none /sys/fs/cgroup",
         )
-    detail = _describe(layout)
-    problems: list[str] = []
-    fixes: list[str] = []
-    if layout.mode == "v2":
-        lacking = [c for c in WANTED_V2 if c not in layout.v2]
-        if lacking:
-            problems.append(f"cgroup2 lacks {','.join(lacking)}")
-            fixes.append(f"enable {','.join(lacking)} in the kernel / cgroup.subtree_control")
-        return _cgroup_check(detail, problems, fixes)
-    if layout.mode == "hybrid" and layout.v2:
-        problems.append("crun refuses hybrid mode while cgroup2 holds controllers")
-        fixes.append(_v1_mount_fix(layout, [c for c in layout.v2 if c not in layout.v1]))
-    lacking = [c for c in WANTED_V1 if c not in layout.v1 and c not in layout.v2]
-    if lacking:
-        problems.append(f"v1 lacks {','.join(lacking)}")
-        fixes.append(_v1_mount_fix(layout, lacking))
-    return _cgroup_check(detail, problems, fixes)
+    problems, fixes = m.problems()
+    return _cgroup_check(m.describe(), problems, fixes)
 
 
 def _cgroup_check(detail: str, problems: list[str], fixes: list[str]) -> Check:

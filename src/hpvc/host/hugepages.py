@@ -60,10 +60,11 @@ from pathlib import Path
 from typing import Protocol
 
 from hpvc.errors import HpvcError
+from hpvc.host.cgroupfs import find_manager
 from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.host.probe import cgroup_layout, hugepage_sizes, read_mounts
+from hpvc.host.probe import hugepage_sizes, read_mounts
 from hpvc.sysroot import HOST, RootLike, as_root
 
 _log = logging.getLogger(__name__)
@@ -263,36 +264,17 @@ def cgroup_pages(
 ) -> dict[int, int] | None:
     """Pages of ``size_kib`` faulted in by the tasks of ``cgroups`` (paths like
     ``/hpvc/c``, with their children), per NUMA node; None when unreadable."""
-    layout = cgroup_layout(root)
-    name = f"hugetlb.{_size_name(size_kib)}.numa_stat"
-    v1 = layout.v1.get("hugetlb")
-    base, line = (v1, "hierarchical_total=") if v1 else (layout.v2_path, "total=")
-    if base is None:
+    m = find_manager(root)
+    if m is None:
         return None
     out: dict[int, int] = {}
     for cg in cgroups:
-        try:
-            text = (_at(root, base) / cg.lstrip("/") / name).read_text()
-        except FileNotFoundError:
-            continue  # no such cgroup (not started yet, or gone): nothing in use
-        except OSError:
+        got = m.hugetlb_numa(cg, size_kib)
+        if got is None:
             return None
-        fields = next((ln.split() for ln in text.splitlines() if ln.startswith(line)), None)
-        if fields is None:
-            return None
-        for f in fields[1:]:
-            if f.startswith("N") and "=" in f:
-                node, value = f[1:].split("=", 1)
-                out[int(node)] = out.get(int(node), 0) + int(value) // (size_kib << 10)
+        for node, used in got.items():
+            out[node] = out.get(node, 0) + used // (size_kib << 10)
     return out
-
-
-def _size_name(size_kib: int) -> str:
-    """2048 -> ``2MB``, 1048576 -> ``1GB`` (hugetlb file names)."""
-    for unit, shift in (("GB", 20), ("MB", 10)):
-        if size_kib >= 1 << shift and size_kib % (1 << shift) == 0:
-            return f"{size_kib >> shift}{unit}"
-    return f"{size_kib}KB"
 
 
 @undoer("hugepages")

@@ -14,7 +14,8 @@ server is stopped) and returns the ``cgroup.procs`` file the server's launcher
 joins. ``set_limits`` writes a device's read/write throttles (v1
 ``blkio.throttle.{read,write}_bps_device``, v2 ``io.max``); ``limits`` reads
 them back; ``io_bytes`` reads the cgroup's own counters (v1
-``blkio.throttle.io_service_bytes``, v2 ``io.stat``).
+``blkio.throttle.io_service_bytes``, v2 ``io.stat``). Which files those are is
+the cgroup manager's (``hpvc.host.cgroupfs``), chosen once from the layout.
 
 What the kernel charges to this cgroup (measured on 6.18, docs/io.md): I/O the
 server submits in its own context (O_DIRECT, O_SYNC, fsync), and, through a
@@ -26,7 +27,7 @@ is a loop file system, else the disk. The v1 counters of a device appear only
 once any cgroup has a throttle rule on it (blk-throttle is set up per disk on
 first use).
 
-Undo kind (DESIGN rule 3):
+Undo kind (architecture rule 5):
 
 ``"io-server-cgroup"`` ``{root, path, hierarchy, export, stable_writes, made_parents}``
     rmdir the server's cgroup (its throttles go with it), then the parents
@@ -43,17 +44,17 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpvc.errors import HpvcError, InputError
-from hpvc.host.blkio import Version, block_device, parse_device_map, parse_io_max, to_int
+from hpvc.host.blkio import block_device
 from hpvc.host.blkio import read_text as _read
-from hpvc.host.blkio import write_text as _write
-from hpvc.host.cgroups import PARENT, _check_name
+from hpvc.host.cgroupfs import find_manager
+from hpvc.host.cgroupfs.base import CgroupManager, Version, mkdir, procs
+from hpvc.host.cgroups import PARENT, check_name
 from hpvc.host.command import at as _at
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.host.probe import cgroup_layout
 from hpvc.sysroot import HOST, RootLike
 
 SERVER = "nfs-server"  # the cgroup's name under /hpvc/<cluster> (no node is named so)
@@ -69,8 +70,12 @@ class ServerCgroup:
     """A cluster's NFS-server cgroup as it is in the kernel."""
 
     cluster: str
-    version: Version
     dir: Path  # the cgroup's folder, as this process reaches it (under the root)
+    manager: CgroupManager = field(compare=False, repr=False)  # the host's layout
+
+    @property
+    def version(self) -> Version:
+        return self.manager.version
 
     @property
     def procs(self) -> Path:
@@ -82,18 +87,17 @@ def server_path(cluster: str) -> str:
     return f"/{PARENT}/{cluster}/{SERVER}"
 
 
-def _hierarchy(root: RootLike) -> tuple[Version, str]:
-    """(version, mount point) of the hierarchy that holds block I/O."""
-    layout = cgroup_layout(root)
-    if layout.v1.get("blkio"):
-        return "v1", layout.v1["blkio"]
-    if layout.v2_path is not None and "io" in layout.v2:
-        return "v2", layout.v2_path
-    raise HpvcError(
-        "storage bandwidth coordinator",
-        "no blkio (v1) or io (v2) cgroup controller is mounted",
-        "mount -t cgroup -o blkio cgroup /sys/fs/cgroup/blkio",
-    )
+def _hierarchy(root: RootLike) -> tuple[CgroupManager, str]:
+    """(manager, mount point) of the hierarchy that holds block I/O."""
+    m = find_manager(root)
+    mount = m.io_mount() if m is not None else None
+    if m is None or mount is None:
+        raise HpvcError(
+            "storage bandwidth coordinator",
+            "no blkio (v1) or io (v2) cgroup controller is mounted",
+            "mount -t cgroup -o blkio cgroup /sys/fs/cgroup/blkio",
+        )
+    return m, mount
 
 
 def server_cgroup(
@@ -108,8 +112,8 @@ def server_cgroup(
     return its ``cgroup.procs``, for ``nfs_server.start(cgroup_procs=...)``.
     ``stable_writes`` (whether that server writes through) is only written down,
     for ``hpvc io status``."""
-    _check_name("cluster", cluster)
-    version, mount = _hierarchy(root)
+    check_name("cluster", cluster)
+    m, mount = _hierarchy(root)
     rel = server_path(cluster)
     d = _at(root, mount) / rel.lstrip("/")
     chain = (d.parent.parent, d.parent, d)  # /hpvc and /hpvc/<cluster> exist after prepare
@@ -124,24 +128,9 @@ def server_cgroup(
         made_parents=made,
     )
     for part in chain:
-        try:
-            part.mkdir(exist_ok=True)
-        except OSError as e:
-            raise HpvcError(f"create cgroup {part}", e.strerror or str(e)) from e
-    if version == "v2":
-        _enable_io(d.parent)
+        mkdir(part)
+    m.enable(chain[:2], ["io"])
     return d / "cgroup.procs"
-
-
-def _enable_io(parent: Path) -> None:
-    """v2: the ``io`` controller in the parents' ``cgroup.subtree_control``."""
-    for p in (parent.parent, parent):
-        if "io" not in (_read(p / "cgroup.subtree_control") or "").split():
-            _write(p / "cgroup.subtree_control", "+io")
-
-
-def _tasks(d: Path) -> list[int]:
-    return [int(t) for t in (_read(d / "cgroup.procs") or "").split() if t.isdigit()]
 
 
 def _settled(d: Path) -> list[int]:
@@ -149,7 +138,7 @@ def _settled(d: Path) -> list[int]:
     server's undo (just before this one) ends its processes, and an exiting
     process (or its orphaned rpcbind, a zombie for a moment) is still listed."""
     deadline = time.monotonic() + SETTLE_S
-    while (busy := _tasks(d)) and time.monotonic() < deadline:
+    while (busy := procs(d)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return busy
 
@@ -183,15 +172,15 @@ def _undo_server_cgroup(args: Args) -> None:
 
 def find(cluster: str, root: RootLike = HOST) -> ServerCgroup | None:
     """The server cgroup of ``cluster``, when it exists."""
-    _check_name("cluster", cluster)
-    version, mount = _hierarchy(root)
+    check_name("cluster", cluster)
+    m, mount = _hierarchy(root)
     d = _at(root, mount) / server_path(cluster).lstrip("/")
-    return ServerCgroup(cluster, version, d) if d.is_dir() else None
+    return ServerCgroup(cluster, d, m) if d.is_dir() else None
 
 
 def tasks(cg: ServerCgroup) -> list[int]:
     """PIDs in the cgroup (the server and its rpcbind)."""
-    return _tasks(cg.dir)
+    return procs(cg.dir)
 
 
 # --- throttles and counters ----------------------------------------------------------
@@ -212,12 +201,7 @@ def set_limits(cg: ServerCgroup, device: Device, rates: dict[str, int | None]) -
             raise InputError(f"throttle {direction} {value}", "want a positive rate")
         if have.get(direction) == value:
             continue
-        if cg.version == "v1":
-            path = cg.dir / f"blkio.throttle.{direction}_bps_device"
-            _write(path, f"{key(device)} {value or 0}")  # 0 removes the rule
-        else:
-            field = "rbps" if direction == "read" else "wbps"
-            _write(cg.dir / "io.max", f"{key(device)} {field}={value or 'max'}")
+        cg.manager.set_bps(cg.dir, key(device), direction, value)
     now = limits(cg).get(key(device), {})
     wrong = {d: v for d, v in rates.items() if now.get(d) != v}
     if wrong:
@@ -226,34 +210,13 @@ def set_limits(cg: ServerCgroup, device: Device, rates: dict[str, int | None]) -
 
 def limits(cg: ServerCgroup) -> dict[str, dict[str, int | None]]:
     """``{"254:0": {"read": bytes/s or None, "write": ...}}``: what the kernel holds."""
-    out: dict[str, dict[str, int | None]] = {}
-    if cg.version == "v1":
-        for direction in DIRECTIONS:
-            text = _read(cg.dir / f"blkio.throttle.{direction}_bps_device")
-            for dev, value in parse_device_map(text).items():  # 0: no rule (a fake tree)
-                out.setdefault(dev, {"read": None, "write": None})[direction] = value or None
-        return out
-    for dev, fields in parse_io_max(_read(cg.dir / "io.max")).items():
-        out[dev] = {"read": fields.get("rbps"), "write": fields.get("wbps")}
-    return out
+    return cg.manager.bps_limits(cg.dir)
 
 
 def io_bytes(cg: ServerCgroup) -> dict[str, dict[str, int]]:
     """``{"254:0": {"read": bytes, "write": bytes}}`` the kernel charged to the
     cgroup since it was made (v1 ``blkio.throttle.io_service_bytes``, v2 ``io.stat``)."""
-    out: dict[str, dict[str, int]] = {}
-    if cg.version == "v1":
-        for line in (_read(cg.dir / "blkio.throttle.io_service_bytes") or "").splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[1] in ("Read", "Write") and parts[2].isdigit():
-                out.setdefault(parts[0], {"read": 0, "write": 0})[parts[1].lower()] = int(parts[2])
-        return out
-    for line in (_read(cg.dir / "io.stat") or "").splitlines():
-        dev, *pairs = line.split()
-        fields = dict(p.partition("=")[::2] for p in pairs)
-        out[dev] = {"read": to_int(fields.get("rbytes")) or 0,
-                    "write": to_int(fields.get("wbytes")) or 0}  # fmt: skip
-    return out
+    return cg.manager.io_bytes(cg.dir)
 
 
 # --- where a cluster's data is -------------------------------------------------------

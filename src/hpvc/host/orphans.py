@@ -33,10 +33,13 @@ from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 from pyroute2 import netns as pr_netns
 
 from hpvc.host import procfs
+from hpvc.host.cgroupfs.base import all_hierarchies
+from hpvc.host.cgroups import PARENT
 from hpvc.host.probe import read_mounts
+from hpvc.paths import Layout
+from hpvc.sysroot import HOST
 
 NETNS_DIR = Path("/run/netns")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 HOLDER_ENV = "HPVC_HOLDER"  # set by hpvc.backends.crun.container.start_holder
 _NODE_LINK = re.compile(r"(hc[0-9a-f]{13}|hv[0-9a-f]{12})")
 
@@ -102,7 +105,8 @@ def _links(keep: Keep, prefix: str) -> list[Orphan]:
 def _cgroups(keep: Keep, prefix: str) -> list[Orphan]:
     found = {
         str(d)
-        for d in CGROUP_ROOT.glob(f"*/hpvc/{prefix}*")
+        for hierarchy in all_hierarchies(HOST)  # every v1 one, or the cgroup2 tree
+        for d in Path(hierarchy).glob(f"{PARENT}/{prefix}*")
         if d.is_dir() and d.name not in keep.clusters
     }
     return [Orphan("cgroup", d) for d in sorted(found)]
@@ -136,13 +140,11 @@ def _holders(keep: Keep, prefix: str) -> list[Orphan]:
 
 
 def _mounts(keep: Keep, prefix: str) -> list[Orphan]:
-    base = str(keep.state_dir / "clusters") + "/"
+    layout = Layout(keep.state_dir)
     out = []
     for m in read_mounts():
-        if not m.target.startswith(base + prefix):
-            continue
-        cluster = m.target[len(base) :].split("/", 1)[0]
-        if cluster not in keep.clusters:
+        cluster = layout.cluster_of(m.target)
+        if cluster is not None and cluster.startswith(prefix) and cluster not in keep.clusters:
             out.append(Orphan("mount", m.target, m.fstype))
     # Deepest first, so a mount below another goes before it.
     return sorted(out, key=lambda o: -o.name.count("/"))

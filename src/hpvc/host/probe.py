@@ -275,37 +275,6 @@ def cgroup_layout(root: RootLike = HOST, mounts: Iterable[Mount] | None = None) 
     return CgroupLayout(mode, v1, v2_path, v2)
 
 
-def cgroup_procs(
-    pid: int, root: RootLike = HOST, only: frozenset[str] | None = None
-) -> tuple[str, ...]:
-    """The ``cgroup.procs`` files of every hierarchy ``pid`` is in (v1 and v2),
-    or (``only``) of the v1 hierarchies holding one of those controllers and
-    the v2 one.
-
-    Paths are as the host sees them (``root`` only relocates the reads).
-    """
-    bases: dict[str, str] = {}  # controller, ``name=...`` or "" for v2 -> mount point
-    for m in read_mounts(root):
-        if m.fstype == "cgroup2":
-            bases.setdefault("", m.target)
-        elif m.fstype == "cgroup":
-            for o in m.options:
-                if o.startswith("name=") or o in V1_CONTROLLERS:
-                    bases.setdefault(o, m.target)
-    out: list[str] = []
-    for controllers, path in proc_cgroups(pid, root):
-        keys = controllers.split(",") if controllers else [""]
-        if only is not None and keys != [""] and not only.intersection(keys):
-            continue
-        base = next((bases[k] for k in keys if k in bases), None)
-        if base is None:
-            continue
-        procs = str(Path(base) / path.lstrip("/") / "cgroup.procs")
-        if procs not in out and _at(root, procs).exists():
-            out.append(procs)
-    return tuple(out)
-
-
 # --- block devices and network -------------------------------------------------------
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 from hpvc.host.blkio import read_text
+from hpvc.host.cgroupfs import find_manager
 from hpvc.host.command import at
-from hpvc.host.probe import cgroup_layout
 from hpvc.sysroot import HOST, RootLike
 
 
@@ -38,16 +38,6 @@ def host_cpu_seconds(root: RootLike = HOST) -> tuple[float | None, float | None]
 
 def cgroup_cpu_seconds(path: str, root: RootLike = HOST) -> float | None:
     """CPU seconds the cgroup at ``path`` (``/hpvc/c1/compute0``, relative to the
-    hierarchy's mount) used so far: v1 ``cpuacct.usage``, else v2 ``cpu.stat``."""
-    layout = cgroup_layout(root)
-    rel = path.lstrip("/")
-    acct = layout.v1.get("cpuacct")
-    if acct:
-        text = read_text(at(root, acct) / rel / "cpuacct.usage")
-        return int(text) / 1e9 if text and text.isdigit() else None
-    if layout.v2_path is not None:
-        for line in (read_text(at(root, layout.v2_path) / rel / "cpu.stat") or "").splitlines():
-            k, _, v = line.partition(" ")
-            if k == "usage_usec" and v.strip().isdigit():
-                return int(v) / 1e6
-    return None
+    hierarchy's mount) used so far: v1 ``cpuacct.usage``, v2 ``cpu.stat``."""
+    m = find_manager(root)
+    return m.cpu_seconds(path) if m is not None else None

@@ -101,11 +101,25 @@ def _join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
 
 
-def _cpuset_mount(r: Reader) -> tuple[str, str] | None:
-    """(kind, mount point) of the first mount that carries cpusets, hwloc's way.
+@dataclass(frozen=True)
+class _Cpusets:
+    """How one kind of mount that carries cpusets names its files, and which line
+    of ``proc/self/cgroup`` holds the process's path in it: the line naming
+    ``line`` among its controllers (cgroup2's line names none: ``0::PATH``)."""
 
-    kind is ``cgroup2``, ``cgroup1`` or ``cpuset`` (a cpuset filesystem, or
-    cgroup v1 mounted with ``noprefix``)."""
+    cpus: str
+    mems: str
+    line: str
+
+
+_CGROUP2 = _Cpusets("cpuset.cpus.effective", "cpuset.mems.effective", "")
+_CGROUP1 = _Cpusets("cpuset.cpus", "cpuset.mems", "cpuset")
+_CPUSET_FS = _Cpusets("cpus", "mems", "cpuset")  # also cgroup v1 mounted with noprefix
+
+
+def _cpuset_mount(r: Reader) -> tuple[_Cpusets, str] | None:
+    """(kind, mount point) of the first mount that carries cpusets, hwloc's way:
+    the one place that tells the kinds apart."""
     for line in (r.text("proc/mounts") or "").splitlines():
         words = line.split()
         if len(words) < 4:
@@ -115,15 +129,15 @@ def _cpuset_mount(r: Reader) -> tuple[str, str] | None:
         if kind == "cgroup2":
             controllers = r.text(_join(where, "cgroup.controllers"))
             if controllers is not None and "cpuset" in controllers.split():
-                return "cgroup2", where
+                return _CGROUP2, where
         elif kind == "cpuset":
-            return "cpuset", where
+            return _CPUSET_FS, where
         elif kind == "cgroup" and "cpuset" in options:
-            return ("cpuset" if "noprefix" in options else "cgroup1"), where
+            return (_CPUSET_FS if "noprefix" in options else _CGROUP1), where
     return None
 
 
-def _cgroup_name(r: Reader, kind: str) -> str | None:
+def _cgroup_name(r: Reader, kind: _Cpusets) -> str | None:
     """The process's cpuset path: ``proc/self/cpuset``, else its line of
     ``proc/self/cgroup`` (``0::PATH`` for cgroup2, ``N:...cpuset...:PATH`` for v1;
     hwloc takes the first of either, which on a host mounting both can be the
@@ -134,8 +148,7 @@ def _cgroup_name(r: Reader, kind: str) -> str | None:
     for line in (r.text("proc/self/cgroup") or "").splitlines():
         _, sep, rest = line.partition(":")
         controllers, sep2, path = rest.partition(":")
-        v2 = controllers == ""
-        if sep and sep2 and (v2 if kind == "cgroup2" else "cpuset" in controllers.split(",")):
+        if sep and sep2 and kind.line in controllers.split(","):
             return path
     return None
 
@@ -161,12 +174,7 @@ def _cgroup(r: Reader) -> tuple[set[int] | None, set[int] | None, str]:
     if name is None:
         return None, None, ""
     base = _join(where, name)
-    files = {
-        "cgroup2": ("cpuset.cpus.effective", "cpuset.mems.effective"),
-        "cgroup1": ("cpuset.cpus", "cpuset.mems"),
-        "cpuset": ("cpus", "mems"),
-    }[kind]
-    cpus, mems = (_list_file(r, _join(base, f)) for f in files)
+    cpus, mems = (_list_file(r, _join(base, f)) for f in (kind.cpus, kind.mems))
     return cpus, mems, name
 
 

@@ -160,7 +160,7 @@ class CrunBackend:
             progress(f"warning: {warning}")
         if dev is not None and any(n.io and n.io.weight for n in plan.nodes):
             # Weights need the bfq scheduler; the device is host-wide, so is the undo.
-            cgroups.ensure_bfq(env.host_journal(), cgroups.device_name(dev))
+            blkio.ensure_bfq(env.host_journal(), blkio.device_name(dev))
 
     def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> Phases:
         rootfs = resolve_image(plan.image).rootfs
