@@ -1,7 +1,22 @@
-"""Where hpvc keeps its state on a host: one default, one environment override.
+"""Where hpvc keeps its state on a host: one default, one environment override,
+and the layout of that directory (spelled here only).
 
 ``$HPVC_STATE_DIR`` (default /var/lib/hpvc) holds clusters, journals and locks;
-``$HPVC_IMAGE_DIR`` (default ``<state dir>/images``) the built images.
+``$HPVC_IMAGE_DIR`` (default ``<state dir>/images``) the built images. Under
+the state directory (``Layout``; the renderers' default paths join the same
+names):
+
+    state.lock                    flock: planning and booking CPUs is serialised
+    host-journal.jsonl            host-wide changes shared by clusters (undone with the last)
+    clusters/<name>/cluster.json  spec, plan, status, what the cluster holds
+    clusters/<name>/journal.jsonl cluster-wide host changes, undone last
+    clusters/<name>/nodes/<node>/journal.jsonl   one node's host changes
+    locks/<name>.lock             one cluster's lock (up, scale, down)
+    run/<name>/<node>/            sockets and pid files of a node (VMs)
+    jobs/                         Slurm: each job's lock and its shares' join records
+    shared/<name>                 a ``keep = true`` cluster's shared directory between ups
+    images/                       built images (unless $HPVC_IMAGE_DIR)
+    space-reserve                 1 MiB of zeros kept for records on a full disk
 
 The state is root's: under Slurm it holds every job's nodes (their overlay
 roots, shared memory, journals), so no other user may reach into it.
@@ -14,11 +29,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
 
 PRIVATE = 0o700  # the mode of every folder hpvc makes in its state directory
+
+# The names of the state directory's layout (above).
+STATE_LOCK = "state.lock"
+HOST_JOURNAL = "host-journal.jsonl"
+CLUSTERS = "clusters"
+RECORD = "cluster.json"
+JOURNAL = "journal.jsonl"  # a cluster's, and each node's
+NODES = "nodes"
+LOCKS = "locks"
+RUN = "run"
+JOBS = "jobs"
+SHARED = "shared"
+IMAGES = "images"
+RESERVE = "space-reserve"
 
 
 def state_dir() -> Path:
@@ -27,7 +57,7 @@ def state_dir() -> Path:
 
 def image_dir() -> Path:
     env = os.environ.get("HPVC_IMAGE_DIR")
-    return Path(env) if env else state_dir() / "images"
+    return Path(env) if env else state_dir() / IMAGES
 
 
 def private_dir(path: Path, *, tighten: bool = False) -> Path:
@@ -48,3 +78,71 @@ def private_dir(path: Path, *, tighten: bool = False) -> Path:
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is not a directory")
     return path
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The paths of one state directory (above): only path arithmetic, nothing
+    is made or read here."""
+
+    root: Path
+
+    def state_lock(self) -> Path:
+        return self.root / STATE_LOCK
+
+    def host_journal(self) -> Path:
+        return self.root / HOST_JOURNAL
+
+    def clusters(self) -> Path:
+        return self.root / CLUSTERS
+
+    def cluster_dir(self, name: str) -> Path:
+        return self.clusters() / name
+
+    def record(self, name: str) -> Path:
+        return self.cluster_dir(name) / RECORD
+
+    def journal(self, name: str) -> Path:
+        return self.cluster_dir(name) / JOURNAL
+
+    def nodes(self, name: str) -> Path:
+        return self.cluster_dir(name) / NODES
+
+    def node_dir(self, name: str, node: str) -> Path:
+        return self.nodes(name) / node
+
+    def node_journal(self, name: str, node: str) -> Path:
+        return self.node_dir(name, node) / JOURNAL
+
+    def locks(self) -> Path:
+        return self.root / LOCKS
+
+    def cluster_lock(self, name: str) -> Path:
+        return self.locks() / f"{name}.lock"
+
+    def runs(self) -> Path:
+        return self.root / RUN
+
+    def run_dir(self, name: str) -> Path:
+        return self.runs() / name
+
+    def node_run_dir(self, name: str, node: str) -> Path:
+        return self.run_dir(name) / node
+
+    def jobs(self) -> Path:
+        return self.root / JOBS
+
+    def kept_shared(self, name: str) -> Path:
+        return self.root / SHARED / name
+
+    def reserve(self) -> Path:
+        return self.root / RESERVE
+
+    def cluster_of(self, path: str | Path) -> str | None:
+        """The cluster whose folder holds ``path`` (``clusters/<name>/...``); None
+        for a path outside every cluster's folder."""
+        try:
+            rel = Path(path).relative_to(self.clusters())
+        except ValueError:
+            return None
+        return rel.parts[0] if rel.parts else None

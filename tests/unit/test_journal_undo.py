@@ -144,7 +144,7 @@ def test_a_record_is_saved_into_the_reserve_when_the_disk_is_full(
     store = Store(tmp_path / "state")
     rec = ClusterRecord("c", {}, "", {}, "running", 0.0, 0.0)
     store.save(rec)
-    reserve = store.root / state.RESERVE
+    reserve = store.layout.reserve()
     assert reserve.stat().st_size == state.RESERVE_BYTES  # made by the first save
     blocks = reserve.stat().st_blocks
     assert blocks * 512 >= state.RESERVE_BYTES  # allocated, not sparse

@@ -58,7 +58,7 @@ def shared_of(plan: Plan) -> SharedPlan:
 
 def kept_dir(env: ClusterEnv) -> Path:
     """Where a ``keep = true`` cluster's data lives between its ups."""
-    return env.store.root / "shared" / env.name
+    return env.store.layout.kept_shared(env.name)
 
 
 def host_folder(env: ClusterEnv, sh: SharedPlan) -> Path:

@@ -36,7 +36,7 @@ SHOWN = 3  # failed steps named in a "not finished" line; the rest are counted
 
 
 def _node_names(store: Store, name: str) -> list[str]:
-    nodes = store.cluster_dir(name) / "nodes"
+    nodes = store.layout.nodes(name)
     return sorted(d.name for d in nodes.iterdir()) if nodes.is_dir() else []
 
 

@@ -36,6 +36,7 @@ from hpvc.host import procfs
 from hpvc.host.cgroupfs.base import all_hierarchies
 from hpvc.host.cgroups import PARENT
 from hpvc.host.probe import read_mounts
+from hpvc.paths import Layout
 from hpvc.sysroot import HOST
 
 NETNS_DIR = Path("/run/netns")
@@ -139,13 +140,11 @@ def _holders(keep: Keep, prefix: str) -> list[Orphan]:
 
 
 def _mounts(keep: Keep, prefix: str) -> list[Orphan]:
-    base = str(keep.state_dir / "clusters") + "/"
+    layout = Layout(keep.state_dir)
     out = []
     for m in read_mounts():
-        if not m.target.startswith(base + prefix):
-            continue
-        cluster = m.target[len(base) :].split("/", 1)[0]
-        if cluster not in keep.clusters:
+        cluster = layout.cluster_of(m.target)
+        if cluster is not None and cluster.startswith(prefix) and cluster not in keep.clusters:
             out.append(Orphan("mount", m.target, m.fstype))
     # Deepest first, so a mount below another goes before it.
     return sorted(out, key=lambda o: -o.name.count("/"))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpvc.errors import HpvcError
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.paths import CLUSTERS
 
 MOUNTED_INSIDE = ("rootfs", "layer", "shm")  # rootfs before the layer under it
 
@@ -32,7 +33,7 @@ def record(journal: Journal, path: Path) -> None:
 @undoer("tree")
 def _undo_tree(args: Args) -> None:
     path = Path(args["path"])
-    if "clusters" not in path.parts:  # only ever a cluster's own state directory
+    if CLUSTERS not in path.parts:  # only ever a cluster's own state directory
         raise HpvcError(f"refusing to remove {path}", "not under a cluster's state directory")
     for sub in MOUNTED_INSIDE:
         umount(str(path / sub))

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from hpvc.paths import DEFAULT_STATE_DIR
+from hpvc.paths import CLUSTERS, DEFAULT_STATE_DIR, IMAGES, NODES, RUN, SHARED
 
 if TYPE_CHECKING:
     from hpvc.plan.services import SharedPlan
@@ -91,15 +91,15 @@ class RenderContext:
 
     def cluster_dir(self, cluster: str) -> str:
         """State directory of one cluster (rendered artifacts, the hosts file)."""
-        return os.path.join(self.base_dir, "clusters", cluster)
+        return os.path.join(self.base_dir, CLUSTERS, cluster)
 
     def node_dir(self, cluster: str, node: str) -> str:
         """State directory of one node; for a container it is the OCI bundle."""
-        return os.path.join(self.cluster_dir(cluster), "nodes", node)
+        return os.path.join(self.cluster_dir(cluster), NODES, node)
 
     def node_run_dir(self, cluster: str, node: str) -> str:
         """Where a node's sockets and pid file live."""
-        run = self.run_dir or os.path.join(self.base_dir, "run")
+        run = self.run_dir or os.path.join(self.base_dir, RUN)
         return os.path.join(run, cluster, node)
 
     def disk_image(self, cluster: str, node: str) -> str:
@@ -117,7 +117,7 @@ class RenderContext:
         if self.shared_image is not None:
             return self.shared_image
         if shared.keep:
-            return os.path.join(self.base_dir, "shared", f"{cluster}.img")
+            return os.path.join(self.base_dir, SHARED, f"{cluster}.img")
         return os.path.join(self.cluster_dir(cluster), "export.img")
 
     def console_log(self, cluster: str, node: str) -> str:
@@ -143,7 +143,7 @@ class RenderContext:
         )
 
     def container_rootfs(self, image: str) -> str:
-        return self.rootfs or os.path.join(self.base_dir, "images", image, "rootfs")
+        return self.rootfs or os.path.join(self.base_dir, IMAGES, image, "rootfs")
 
     def node_container_rootfs(self, cluster: str, node: str, image: str) -> str:
         if self.node_rootfs:

@@ -151,7 +151,7 @@ def joins(
 
 def jobs_dir(store: Store) -> Path:
     """Root's alone: the join records and locks name every job's shares."""
-    return private_dir(store.root / "jobs", tighten=True)
+    return private_dir(store.layout.jobs(), tighten=True)
 
 
 @contextmanager
@@ -163,7 +163,7 @@ def job_lock(store: Store, job: int) -> Iterator[None]:
 
 def job_shares(store: Store, job: int) -> list[str]:
     """The job's shares on this host, also half-made ones (no record yet)."""
-    base = store.root / "clusters"
+    base = store.layout.clusters()
     names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
     return [n for n in names if (p := parse_share_name(n)) and p[0] == job]
 

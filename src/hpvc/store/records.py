@@ -1,15 +1,9 @@
 """hpvc's state on one host: one directory, one lock, one record per cluster.
 
-Layout under the state directory (``$HPVC_STATE_DIR``, default /var/lib/hpvc):
-
-    state.lock                    flock: planning and booking CPUs is serialised
-    host-journal.jsonl            host-wide changes shared by clusters (undone with the last)
-    clusters/<name>/cluster.json  spec, plan, status, what the cluster holds
-    clusters/<name>/journal.jsonl cluster-wide host changes, undone last
-    clusters/<name>/nodes/<node>/journal.jsonl   one node's host changes
-    locks/<name>.lock             one cluster's lock (up, scale, down)
-    run/<name>/<node>/            sockets and pid files of a node (VMs)
-    space-reserve                 1 MiB of zeros kept for records on a full disk
+The state directory (``$HPVC_STATE_DIR``, default /var/lib/hpvc) is laid out
+as ``hpvc.paths`` says (``Layout``): the state lock, the host journal, each
+cluster's folder with its record and journals, the clusters' locks, their
+nodes' sockets, the space reserve.
 
 Only root may enter it: every folder hpvc makes here is 0700 from the start
 (``hpvc.paths.private_dir``), so no other user reaches a node's root, its
@@ -50,12 +44,11 @@ from hpvc.errors import InputError
 from hpvc.host.journal import Journal
 from hpvc.locks import file_lock, owned_lock
 from hpvc.paths import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
-from hpvc.paths import private_dir
+from hpvc.paths import RECORD, Layout, private_dir
 from hpvc.paths import state_dir as state_dir
 from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
 
-RESERVE = "space-reserve"
 RESERVE_BYTES = 1 << 20  # far more than a record (tens of KiB for a large cluster)
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -110,11 +103,16 @@ class Store:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or state_dir()
 
+    @property
+    def layout(self) -> Layout:
+        """Where each thing is in this state directory."""
+        return Layout(self.root)
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive lock over planning and record changes on this host."""
         private_dir(self.root)
-        with file_lock(self.root / "state.lock"):
+        with file_lock(self.layout.state_lock()):
             yield
 
     @contextmanager
@@ -123,42 +121,43 @@ class Store:
         commands) for their whole run: a second caller waits, told who holds it.
         Outside the cluster's folder, which ``down`` removes. Take it before
         ``lock()``, never inside it."""
-        private_dir(self.root / "locks", tighten=True)
+        private_dir(self.layout.locks(), tighten=True)
         with owned_lock(self.cluster_lock_path(name), f"PID {os.getpid()} ({what})", on_wait):
             yield
 
     def cluster_lock_path(self, name: str) -> Path:
         """The file of ``cluster_lock`` (``status`` asks whether anyone holds it)."""
-        return self.root / "locks" / f"{name}.lock"
+        return self.layout.cluster_lock(name)
 
     def cluster_dir(self, name: str) -> Path:
-        return self.root / "clusters" / name
+        return self.layout.cluster_dir(name)
 
     def node_dir(self, name: str, node: str) -> Path:
-        return self.cluster_dir(name) / "nodes" / node
+        return self.layout.node_dir(name, node)
 
     def run_dir(self, name: str) -> Path:
         """The cluster's folder of sockets and pid files, made (privately) if missing."""
-        return private_dir(private_dir(self.root / "run", tighten=True) / name)
+        private_dir(self.layout.runs(), tighten=True)
+        return private_dir(self.layout.run_dir(name))
 
     def journal(self, name: str) -> Journal:
-        return Journal(self.cluster_dir(name) / "journal.jsonl")
+        return Journal(self.layout.journal(name))
 
     def node_journal(self, name: str, node: str) -> Journal:
-        return Journal(self.node_dir(name, node) / "journal.jsonl")
+        return Journal(self.layout.node_journal(name, node))
 
     def host_journal(self) -> Journal:
-        return Journal(self.root / "host-journal.jsonl")
+        return Journal(self.layout.host_journal())
 
     def names(self) -> list[str]:
-        base = self.root / "clusters"
+        base = self.layout.clusters()
         if not base.is_dir():
             return []
-        return sorted(p.name for p in base.iterdir() if (p / "cluster.json").exists())
+        return sorted(p.name for p in base.iterdir() if (p / RECORD).exists())
 
     def load(self, name: str) -> ClusterRecord | None:
         try:
-            data = json.loads((self.cluster_dir(name) / "cluster.json").read_text())
+            data = json.loads(self.layout.record(name).read_text())
         except FileNotFoundError:
             return None
         return ClusterRecord.from_json(data)
@@ -172,9 +171,10 @@ class Store:
     def save(self, rec: ClusterRecord) -> None:
         """Write the record atomically; on a full disk into the reserve's blocks."""
         rec.updated = time.time()
-        private_dir(self.root / "clusters", tighten=True)
-        d = private_dir(self.cluster_dir(rec.name))
-        tmp = d / "cluster.json.tmp"
+        private_dir(self.layout.clusters(), tighten=True)
+        private_dir(self.cluster_dir(rec.name))
+        final = self.layout.record(rec.name)
+        tmp = final.with_name(final.name + ".tmp")
         data = (json.dumps(rec.to_json(), indent=1) + "\n").encode()
         try:
             _write_new(tmp, data)
@@ -182,13 +182,13 @@ class Store:
             tmp.unlink(missing_ok=True)
             if not full(e) or not self._write_in_reserve(tmp, data):
                 raise
-        os.replace(tmp, d / "cluster.json")
+        os.replace(tmp, final)
         self._refill_reserve()
 
     def _write_in_reserve(self, tmp: Path, data: bytes) -> bool:
         """``data`` into ``tmp`` over the reserve's blocks (no allocation); False
         when there is no reserve, or one too small."""
-        reserve = self.root / RESERVE
+        reserve = self.layout.reserve()
         try:
             if reserve.stat().st_size < len(data):
                 return False
@@ -207,7 +207,7 @@ class Store:
     def _refill_reserve(self) -> None:
         """Top the reserve up to ``RESERVE_BYTES`` with what free space there is
         (real zeros, not a sparse file: the blocks must be allocated)."""
-        path = self.root / RESERVE
+        path = self.layout.reserve()
         with contextlib.suppress(OSError):
             if path.stat().st_size >= RESERVE_BYTES:
                 return
@@ -229,7 +229,7 @@ class Store:
         """Delete the cluster's state directory and its run directory (sockets,
         pid files, consoles of its nodes), after its journals are undone."""
         shutil.rmtree(self.cluster_dir(name), ignore_errors=True)
-        shutil.rmtree(self.root / "run" / name, ignore_errors=True)
+        shutil.rmtree(self.layout.run_dir(name), ignore_errors=True)
 
     def reservations(self, exclude: str | None = None) -> Reservations:
         """What every other cluster on this host holds, for the planner."""

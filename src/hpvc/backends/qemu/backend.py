@@ -208,7 +208,7 @@ class QemuBackend:
             self.repin_node(env, plan, n)
 
     def repin_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> None:
-        qmp = env.store.root / "run" / plan.cluster / node.name / "qmp.sock"
+        qmp = env.store.layout.node_run_dir(plan.cluster, node.name) / "qmp.sock"
         vm_qemu.apply_pinning(qmp, vm_state(env).pids[node.name], qemu_pinning(node))
 
     # --- reading back --------------------------------------------------------
@@ -232,7 +232,7 @@ class QemuBackend:
         pid = self.live_pid(env, plan, node)
         if pid is None:
             raise HpvcError(f"node {node.name}", "is not running")
-        qmp = env.store.root / "run" / plan.cluster / node.name / "qmp.sock"
+        qmp = env.store.layout.node_run_dir(plan.cluster, node.name) / "qmp.sock"
         return dict(vm_qemu.read_back(pid, qmp))
 
     def node_status(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from hpvc.image.guest import (
     node_disk,
     peers_text,
 )
-from hpvc.paths import private_dir
+from hpvc.paths import RUN, private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
 from hpvc.render.context import RenderContext
@@ -160,7 +160,7 @@ def configured_at_boot(ctx: RenderContext) -> bool:
 @undoer("node-run-dir")
 def _undo_node_run_dir(args: Args) -> None:
     path = Path(args["path"])
-    if path.parent.parent.name != "run":  # only ever run/<cluster>/<node>
+    if path.parent.parent.name != RUN:  # only ever run/<cluster>/<node>
         raise HpvcError(f"refusing to remove {path}", "not a node's folder in a run directory")
     shutil.rmtree(path, ignore_errors=True)
 
