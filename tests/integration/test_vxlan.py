@@ -1,7 +1,7 @@
 """The cluster network across hosts (hpvc.host.vxlan) between two hosts that are apart.
 
 Two "hosts" are network namespaces on a private fabric bridge (itself in a
-namespace of its own, MTU 9000), made by ``hpvc.cluster.testbed``: each gets a
+namespace of its own, MTU 9000), made by ``hpvc.testbed.pair``: each gets a
 cluster bridge joined by VXLAN, and one node (a namespace with a veth on the
 bridge, static ARP). The node on host A must reach the node on host B over
 the cluster subnet; the forwarding entries are the static ones hpvc wrote, and
@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from hpvc.cluster import testbed
-from hpvc.cluster.testbed import Testbed
 from hpvc.plan.overlay import VXLAN_OVERHEAD
+from hpvc.testbed import pair as testbed
+from hpvc.testbed.pair import Testbed
 from tests.helpers import requires
 
 

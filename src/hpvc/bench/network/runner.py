@@ -1,6 +1,6 @@
 """The cluster network across hosts against the fabric: bandwidth and latency, A/B.
 
-Two hosts apart on a private fabric (``hpvc.cluster.testbed``: network
+Two hosts apart on a private fabric (``hpvc.testbed.pair``: network
 namespaces on this machine, each host's cluster bridge joined by hpvc's VXLAN
 code) carry one node each. Two pairs are measured in the same run:
 
@@ -49,10 +49,10 @@ from typing import IO, Any
 
 from hpvc.bench import common
 from hpvc.bench.network import report as network_report
-from hpvc.cluster import testbed
-from hpvc.cluster.testbed import Testbed
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.progress import Progress, quiet
+from hpvc.testbed import pair as testbed
+from hpvc.testbed.pair import Testbed
 
 # Tool -> the Debian package that has it.
 TOOLS = {

@@ -1,4 +1,4 @@
-"""Two hosts apart on a private fabric, for benchmarks and tests.
+"""Two hosts apart on a private fabric, joined by one cluster network across them.
 
 ``two_hosts()`` builds, on this one machine, what a cluster across two hosts
 looks like, out of network namespaces (names carry a tag, the PID by default,
@@ -10,11 +10,13 @@ so two runs side by side do not collide)::
     host X netns:  cluster bridge ── VXLAN port (hpvc.host.vxlan.join, VNI, filter)
                                   └── veth ── node X netns: eth0 10.97.3.2 / .3
 
-Each host's part is made by hpvc's own code (``hpvc.host.net`` and
-``hpvc.host.vxlan`` with an ``hpvc.plan.overlay.Overlay``), run by a Python
-child entered into that host's namespace with ``nsenter --net`` (netlink
-sockets, nftables and ``/proc/sys/net`` follow the process's namespace). Every
-change is journaled before it is made (architecture rule 5): one journal per host
+The fabric is ``hpvc.testbed.fabric``'s (the one the Slurm test cluster's
+hosts stand on too), built inside the fabric namespace. Each host's part is
+made by hpvc's own code (``hpvc.host.net`` and ``hpvc.host.vxlan`` with an
+``hpvc.plan.overlay.Overlay``). Both run in a Python child entered into the
+namespace with ``nsenter --net`` (netlink sockets, nftables and
+``/proc/sys/net`` follow the process's namespace). Every change is journaled
+before it is made (architecture rule 5): one journal per host
 and one for the fabric, each undone inside its own namespace, and one for the
 namespaces themselves, undone last from here. Nothing is routed out of the
 namespaces: all traffic stays on the private fabric.
@@ -61,17 +63,17 @@ from hpvc.host.journal import Journal
 from hpvc.host.probe import BRIDGE_NF_KNOBS
 from hpvc.plan.overlay import VXLAN_OVERHEAD, Overlay, Vtep, vni_for
 from hpvc.progress import Progress, quiet
+from hpvc.testbed import fabric
+from hpvc.testbed.fabric import FABRIC_MTU, PREFIXLEN
 
-FABRIC_MTU = 9000
 FABRIC_NET = "10.252.7"  # /24, inside the namespaces only
 CLUSTER_NET = "10.97.3"  # the virtual cluster's /24
-PREFIXLEN = 24
 NODE_MTU = FABRIC_MTU - VXLAN_OVERHEAD
 OUTSIDER_ADDRESS = f"{FABRIC_NET}.99"
-FABRIC_IFNAME = net.NODE_IFNAME  # each host's interface on the fabric (a "node" of it)
+FABRIC_IFNAME = fabric.IFNAME  # each host's interface on the fabric
 CHILD_TIMEOUT_S = 120
 _TAG = re.compile(r"[a-z0-9]{1,8}")
-_CHILD = "import sys; from hpvc.cluster.testbed import child_main; child_main(sys.argv[1:])"
+_CHILD = "import sys; from hpvc.testbed.pair import child_main; child_main(sys.argv[1:])"
 
 
 @dataclass(frozen=True)
@@ -224,8 +226,7 @@ def two_hosts(
     failed = True
     try:
         progress(f"test bed: namespaces {', '.join(bed.all_netns)}")
-        for ns in bed.all_netns:
-            net.create_netns(top, ns)
+        fabric.make_namespaces(top, bed.all_netns)
         progress(f"test bed: fabric bridge, MTU {bed.fabric_mtu}")
         _in_netns(bed, bed.fabric_netns, "fabric", _fabric_args(bed))
         for h in bed.hosts:
@@ -289,14 +290,9 @@ def _fabric_args(bed: Testbed) -> dict[str, Any]:
         "bridge": bed.fabric_bridge,
         "mtu": bed.fabric_mtu,
         "ports": [
-            {"netns": ns, "ifname": f"{bed.fabric_bridge}{k}", "address": a, "mac": _mac(a)}
-            for k, ns, a in ports
+            {"netns": ns, "ifname": f"{bed.fabric_bridge}{k}", "address": a} for k, ns, a in ports
         ],
     }
-
-
-def _mac(address: str) -> str:
-    return f"02:fb:00:00:00:{int(address.rsplit('.', 1)[1]):02x}"
 
 
 def _host_args(bed: Testbed, h: Host) -> dict[str, Any]:
@@ -350,14 +346,10 @@ def _undo_in(bed: Testbed, netns: str) -> list[str]:
 
 def _op_fabric(args: dict[str, Any]) -> Any:
     net.set_bridge_netfilter(bool(args["bridge_netfilter"]))
-    j = Journal(args["journal"])
-    bridge, mtu = str(args["bridge"]), int(args["mtu"])
-    net.ensure_bridge(j, bridge, None, PREFIXLEN, mtu)
-    for p in args["ports"]:
-        net.add_node_link(
-            j, bridge=bridge, netns=p["netns"], host_ifname=p["ifname"], mtu=mtu,
-            address=p["address"], prefixlen=PREFIXLEN, mac=p["mac"], gateway=p["address"],
-        )  # fmt: skip
+    ports = tuple(fabric.Port(p["netns"], p["ifname"], p["address"]) for p in args["ports"])
+    fabric.build(
+        Journal(args["journal"]), fabric.Fabric(str(args["bridge"]), ports, mtu=int(args["mtu"]))
+    )
     return None
 
 
