@@ -15,7 +15,9 @@ CLUSTER_NAME=hpvctest
 CTL=ctl
 
 # The fabric: a bridge in the root namespace and one network namespace per
-# host (ctl, n1..n3), each wired to it by a veth pair. Names and subnet derive
+# host (ctl, n1..n3), each wired to it by a veth pair, made by hpvc's own
+# fabric builder (python -m hpvc.testbed, the one its VXLAN test bed stands on
+# too) and journaled in FABRIC_JOURNAL. Names and subnet derive
 # from the port, so a second cluster (other HPVC_SLURM_DIR and HPVC_SLURM_PORT,
 # as the tests start) gets its own: port 6917 -> hpvcfab0, 10.250.0.0/24;
 # 6918 -> hpvcfab1, 10.250.1.0/24; ... (the port's distance from 6917, mod 256).
@@ -23,7 +25,7 @@ FAB_ID=$(( ((BASE_PORT - 6917) % 256 + 256) % 256 ))
 FABRIC=${HPVC_SLURM_FABRIC:-hpvcfab$FAB_ID}  # bridge; netns and veths are $FABRIC-<host>
 SUBNET=${HPVC_SLURM_SUBNET:-10.250.$FAB_ID.0/24}
 FAB_MTU=9000
-FAB_IF=fab0  # a host's end of its veth, inside its network namespace
+FAB_IF=eth0  # a host's end of its veth, inside its network namespace (hpvc.testbed.fabric.IFNAME)
 NET3=${SUBNET%.0/24}  # the first three octets (the subnet must be A.B.C.0/24)
 # Addresses: nK = .K, slurmctld = .253, the root namespace (bridge) = .254.
 host_addr() {
@@ -56,8 +58,20 @@ TMPFS_DIR=/tmp/hpvc-slurm-$FAB_ID
 SITE_PREFIX=${HPVC_SITE_PREFIX:-/opt/hpvc}
 SITE_PREFIX=${SITE_PREFIX%/}
 
+# The Python that runs hpvc's fabric builder (python -m hpvc.testbed):
+# HPVC_PYTHON, else the checkout's .venv, else the site installation's.
+testbed_python() {
+  local c repo
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  for c in "${HPVC_PYTHON:-}" "$repo/.venv/bin/python" "$SITE_PREFIX/venv/bin/python"; do
+    if [ -n "$c" ] && [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+
 CONF=$SLURM_DIR/slurm.conf
 FABRIC_ENV=$SLURM_DIR/fabric.env  # what up.sh made, for down.sh
+FABRIC_JOURNAL=$SLURM_DIR/fabric.jsonl  # the fabric's journal (python -m hpvc.testbed undo)
 MUNGE_SOCKET=$SLURM_DIR/run/munge.socket
 MUNGE_KEY=$SLURM_DIR/munge/munge.key
 MUNGE_PID=$SLURM_DIR/run/munged.pid

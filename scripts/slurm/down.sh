@@ -128,8 +128,15 @@ if [ ${#left[@]} -gt 0 ]; then
   stop "${left[@]}"
 fi
 
-# The fabric: deleting a veth deletes its peer; a namespace with no process
-# left goes with its name.
+# The fabric: its journal first (python -m hpvc.testbed undo: what up.sh's
+# builder made), then by name whatever is left (a journal lost or unreadable).
+# Deleting a veth deletes its peer; a namespace with no process left goes with
+# its name.
+if [ -e "$FABRIC_JOURNAL" ]; then
+  if py=$(testbed_python); then
+    "$py" -m hpvc.testbed undo --journal "$FABRIC_JOURNAL" || echo "slurm-down: removing the fabric by name" >&2
+  fi
+fi
 for ns in "${netns[@]}"; do
   ip link del "$ns" 2>/dev/null || true
   [ ! -e "/run/netns/$ns" ] || ip netns del "$ns"

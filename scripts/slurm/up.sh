@@ -17,6 +17,9 @@
 #                          each slurmd and one for the submitting side; 0: none
 #   HPVC_SITE_PREFIX       where scripts/slurm/install.sh put hpvc and the
 #                          plugin for every user (default /opt/hpvc)
+#   HPVC_PYTHON            the Python that builds the fabric (python -m
+#                          hpvc.testbed; default: the checkout's .venv, else
+#                          the site's)
 #
 # Idempotent: starts only what is not running. The last line of its output is
 # the `export SLURM_CONF=...` that points srun/sbatch/sinfo at the cluster.
@@ -32,6 +35,7 @@ start=$(date +%s.%N)
 for b in munged slurmctld slurmd sinfo ip nsenter unshare; do
   command -v "$b" >/dev/null || die "$b not installed (run 'make setup')"
 done
+PY=$(testbed_python) || die "no Python with hpvc to build the fabric (run 'make setup', or set HPVC_PYTHON)"
 case "$SLURM_DIR" in /*) ;; *) die "HPVC_SLURM_DIR must be an absolute path" ;; esac
 [ ${#FABRIC} -le 11 ] && [[ "$FABRIC" =~ ^[A-Za-z0-9_]+$ ]] ||
   die "HPVC_SLURM_FABRIC=$FABRIC: give at most 11 letters, digits or '_' (veths are <fabric>-ctl)"
@@ -156,35 +160,31 @@ make_cpusets() {
 
 # ---- the fabric -------------------------------------------------------------
 
-no_ipv6() {  # no DAD, no router solicitations; fine where IPv6 is off
-  local f
-  for f in "$@"; do echo 1 >"/proc/sys/net/ipv6/conf/$f/disable_ipv6" 2>/dev/null || true; done
+# Whether the bridge, every host's namespace and its veth are there.
+fabric_intact() {
+  local h
+  ip link show dev "$FABRIC" >/dev/null 2>&1 || return 1
+  for h in "$CTL" "${NODES[@]}"; do
+    [ -e "$(netns_path "$h")" ] && ip link show dev "$(netns_name "$h")" >/dev/null 2>&1 || return 1
+  done
 }
 
 # The bridge (root namespace, .254) and, per host, a network namespace whose
-# end of a veth pair ($FAB_IF) has the host's address; lo up. Idempotent.
+# end of a veth pair ($FAB_IF) has the host's address; lo up; no IPv6. hpvc's
+# own builder makes them (python -m hpvc.testbed fabric: hpvc.testbed.fabric,
+# journaled in $FABRIC_JOURNAL); it first undoes what the journal still holds,
+# so a fabric half gone (a reboot) is made anew. Run only when no daemon of
+# the cluster runs; a fabric that is all there is kept.
 make_fabric() {
-  local h ns
-  if ! ip link show dev "$FABRIC" >/dev/null 2>&1; then
-    ip link add "$FABRIC" type bridge
-  fi
-  ip link set "$FABRIC" mtu "$FAB_MTU"
-  no_ipv6 "$FABRIC"
-  ip addr replace "$(host_addr root)/24" dev "$FABRIC"
-  ip link set "$FABRIC" up
-  for h in "$CTL" "${NODES[@]}"; do
-    ns=$(netns_name "$h")
-    [ -e "/run/netns/$ns" ] || ip netns add "$ns"
-    if ! ip link show dev "$ns" >/dev/null 2>&1; then
-      ip link add "$ns" mtu "$FAB_MTU" type veth peer name "$FAB_IF" mtu "$FAB_MTU" netns "$ns"
-    fi
-    no_ipv6 "$ns"
-    ip link set "$ns" master "$FABRIC" up
-    nsenter --net="/run/netns/$ns" bash -c "
-      for f in all default $FAB_IF; do echo 1 >/proc/sys/net/ipv6/conf/\$f/disable_ipv6 2>/dev/null || true; done
-      ip link set lo up
-      ip addr replace $(host_addr "$h")/24 dev $FAB_IF
-      ip link set $FAB_IF up"
+  local h ports=()
+  fabric_intact && return 0
+  for h in "$CTL" "${NODES[@]}"; do ports+=(--port "$(netns_name "$h")" "$(host_addr "$h")"); done
+  "$PY" -m hpvc.testbed fabric --journal "$FABRIC_JOURNAL" --bridge "$FABRIC" \
+    --address "$(host_addr root)/24" --mtu "$FAB_MTU" "${ports[@]}" ||
+    die "could not make the fabric $FABRIC ('make slurm-down' removes what was made)"
+  for h in "$CTL" "${NODES[@]}"; do  # interfaces made later in a host too (IPv6 noise)
+    nsenter --net="$(netns_path "$h")" sh -c \
+      'for f in all default; do echo 1 >/proc/sys/net/ipv6/conf/$f/disable_ipv6; done 2>/dev/null || true'
   done
 }
 
@@ -350,10 +350,10 @@ else
     make_cpusets
     write_conf
     write_plugstack
+    make_fabric
   else
     CPU_NOTE=$(fabric_env CPU_NOTE)
   fi
-  make_fabric
 
   if [ ! -s "$MUNGE_KEY" ]; then
     (umask 077; dd if=/dev/urandom of="$MUNGE_KEY" bs=1024 count=1 status=none)
