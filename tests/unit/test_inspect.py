@@ -1,4 +1,5 @@
-"""cluster.inspect: planning without booking, node and host CPU time, hardware facts."""
+"""cluster.inspect: planning without booking, a node's CPU time and cpuset (host-wide
+facts are host/'s readers', tested in test_host_usage.py and test_accel.py)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def test_hosts_used_counts_the_hosts_of_the_plan(snapshots: dict[str, Path]) -> 
     assert 2 <= inspect.hosts_used(s, hosts) <= 4  # 24 dedicated vCPUs, 8 CPUs a host
 
 
-# --- what nodes and the host use ---------------------------------------------------------
+# --- what nodes use ----------------------------------------------------------------------
 
 
 def fake_root(tmp: Path, files: dict[str, str]) -> Path:
@@ -125,13 +126,6 @@ def test_node_cpu_seconds_v1_and_v2(tmp_path: Path) -> None:
     assert inspect.node_cpu_seconds("c1", "compute0", v2) == 1.5
 
 
-def test_host_cpu_seconds(tmp_path: Path) -> None:
-    root = fake_root(tmp_path, {"/proc/stat": "cpu  100 10 20 900 5 1 2 7 0 0\n"})
-    busy, steal = inspect.host_cpu_seconds(root)
-    assert busy is not None and steal is not None and busy > steal > 0
-    assert inspect.host_cpu_seconds(tmp_path / "none") == (None, None)
-
-
 def test_node_cpuset_reads_the_cgroup(tmp_path: Path) -> None:
     root = fake_root(
         tmp_path,
@@ -143,33 +137,3 @@ def test_node_cpuset_reads_the_cgroup(tmp_path: Path) -> None:
     )
     assert inspect.node_cpuset("c1", "compute0", root) == "2-3"
     assert inspect.node_cpuset("c1", "compute9", root) is None  # not running: unknown
-
-
-# --- the hardware ------------------------------------------------------------------------
-
-
-def test_cpu_model(snapshots: dict[str, Path], tmp_path: Path) -> None:
-    assert inspect.cpu_model(snapshots["64amd64-4s2n4ca2co"]).startswith("AMD Opteron")
-    assert inspect.cpu_model(tmp_path)  # no /proc/cpuinfo: Python's answer, or "unknown"
-
-
-def test_llc_bytes(snapshots: dict[str, Path]) -> None:
-    assert inspect.llc_bytes(snapshots["64amd64-4s2n4ca2co"]) == 6 << 20
-
-
-def test_block_device_takes_a_path_or_a_name(tmp_path: Path) -> None:
-    root = fake_root(
-        tmp_path,
-        {"/sys/block/loop7/dev": "7:7\n", "/sys/block/loop7/queue/scheduler": "[none] bfq\n"},
-    )
-    got = inspect.block_device("/dev/loop7", root)
-    assert (got.major_minor, got.scheduler, got.loop_direct_io) == ("7:7", "none", None)
-    assert inspect.block_device("loop7", root) == got
-
-
-def test_accelerator_without_kvm_is_tcg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HPVC_ACCEL", raising=False)
-    got = inspect.accelerator(tmp_path)
-    assert got.name == "tcg" and not got.forced and got.warning
-    monkeypatch.setenv("HPVC_ACCEL", "kvm")
-    assert inspect.accelerator(tmp_path).forced

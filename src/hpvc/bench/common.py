@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from hpvc import __version__
-from hpvc.cluster import inspect, lifecycle
+from hpvc.cluster import lifecycle
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host import accel, hwinfo
 from hpvc.image import build_image, resolve_image
 from hpvc.progress import Progress, quiet
 from hpvc.store import Store
@@ -218,6 +219,11 @@ def tool_version(argv: list[str]) -> str:
     return lines[0] if lines else "unknown"
 
 
+def cpu_model() -> str:
+    """This host's CPU model ("unknown" when neither /proc/cpuinfo nor Python says)."""
+    return hwinfo.cpu_model() or platform.processor() or "unknown"
+
+
 def host_facts(mpi: bool = True) -> dict[str, Any]:
     """Where and with what the numbers were taken."""
     facts: dict[str, Any] = {
@@ -225,7 +231,7 @@ def host_facts(mpi: bool = True) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
         "machine": platform.machine(),
-        "cpu_model": inspect.cpu_model(),
+        "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
         "crun": tool_version(["crun", "--version"]),
@@ -244,7 +250,7 @@ def error_line(e: BaseException) -> str:
 def accelerator() -> dict[str, Any]:
     """The VM accelerator of this host (kvm or tcg) and why, for reading the VM figures."""
     try:
-        a = inspect.accelerator()
+        a = accel.accelerator()
     except Exception as e:
         return {"vm": None, "error": error_line(e)}
     return {"vm": a.name, "forced": a.forced, "note": a.warning}

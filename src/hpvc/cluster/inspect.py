@@ -1,17 +1,18 @@
-"""Read-only questions about this host and its clusters: the cluster API benchmarks ask.
+"""The cluster API's read side for benchmarks: what ``hpvc up`` would do, what a node uses.
 
 Would these specs fit on this host, one beside the other, as successive ``hpvc
-up`` would place them (planned, nothing booked or changed)? How much CPU time
-has a node's cgroup, or the whole host, used so far? What cpuset does the
-kernel hold for a node? What CPU, last-level cache, block device queue and VM
-accelerator does this host have? Callers (``hpvc.bench``) get answers in plain
-values and never reach into ``hpvc.plan``, ``hpvc.topology`` or ``hpvc.host``
-themselves. Everything that reads the host takes an injectable ``root``.
+up`` would place them (planned, nothing booked or changed)? How many hosts
+would a plan use? How much CPU time has a node's cgroup used so far, and what
+cpuset does the kernel hold for it? Each answer needs what only the cluster
+layer puts together (the planner with reservations between plans, where a
+node's cgroup is), and comes back in plain values. Host-wide facts that need
+no cluster (CPU model, caches, a block device, the accelerator, the host's CPU
+time) are asked of ``host/``'s read-only readers directly (docs/architecture.md,
+rule 2). Everything that reads the host takes an injectable ``root``.
 """
 
 from __future__ import annotations
 
-import platform
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from hpvc.cluster.lifecycle import hostname
 from hpvc.errors import DoesNotFit, HpvcError
-from hpvc.host import accel, cgroups, fabric, hwinfo, usage
+from hpvc.host import cgroups, usage
 from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.reservations import reservations_from_plans
 from hpvc.spec import Spec, load_spec, parse_spec
@@ -96,17 +97,12 @@ def hosts_used(spec: Spec, hosts: Sequence[HostView]) -> int:
     return len(plan_cluster(spec, [(h.name, h.topology) for h in hosts]).hosts)
 
 
-# --- what a running node and the host use ----------------------------------------------
+# --- what a running node uses ---------------------------------------------------------
 
 
 def node_cpu_seconds(cluster: str, node: str, root: RootLike = HOST) -> float | None:
     """CPU seconds the node's cgroup used so far; None: unknown (no such cgroup)."""
     return usage.cgroup_cpu_seconds(cgroups.node_path(cluster, node), root)
-
-
-def host_cpu_seconds(root: RootLike = HOST) -> tuple[float | None, float | None]:
-    """Busy and stolen CPU seconds of the whole host so far; (None, None): unknown."""
-    return usage.host_cpu_seconds(root)
 
 
 def node_cpuset(cluster: str, node: str, root: RootLike = HOST) -> str | None:
@@ -115,36 +111,3 @@ def node_cpuset(cluster: str, node: str, root: RootLike = HOST) -> str | None:
         return str(cgroups.read_node_limits(cluster, node, root).get("cpus"))
     except (HpvcError, OSError):
         return None
-
-
-# --- the hardware ----------------------------------------------------------------------
-
-
-def cpu_model(root: RootLike = HOST) -> str:
-    """The CPU's model name ("unknown" when neither /proc/cpuinfo nor Python says)."""
-    return hwinfo.cpu_model(root) or platform.processor() or "unknown"
-
-
-def llc_bytes(root: RootLike = HOST) -> int:
-    """Size of the last-level data cache; HpvcError when sysfs names none."""
-    return hwinfo.llc_bytes(root)
-
-
-def block_device(device: str, root: RootLike = HOST) -> hwinfo.BlockQueue:
-    """A block device (``/dev/loop3`` or ``loop3``) as the kernel shows it now."""
-    return hwinfo.block_queue(Path(device).name, root)
-
-
-def accelerator(root: RootLike = HOST) -> accel.AccelChoice:
-    """The accelerator VMs started now would use (kvm or tcg), and why."""
-    return accel.accelerator(root)
-
-
-def fabric_addresses(hosts: list[str]) -> list[str]:
-    """The fabric address each named host resolves to here (DNS or /etc/hosts)."""
-    return [fabric.address_of(h) for h in hosts]
-
-
-def fabric_mtu(address: str) -> int:
-    """The MTU of this host's interface with ``address`` (where VXLAN leaves)."""
-    return fabric.mtu_of(address)

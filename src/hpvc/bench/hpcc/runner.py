@@ -69,6 +69,8 @@ from hpvc.bench.hpcc.parse import METRICS, SUITE, checked, rank0_host
 from hpvc.bench.hpcc.report import document
 from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host import hwinfo
+from hpvc.host.accel import accelerator
 from hpvc.progress import Progress, quiet
 from hpvc.store import Store
 from hpvc.sysroot import HOST, RootLike
@@ -256,8 +258,8 @@ def run(
     cfgs = [CONFIGS[c] for c in configs]
     if any(c.kind != "native" for c in cfgs):
         common.ensure_image("hpc", progress)
-    accel = inspect.accelerator().name if any(c.kind == "vm" for c in cfgs) else None
-    llc = inspect.llc_bytes()
+    accel = accelerator().name if any(c.kind == "vm" for c in cfgs) else None
+    llc = hwinfo.llc_bytes()
     n = n_override or problem_size(MATRIX_MIB, procs, llc)
     small = vm_n or (n if accel == "kvm" else min(n, VM_TCG_N))
     sizes = {c.name: small if c.kind == "vm" else n for c in cfgs}

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.cluster import inspect
 from hpvc.errors import HpvcError
+from hpvc.host import hwinfo
 from hpvc.progress import Progress, quiet
 from hpvc.store import Store
 
@@ -75,7 +75,7 @@ def loop_state(progress: Progress = quiet) -> Iterator[tuple[Path, Store, str]]:
 
 def device_facts(dev: str, tmp: Path) -> dict[str, Any]:
     """The loop device as the kernel shows it now (scheduler, direct-I/O of the loop)."""
-    queue = inspect.block_device(dev)
+    queue = hwinfo.block_queue(Path(dev).name)
     backing_fs = common.sh(["df", "--output=fstype", str(tmp)], "df").splitlines()[-1].strip()
     return {
         "device": dev,

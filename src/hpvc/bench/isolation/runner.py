@@ -28,7 +28,7 @@ samples and brings them down:
 Partitions keep hpvc's clusters apart, not the host's other processes
 (``/hpvc`` is not an exclusive cpuset), so every sample also records the CPUs
 the HPC node, the tenant (proof that the load competed) and the rest of the
-host used while it ran, as the cluster API reports them (``cluster.inspect``).
+host used while it ran (``cluster.inspect`` for a node's, ``host.usage`` for the host's).
 
 This module runs the experiment; the specs are ``isolation.layout``'s, the
 numbers ``isolation.stats``' and the document and report ``isolation.report``'s.
@@ -62,6 +62,7 @@ from hpvc.bench.isolation.stats import load_row, parse_hpcc, rotations, sample_r
 from hpvc.cluster import inspect, lifecycle, ops
 from hpvc.cluster.inspect import HostView
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host import usage
 from hpvc.image import resolve_image
 from hpvc.progress import Progress, quiet
 from hpvc.store import Store
@@ -111,7 +112,7 @@ def check_image(progress: Progress) -> None:
 
 def counters(hpc: str, tenant: str | None) -> dict[str, float | None]:
     """CPU seconds so far: the HPC node's, the tenant's, the whole host's (busy, stolen)."""
-    busy, steal = inspect.host_cpu_seconds()
+    busy, steal = usage.host_cpu_seconds()
     return {
         "hpc": inspect.node_cpu_seconds(hpc, NODE),
         "tenant": inspect.node_cpu_seconds(tenant, NODE) if tenant else None,

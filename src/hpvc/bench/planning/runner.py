@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc import __version__
+from hpvc.bench.common import cpu_model
 from hpvc.bench.stats import summary
 from hpvc.cluster import inspect
 from hpvc.cluster.inspect import HostView
@@ -155,7 +156,7 @@ def run(
         "python": platform.python_version(),
         "machine": platform.machine(),
         "node": platform.node(),
-        "cpu_model": inspect.cpu_model(),
+        "cpu_model": cpu_model(),
         "pinned_cpu": cpu,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hosts": hosts,

@@ -41,8 +41,8 @@ from hpvc.bench.slurm.cluster import SlurmCluster, Submitter, private_slurm
 from hpvc.bench.slurm.report import phase_table
 from hpvc.bench.slurm.report import report_md as report_md
 from hpvc.bench.stats import summary
-from hpvc.cluster.inspect import accelerator
 from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.host.accel import accelerator
 from hpvc.progress import Progress, quiet
 
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "salloc", "squeue", "make", "cc")
