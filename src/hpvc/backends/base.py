@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
 from hpvc.spec import Spec
 from hpvc.store import ClusterRecord, Store
+
+if TYPE_CHECKING:  # host.orphans loads netlink: only gc needs it
+    from hpvc.host.orphans import Keep, Orphan
 
 
 class State:
@@ -176,6 +179,19 @@ class Backend(Protocol):
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         """How ``hpvc run`` reaches the nodes' ranks."""
+        ...
+
+    def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
+        """What this backend's nodes left on this host for clusters with no record
+        here (``hpvc gc``: the journals that would undo it are lost), named by
+        hpvc for a cluster whose name starts with ``prefix`` and is none of
+        ``keep``'s; in removal order. What every cluster leaves (network
+        namespaces, links, cgroups, mounts) is ``hpvc.host.orphans``'."""
+        ...
+
+    def remove_orphan(self, orphan: Orphan) -> None:
+        """Remove one of ``orphans``' finds, as its journal's undo would; raises
+        HpvcError, OSError or CalledProcessError when it stays."""
         ...
 
 

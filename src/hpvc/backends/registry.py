@@ -42,6 +42,11 @@ def get(name: str) -> Backend:
     return backend
 
 
+def every() -> list[Backend]:
+    """Every registered backend, in the table's order."""
+    return [get(name) for name in BACKENDS]
+
+
 def import_all() -> None:
     """Import every registered backend's module (what ``hpvc serve`` loads ahead)."""
     for where in BACKENDS.values():

@@ -332,9 +332,9 @@ def gc_cmd(
     """Remove what hpvc left on this host that no cluster here owns any more.
 
     Containers, network namespaces, bridges, veths and taps, cgroups, QEMU
-    processes and mounts named by hpvc for a cluster that has no record in the
-    state directory (e.g. after the state directory was deleted by hand).
-    Running clusters are never touched.
+    processes, libvirt domains and mounts named by hpvc for a cluster that has
+    no record in the state directory (e.g. after the state directory was
+    deleted by hand). Running clusters are never touched.
 
     Examples:
 

@@ -1,16 +1,22 @@
 """``hpvc gc``: sweep what hpvc left on this host with no cluster record to undo it.
 
 The clusters in this state directory are kept, with every interface name
-their plans give; anything else hpvc named (``hpvc.host.orphans``) goes.
-Orphans are judged against one state directory: every hpvc on a host should
-share it (the default), or give ``prefix`` to sweep only clusters whose names
-start with it.
+their plans give; anything else hpvc named goes: what each backend's nodes
+leave, as the backend finds it (``Backend.orphans``: containers, QEMU
+processes, libvirt domains, ...), then what any cluster leaves
+(``hpvc.host.orphans``: namespaces, links, cgroups, mounts). Orphans are
+judged against one state directory: every hpvc on a host should share it
+(the default), or give ``prefix`` to sweep only clusters whose names start
+with it.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 
+from hpvc.backends import registry
+from hpvc.errors import HpvcError
 from hpvc.host import net, orphans
 from hpvc.progress import Progress, quiet
 from hpvc.render.context import tap_name
@@ -45,12 +51,16 @@ def sweep(
     """Find (and unless ``dry_run`` remove) orphans; return them and the errors."""
     store = store or Store()
     with store.lock():  # no `up` books a cluster while we decide what is not one
-        found = orphans.find(keep(store), prefix)
+        kept = keep(store)
+        found: list[tuple[orphans.Orphan, Callable[[orphans.Orphan], None]]] = []
+        for backend in registry.every():
+            found += [(o, backend.remove_orphan) for o in backend.orphans(kept, prefix)]
+        found += [(o, orphans.remove) for o in orphans.find(kept, prefix)]
         errors: list[str] = []
-        for o in [] if dry_run else found:
+        for o, remove in [] if dry_run else found:
             progress(f"remove {o.kind} {o.name}")
             try:
-                orphans.remove(o)
-            except (OSError, subprocess.CalledProcessError) as e:
+                remove(o)
+            except (OSError, subprocess.CalledProcessError, HpvcError) as e:
                 errors.append(f"{o.kind} {o.name}: {e}")
-    return found, errors
+    return [o for o, _ in found], errors

@@ -3,36 +3,35 @@
 Normally every change is undone from a journal (``hpvc down``). When a
 journal itself is lost (a state directory deleted by hand, a disk that was
 wiped, a crash before the journal line reached the disk) the objects stay;
-``hpvc gc`` finds them by the names hpvc gives (as pcocc sweeps stray taps):
+``hpvc gc`` finds them by the names hpvc gives (as pcocc sweeps stray taps).
+This module finds what a cluster leaves whatever its nodes are:
 
-- containers and network namespaces ``hpvc-<cluster>-<node>``,
+- network namespaces ``hpvc-<cluster>-<node>``,
 - bridges ``hpvc-...``, node veths ``hc`` + 13 hex digits, VM taps ``hv`` + 12
   hex digits (names hashed from cluster and node: ``hpvc.host.net``),
 - cgroups ``<hierarchy>/hpvc/<cluster>``,
-- QEMU processes run as ``-name hpvc-<cluster>-<node>``, and the namespace
-  holders of container clusters (``$HPVC_HOLDER=<cluster>`` in their environment),
-- mounts below ``<state dir>/clusters/<cluster>/``.
+- mounts below the state directory's ``clusters/<cluster>/`` (``hpvc.paths``).
 
-An object is an orphan when it matches these names, the cluster it names is
-not one the caller keeps, and (for interfaces) its exact name is not one of
-the kept clusters' interfaces. Removal is by that name or PID only.
+What one kind of node leaves (containers and their namespace holders, QEMU
+processes, libvirt domains) its backend finds and removes (``Backend.orphans``),
+with ``Keep`` and ``Orphan`` from here. An object is an orphan when it matches
+these names, the cluster it names is not one the caller keeps, and (for
+interfaces) its exact name is not one of the kept clusters' interfaces.
+Removal is by that name or PID only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import re
-import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 from pyroute2 import netns as pr_netns
 
-from hpvc.host import procfs
 from hpvc.host.cgroupfs.base import all_hierarchies
 from hpvc.host.cgroups import PARENT
 from hpvc.host.probe import read_mounts
@@ -40,7 +39,6 @@ from hpvc.paths import Layout
 from hpvc.sysroot import HOST
 
 NETNS_DIR = Path("/run/netns")
-HOLDER_ENV = "HPVC_HOLDER"  # set by hpvc.backends.crun.container.start_holder
 _NODE_LINK = re.compile(r"(hc[0-9a-f]{13}|hv[0-9a-f]{12})")
 
 
@@ -52,39 +50,28 @@ class Keep:
     links: frozenset[str]  # bridges, veths and taps of those clusters
     state_dir: Path
 
+    def owns(self, name: str) -> bool:
+        """Is ``hpvc-<cluster>-...`` one of the kept clusters' (cluster names may hold '-')?"""
+        return any(name.startswith(f"hpvc-{c}-") for c in self.clusters)
+
+    def stray(self, name: str, prefix: str) -> bool:
+        """Is ``name`` one hpvc gives (``hpvc-<cluster>-...``) for a cluster whose name
+        starts with ``prefix``, and none of the kept clusters'?"""
+        return name.startswith(f"hpvc-{prefix}") and not self.owns(name)
+
 
 @dataclass(frozen=True)
 class Orphan:
-    kind: str  # container | netns | link | cgroup | qemu | mount
+    kind: str  # netns | link | cgroup | mount here; a backend's own: container, qemu, ...
     name: str  # what it is removed by: id, name, path or PID
     detail: str = ""
-
-
-def _owned(name: str, keep: Keep) -> bool:
-    """Is ``hpvc-<cluster>-...`` one of the kept clusters' (cluster names may hold '-')?"""
-    return any(name.startswith(f"hpvc-{c}-") for c in keep.clusters)
-
-
-def _containers(keep: Keep, prefix: str) -> list[Orphan]:
-    try:
-        r = subprocess.run(["crun", "list", "-q"], capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        return []
-    return [
-        Orphan("container", cid)
-        for cid in r.stdout.split()
-        if cid.startswith(f"hpvc-{prefix}") and not _owned(cid, keep)
-    ]
 
 
 def _netns(keep: Keep, prefix: str) -> list[Orphan]:
     if not NETNS_DIR.is_dir():
         return []
-    return [
-        Orphan("netns", p.name)
-        for p in sorted(NETNS_DIR.iterdir())
-        if p.name.startswith(f"hpvc-{prefix}") and not _owned(p.name, keep)
-    ]
+    names = sorted(p.name for p in NETNS_DIR.iterdir())
+    return [Orphan("netns", n) for n in names if keep.stray(n, prefix)]
 
 
 def _links(keep: Keep, prefix: str) -> list[Orphan]:
@@ -112,33 +99,6 @@ def _cgroups(keep: Keep, prefix: str) -> list[Orphan]:
     return [Orphan("cgroup", d) for d in sorted(found)]
 
 
-def _qemus(keep: Keep, prefix: str) -> list[Orphan]:
-    out: list[Orphan] = []
-    for pid in procfs.pids():
-        args = procfs.cmdline(pid) or []
-        if not args or "qemu-system" not in os.path.basename(args[0]):
-            continue
-        names = [b.split(",")[0] for a, b in itertools.pairwise(args) if a == "-name"]
-        for n in names:
-            n = n.removeprefix("guest=")
-            if n.startswith(f"hpvc-{prefix}") and not _owned(n, keep):
-                out.append(Orphan("qemu", str(pid), n))
-    return out
-
-
-def _holders(keep: Keep, prefix: str) -> list[Orphan]:
-    """Namespace holders (``unshare ... sleep``) named by $HPVC_HOLDER in their environment."""
-    out: list[Orphan] = []
-    for pid in procfs.pids():
-        cluster = procfs.environ(pid).get(HOLDER_ENV)
-        args = procfs.cmdline(pid) or [""]
-        if cluster is None or os.path.basename(args[0]) != "unshare":
-            continue
-        if cluster.startswith(prefix) and cluster not in keep.clusters:
-            out.append(Orphan("holder", str(pid), cluster))
-    return out
-
-
 def _mounts(keep: Keep, prefix: str) -> list[Orphan]:
     layout = Layout(keep.state_dir)
     out = []
@@ -151,11 +111,9 @@ def _mounts(keep: Keep, prefix: str) -> list[Orphan]:
 
 
 def find(keep: Keep, prefix: str = "") -> list[Orphan]:
-    """Every orphan of clusters whose names start with ``prefix``; in removal order."""
+    """What any cluster whose name starts with ``prefix`` may have left, in removal
+    order (after its backend's own orphans, which hold some of these: ``Backend.orphans``)."""
     return [
-        *_qemus(keep, prefix),
-        *_containers(keep, prefix),
-        *_holders(keep, prefix),
         *_mounts(keep, prefix),
         *_netns(keep, prefix),
         *_links(keep, prefix),
@@ -170,30 +128,35 @@ def _rmdir_tree(top: Path) -> None:
     top.rmdir()
 
 
+def _remove_netns(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        pr_netns.remove(str(NETNS_DIR / name))
+
+
+def _remove_link(name: str) -> None:
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=name)
+        if found:
+            with contextlib.suppress(NetlinkError):  # gone with its peer meanwhile
+                ipr.link("del", index=found[0])
+
+
+def _remove_mount(path: str) -> None:
+    subprocess.run(["umount", "-l", path], capture_output=True, check=True)
+
+
+_REMOVE: dict[str, Callable[[str], None]] = {
+    "netns": _remove_netns,
+    "link": _remove_link,
+    "cgroup": lambda path: _rmdir_tree(Path(path)),
+    "mount": _remove_mount,
+}
+
+
 def remove(o: Orphan) -> None:
-    """Remove one orphan; raises OSError or CalledProcessError when the kernel refuses."""
-    if o.kind == "container":
-        subprocess.run(["crun", "delete", "-f", o.name], capture_output=True, check=True)
-    elif o.kind == "netns":
-        with contextlib.suppress(FileNotFoundError):
-            pr_netns.remove(str(NETNS_DIR / o.name))
-    elif o.kind == "link":
-        with IPRoute() as ipr:
-            found = ipr.link_lookup(ifname=o.name)
-            if found:
-                with contextlib.suppress(NetlinkError):  # gone with its peer meanwhile
-                    ipr.link("del", index=found[0])
-    elif o.kind == "cgroup":
-        _rmdir_tree(Path(o.name))
-    elif o.kind == "qemu":
-        pid = int(o.name)
-        if o.detail and o.detail in " ".join(procfs.cmdline(pid) or []):
-            os.kill(pid, signal.SIGKILL)  # the PID still runs that QEMU: not a reused one
-    elif o.kind == "holder":
-        pid = int(o.name)
-        if procfs.environ(pid).get(HOLDER_ENV) == o.detail:  # not a reused PID
-            os.kill(pid, signal.SIGKILL)  # unshare --kill-child takes its child along
-    elif o.kind == "mount":
-        subprocess.run(["umount", "-l", o.name], capture_output=True, check=True)
-    else:
-        raise ValueError(f"unknown orphan kind {o.kind!r}")
+    """Remove one of ``find``'s orphans; raises OSError or CalledProcessError when
+    the kernel refuses."""
+    how = _REMOVE.get(o.kind)
+    if how is None:
+        raise ValueError(f"not an orphan of {__name__}: {o.kind} {o.name}")
+    how(o.name)

@@ -25,7 +25,26 @@ def domain_name(plan: Plan, node: PlannedNode) -> str:
 
 def domain_uuid(plan: Plan, node: PlannedNode) -> str:
     """A stable UUID, so re-rendering a node gives the same domain."""
-    return str(uuid.uuid5(_UUID_NS, f"{plan.cluster}/{node.name}"))
+    return node_uuid(plan.cluster, node.name)
+
+
+def node_uuid(cluster: str, node: str) -> str:
+    """The UUID of node ``node`` of cluster ``cluster``'s domain."""
+    return str(uuid.uuid5(_UUID_NS, f"{cluster}/{node}"))
+
+
+def owner_of(name: str, domain_uuid: str) -> tuple[str, str] | None:
+    """(cluster, node) of a domain hpvc rendered, told by its name and UUID (cluster
+    names may hold '-': the UUID says where the cluster's name ends); None for a
+    domain hpvc did not name, even one called ``hpvc-...``."""
+    rest = name.removeprefix("hpvc-")
+    if rest == name:
+        return None
+    for i, c in enumerate(rest):
+        cluster, node = rest[:i], rest[i + 1 :]
+        if c == "-" and cluster and node and node_uuid(cluster, node) == domain_uuid.lower():
+            return cluster, node
+    return None
 
 
 def guest_topology(node: PlannedNode) -> tuple[int, int, int]:

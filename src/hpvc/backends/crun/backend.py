@@ -25,10 +25,12 @@ from typing import Any, ClassVar
 from hpvc.backends import shared
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, Phases, State, undo_nodes
 from hpvc.backends.crun import container as ct
+from hpvc.backends.crun import leftovers
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError
 from hpvc.faults import inject
 from hpvc.host import blkio, cgroups, layer, net, tree
+from hpvc.host.orphans import Keep, Orphan
 from hpvc.image import resolve_image
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
@@ -254,3 +256,10 @@ class CrunBackend:
             script=RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())),
             targets={n.name: ct.container_id(plan.cluster, n.name) for n in plan.nodes},
         )
+
+    def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
+        """Containers and namespace holders (``hpvc.backends.crun.leftovers``)."""
+        return leftovers.find(keep, prefix)
+
+    def remove_orphan(self, orphan: Orphan) -> None:
+        leftovers.remove(orphan)

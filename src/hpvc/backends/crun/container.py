@@ -15,13 +15,13 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import cgroups, mountns, net, procfs, tree
 from hpvc.host.journal import Args, Journal, undoer
-from hpvc.host.orphans import HOLDER_ENV
 from hpvc.paths import private_dir
 from hpvc.plan.model import Plan, PlannedNode
 from hpvc.render import files as render_files
@@ -29,6 +29,9 @@ from hpvc.render.context import RenderContext
 from hpvc.render.oci import dumps, render_oci_config
 
 RUNTIME = "crun"
+# Names a namespace holder's cluster in its environment: what `hpvc gc` finds it
+# by when the cluster's journal is lost (hpvc.backends.crun.leftovers).
+HOLDER_ENV = "HPVC_HOLDER"
 # What a tenant's (Slurm share's) nodes get on every host mount a user can use.
 USER_MOUNT_OPTS = "nosuid,nodev"
 # PID 1 of a node: reaps children, exits on SIGTERM, costs nothing while idle.
@@ -62,11 +65,33 @@ def _run(argv: list[str], what: str) -> str:
 # ---- undo functions -------------------------------------------------------
 
 
+def delete_container(cid: str, *, check: bool = False) -> None:
+    """``crun delete -f``: the container is gone, running or not. ``check``: an
+    HpvcError when crun refuses (or is missing); else that is left to the caller."""
+    crun = shutil.which(RUNTIME)
+    if crun is None:
+        if check:
+            runtime()  # MissingDependency
+        return
+    r = subprocess.run([crun, "delete", "-f", cid], capture_output=True, text=True, check=False)
+    if check and r.returncode != 0:
+        why = r.stderr.strip().splitlines()
+        raise HpvcError(f"container {cid}", why[-1] if why else f"crun exit {r.returncode}")
+
+
+def kill_holder(pid: int, ours: Callable[[int], bool]) -> None:
+    """Kill a namespace holder and its child, while ``ours(pid)`` says the PID is
+    still that holder (not reused by someone else's process)."""
+    if not ours(pid):
+        return
+    for p in [*procfs.children(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)  # unshare --kill-child takes its child along too
+
+
 @undoer("container")
 def _undo_container(args: Args) -> None:
-    crun = shutil.which(RUNTIME)
-    if crun is not None:
-        subprocess.run([crun, "delete", "-f", args["id"]], capture_output=True, check=False)
+    delete_container(args["id"])
     # A failed `crun run` can leave its cgroups behind (HOST-NOTES): remove them.
     cgroups.remove_empty(str(args.get("cgroup", "")))
 
@@ -88,11 +113,7 @@ def _undo_holder(args: Args) -> None:
         pid, started = Path(args["pidfile"]).read_text().split()
     except (OSError, ValueError):
         return
-    for p in [*procfs.children(int(pid)), int(pid)]:
-        if p == int(pid) and procfs.start_time(p) != started:
-            continue  # the PID was reused by someone else's process
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGKILL)
+    kill_holder(int(pid), lambda p: procfs.start_time(p) == started)
 
 
 # ---- cluster-wide pieces --------------------------------------------------

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 from hpvc.backends.base import Capabilities, ClusterEnv
 from hpvc.backends.libvirt import domain as vm_libvirt
+from hpvc.backends.libvirt import leftovers
 from hpvc.backends.qemu.backend import QemuBackend, vm_state
+from hpvc.host.orphans import Keep, Orphan
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
@@ -66,6 +68,14 @@ class LibvirtBackend(QemuBackend):
 
     def repin_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> None:
         pass  # running domains keep the pinning they were defined with (see above)
+
+    def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
+        """Domains hpvc defined, at $HPVC_LIBVIRT_URI or the system daemon
+        (``hpvc.backends.libvirt.leftovers``); their QEMUs are the QEMU backend's."""
+        return leftovers.find(keep, prefix, libvirt_uri())
+
+    def remove_orphan(self, orphan: Orphan) -> None:
+        leftovers.remove(orphan, libvirt_uri())
 
     def read_back(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> dict[str, Any]:
         """libvirt's view, in the shape `hpvc status` shows for both VM backends."""

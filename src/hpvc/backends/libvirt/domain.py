@@ -302,6 +302,12 @@ def remove_domain(conn: libvirt.virConnect, name: str, uuid: str | None = None) 
     return True
 
 
+def domains(conn: libvirt.virConnect) -> list[tuple[str, str]]:
+    """(name, UUID) of every domain ``conn``'s libvirtd holds, running or only defined."""
+    with _errors("libvirt domains"):
+        return [(str(d.name()), str(d.UUIDString())) for d in conn.listAllDomains()]
+
+
 def _undefine(lv: Any, dom: Any) -> None:
     """Undefine with every flag this libvirt knows; a driver that refuses some
     (older daemons, the test driver: no NVRAM or checkpoints) is asked again

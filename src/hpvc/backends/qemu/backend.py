@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, Phases, State, undo_nodes
+from hpvc.backends.qemu import leftovers
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S
 from hpvc.backends.vm import guest as g
@@ -25,6 +26,7 @@ from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import net, procfs
 from hpvc.host.accel import accelerator
+from hpvc.host.orphans import Keep, Orphan
 from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest
 from hpvc.plan import Plan, PlannedNode
@@ -290,3 +292,10 @@ class QemuBackend:
             # same data over the ranks' TCP connection to the server.
             env={"PMIX_MCA_gds": "hash"},
         )
+
+    def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
+        """QEMU processes hpvc named (``hpvc.backends.qemu.leftovers``)."""
+        return leftovers.find(keep, prefix)
+
+    def remove_orphan(self, orphan: Orphan) -> None:
+        leftovers.remove(orphan)
