@@ -170,9 +170,22 @@ def test_join_lines_are_what_the_plugin_parses() -> None:
 def test_a_vm_join_names_the_guests_agent() -> None:
     j = node.Join(0, "compute1", 4343, "12345", (), (), ("HPVC_NODE=compute1",), "10.88.3.4")
     assert j.lines() == ["vm 0 4343 12345 10.88.3.4 compute1", "env 0 HPVC_NODE=compute1"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "mpi", "relay"),
+    [("container", "pmix", False), ("container", "", False), ("vm", "", True)],
+)
+def test_the_backend_says_how_a_task_reaches_its_node(kind: str, mpi: str, relay: bool) -> None:
+    """slurm/ asks the spec's backend (through cluster/) instead of testing the kind."""
+    from hpvc.cluster import backends
+
+    spec, _ = policy.load(f'kind = "{kind}"\n' + spec_of(), "t", policy.Site(kinds=(kind,)))
+    entry = backends.task_entry(spec, mpi)
+    assert entry.relay is relay
     # mpirun inside a guest reaches the others through their agents, not Slurm
-    assert "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh" in node.VM_TASK_ENV
-    assert "OMPI_MCA_plm=rsh" in node.VM_TASK_ENV
+    assert ("OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh" in entry.env) is relay
+    assert ("OMPI_MCA_plm=rsh" in entry.env) is relay
 
 
 @pytest.mark.parametrize("mpi", ["pmix", "pmix_v4", "pmi2"])
@@ -187,6 +200,8 @@ def test_slurms_pmi_is_refused_for_vm_nodes_before_the_host_changes(
     with pytest.raises(InputError, match="mpirun inside the guests") as e:
         node.up(req, 'kind = "vm"\n' + spec_of(), site, store)
     assert e.value.exit_code == 2
+    assert e.value.what == f"--mpi={mpi} with VM nodes"
+    assert e.value.why == "Slurm's PMI server is on the host, out of the guests' reach"
     assert not (tmp_path / "clusters").exists() and not (tmp_path / "jobs").exists()
 
 

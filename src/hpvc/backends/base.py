@@ -76,6 +76,18 @@ class MpiLaunch:
     env: dict[str, str] = field(default_factory=dict)  # for mpirun (its PMIx server)
 
 
+@dataclass(frozen=True)
+class TaskEntry:
+    """How a task started on the host (a Slurm step's, by hpvc's SPANK plugin)
+    runs in one of a backend's nodes."""
+
+    # False: the task enters the namespaces (and cgroups) of the node's main
+    # process; True: it relays its command to the agent inside the node, at the
+    # node's address (a VM has no namespaces on the host to enter).
+    relay: bool = False
+    env: tuple[str, ...] = ()  # what a relayed task gets besides Slurm's variables
+
+
 @dataclass
 class ClusterEnv:
     """Where one cluster lives on this host, handed to its backend on every call."""
@@ -179,6 +191,12 @@ class Backend(Protocol):
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         """How ``hpvc run`` reaches the nodes' ranks."""
+        ...
+
+    def task_entry(self, mpi: str) -> TaskEntry:
+        """How a host task of a Slurm step launched with ``srun --mpi=<mpi>`` runs
+        in these nodes; InputError (before any host change) for an MPI plugin
+        whose server cannot reach tasks in these nodes."""
         ...
 
     def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster import lifecycle, ops
+from hpvc.cluster import backends, lifecycle, ops
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import fabric
 from hpvc.locks import file_lock
@@ -68,20 +68,6 @@ from hpvc.units import parse_cpulist
 # whose server listens on the host's loopback (docs/slurm.md).
 JOIN_BASE = ("cgroup", "ipc", "uts", "pid", "mnt")
 
-# What a task in a VM node gets besides Slurm's variables: Open MPI's mpirun,
-# run in a guest, starts its daemons on the other guests through their agents
-# (hpvc-rsh, not ssh: no keys to hand out) over the cluster network, never
-# through Slurm (the guests have no srun), and as root (the guest is the job's).
-VM_TASK_ENV = (
-    "OMPI_MCA_plm=rsh",
-    "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh",
-    "OMPI_MCA_ras=^slurm",
-    "OMPI_MCA_btl_tcp_if_include=eth0",
-    "OMPI_MCA_oob_tcp_if_include=eth0",
-    "OMPI_ALLOW_RUN_AS_ROOT=1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-)
-
 
 # ---- what the plugin reads back --------------------------------------------
 
@@ -97,7 +83,7 @@ class Join:
     namespaces: tuple[str, ...]
     cgroup_procs: tuple[str, ...]
     env: tuple[str, ...]
-    ip: str = ""  # a VM node: its agent's address (the task relays to it)
+    ip: str = ""  # a node whose tasks relay (VMs): its agent's address
 
     def lines(self) -> list[str]:
         ns = ",".join(self.namespaces)
@@ -125,14 +111,14 @@ def joins(
     rec = store.get(name)
     plan = rec.the_plan()
     subnet = plan.network.subnet
+    entry = backends.cluster_task_entry(store, name, mpi)
     out = []
     for t, node in enumerate(task_pool(share, roles)):
         proc = ops.node_process(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
-        planned = plan.node(node)
-        if planned.kind == "vm":  # the task relays to the guest's agent
-            env += VM_TASK_ENV
-            out.append(Join(t, node, proc.pid, proc.start, (), (), tuple(env), planned.ip))
+        if entry.relay:  # the task relays to the agent in the node (a VM's guest)
+            env += entry.env
+            out.append(Join(t, node, proc.pid, proc.start, (), (), tuple(env), plan.node(node).ip))
             continue
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool
@@ -203,12 +189,8 @@ def up(
     if not 0 <= req.index < req.hosts:
         raise InputError(f"--index {req.index}", f"not a host of a {req.hosts}-host job", "")
     index = req.index
-    if spec.kind == "vm" and req.mpi.startswith("pmi"):  # pmi2, pmix, pmix_v4 ...
-        raise InputError(
-            f"--mpi={req.mpi} with VM nodes",
-            "Slurm's PMI server is on the host, out of the guests' reach",
-            "srun --mpi=none, and start MPI with mpirun inside the guests (docs/slurm.md)",
-        )
+    # Its backend refuses an MPI its nodes' tasks cannot use (VMs: Slurm's PMI).
+    backends.task_entry(spec, req.mpi, f"job {req.job} spec")
     shares = split(spec, req.hosts)
     # Nothing on the host changes for a job that asks more than Slurm gave it.
     check_memory(spec, req.hosts, req.mem_mib, "on this host")

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpvc.backends import shared
-from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, Phases, State, undo_nodes
+from hpvc.backends.base import (
+    Capabilities,
+    ClusterEnv,
+    MpiLaunch,
+    Phases,
+    State,
+    TaskEntry,
+    undo_nodes,
+)
 from hpvc.backends.crun import container as ct
 from hpvc.backends.crun import leftovers
 from hpvc.concurrent import each
@@ -256,6 +264,10 @@ class CrunBackend:
             script=RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())),
             targets={n.name: ct.container_id(plan.cluster, n.name) for n in plan.nodes},
         )
+
+    def task_entry(self, mpi: str) -> TaskEntry:
+        """Tasks enter the node's namespaces (which ones: hpvc.slurm's policy)."""
+        return TaskEntry()
 
     def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
         """Containers and namespace holders (``hpvc.backends.crun.leftovers``)."""

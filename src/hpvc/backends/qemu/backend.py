@@ -16,12 +16,20 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from hpvc.backends.base import Capabilities, ClusterEnv, MpiLaunch, Phases, State, undo_nodes
+from hpvc.backends.base import (
+    Capabilities,
+    ClusterEnv,
+    MpiLaunch,
+    Phases,
+    State,
+    TaskEntry,
+    undo_nodes,
+)
 from hpvc.backends.qemu import leftovers
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S
 from hpvc.backends.vm import guest as g
-from hpvc.backends.vm import guest_shared
+from hpvc.backends.vm import guest_shared, tasks
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import net, procfs
@@ -292,6 +300,10 @@ class QemuBackend:
             # same data over the ranks' TCP connection to the server.
             env={"PMIX_MCA_gds": "hash"},
         )
+
+    def task_entry(self, mpi: str) -> TaskEntry:
+        """Tasks relay to the guest's agent (``hpvc.backends.vm.tasks``)."""
+        return tasks.task_entry(mpi)
 
     def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
         """QEMU processes hpvc named (``hpvc.backends.qemu.leftovers``)."""
