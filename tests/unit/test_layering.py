@@ -6,8 +6,10 @@ a. the pure layers (plan, render, spec, topology) import nothing with side
    effects (host, backends, cluster, cli), not even inside a function;
 b. only host/ and topology/ read the machine's /proc and /sys (architecture rule 2:
    everything else takes a root);
-c. cluster/ never branches on the node kind or the backend: that knowledge
-   lives behind the one Backend protocol (architecture rule 3);
+c. cluster/ and slurm/ never branch on the node kind or the backend, and host/
+   never on a node kind or a backend's name (it does tell link kinds and
+   journal kinds apart): that knowledge lives behind the one Backend protocol
+   (architecture rule 3);
 d. a module past 400 lines says in its docstring why ("Long because ...");
 e. the packages import each other without a cycle (cluster -> backends -> host,
    the pure layers below everything that acts), counting imports inside
@@ -216,7 +218,7 @@ def host_path_opens(source: str) -> list[Hit]:
     return sorted(set(hits), key=lambda h: (h.line, h.what))
 
 
-# --- c. kind/backend branches in cluster/ -----------------------------------------------
+# --- c. kind/backend branches in cluster/, slurm/ and host/ ----------------------------
 
 _SELECTORS = ("kind", "backend")
 _KIND_LITERALS = frozenset(
@@ -256,20 +258,39 @@ def _pattern_strings(pattern: ast.pattern) -> list[str]:
     return [v for v in values if v is not None]
 
 
-def kind_branches(source: str) -> list[Hit]:
+def registered_backends(source: str) -> frozenset[str]:
+    """The names in the ``BACKENDS`` table of backends/registry.py's ``source``."""
+    for stmt in ast.parse(source).body:
+        target = stmt.target if isinstance(stmt, ast.AnnAssign) else None
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+        value = getattr(stmt, "value", None)
+        if isinstance(target, ast.Name) and target.id == "BACKENDS" and isinstance(value, ast.Dict):
+            return frozenset(s for k in value.keys if k is not None for s in _strings(k))
+    return frozenset()
+
+
+def kind_branches(
+    source: str, kinds: frozenset[str] = _KIND_LITERALS, any_literal: bool = True
+) -> list[Hit]:
     """Comparisons (in an ``if``, a ternary, a ``while``, anywhere) and ``match``
-    statements that tell node kinds or backends apart."""
+    statements that tell node kinds or backends apart: those naming one of
+    ``kinds`` (a node kind or a backend's name) and, with ``any_literal``, a kind
+    or backend selector (``plan.kind``, ``spec.backend``) against any literal.
+    Without it (host/, which tells link kinds and journal kinds apart) only
+    ``kinds`` count."""
     hits: list[Hit] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             literals = [s for op in operands for s in _strings(op)]
-            by_selector = any(_selector(op) for op in operands) and literals
-            if by_selector or _KIND_LITERALS.intersection(literals):
+            by_selector = any_literal and any(_selector(op) for op in operands) and literals
+            if by_selector or kinds.intersection(literals):
                 hits.append(Hit(node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Match):
             literals = [s for case in node.cases for s in _pattern_strings(case.pattern)]
-            if (_selector(node.subject) and literals) or _KIND_LITERALS.intersection(literals):
+            by_selector = any_literal and _selector(node.subject) and literals
+            if by_selector or kinds.intersection(literals):
                 hits.append(Hit(node.lineno, f"match {ast.unparse(node.subject)}: {literals}"))
     return sorted(set(hits), key=lambda h: (h.line, h.what))
 
@@ -511,11 +532,33 @@ def test_only_host_and_topology_read_proc_and_sys() -> None:
     )
 
 
-def test_cluster_does_not_branch_on_kind_or_backend() -> None:
-    found = violations(lambda m: kind_branches(m.source), lambda m: m.layer == "cluster")
+ASK_THE_BACKEND = ("cluster", "slurm")
+
+
+def test_cluster_and_slurm_do_not_branch_on_kind_or_backend() -> None:
+    found = violations(lambda m: kind_branches(m.source), lambda m: m.layer in ASK_THE_BACKEND)
     assert not found, report(
-        "hpvc.cluster must not tell node kinds or backends apart; put it behind "
-        "the Backend protocol (architecture rule 3):",
+        f"{'/'.join(ASK_THE_BACKEND)} must not tell node kinds or backends apart; put it "
+        "behind the Backend protocol (architecture rule 3):",
+        found,
+    )
+
+
+def node_kinds_and_backends() -> frozenset[str]:
+    """Every node kind and backend name: the fixed ones, and the registry's table."""
+    table = registered_backends((PKG / "backends" / "registry.py").read_text(encoding="utf-8"))
+    assert {"crun", "qemu", "libvirt"} <= table  # the table is read, not missed
+    return _KIND_LITERALS | table
+
+
+def test_host_does_not_branch_on_a_node_kind_or_backend() -> None:
+    kinds = node_kinds_and_backends()
+    found = violations(
+        lambda m: kind_branches(m.source, kinds, any_literal=False), lambda m: m.layer == "host"
+    )
+    assert not found, report(
+        "hpvc.host must not tell node kinds or backends apart (what a kind of node"
+        " leaves, its backend sweeps: Backend.orphans; architecture rule 3):",
         found,
     )
 
@@ -673,6 +716,42 @@ def test_kind_branches_fire(source: str) -> None:
 )
 def test_kind_branches_stay_quiet(source: str) -> None:
     assert kind_branches(source) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "if o.kind == 'container':\n    pass",
+        "if plan.kind != 'vm':\n    pass",
+        "if name in ('libvirt', 'x'):\n    pass",
+        "match b:\n    case 'crun':\n        pass",
+        "if backend == 'firecracker':\n    pass",  # a name only the registry has
+    ],
+)
+def test_kind_branches_by_name_fire(source: str) -> None:
+    hits = kind_branches(source, _KIND_LITERALS | {"firecracker"}, any_literal=False)
+    assert [h.line for h in hits] == [1], hits
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "if kind == 'bridge':\n    pass",  # host/orphans.py: a link's kind
+        "ok = kind in ('veth', 'tun')",
+        "if e.kind == 'hugepages-added':\n    pass",  # host/hugepages.py: a journal's
+        "match o.kind:\n    case 'netns':\n        pass",
+    ],
+)
+def test_kind_branches_by_name_stay_quiet_on_other_kinds(source: str) -> None:
+    assert kind_branches(source, _KIND_LITERALS, any_literal=False) == []
+    assert kind_branches(source) != []  # where any literal counts (cluster/), they fire
+
+
+def test_the_registry_table_is_read() -> None:
+    source = 'BACKENDS: dict[str, str] = {\n    "crun": "m:C",\n    "fc": "m:F",\n}\nX = {"a": 1}\n'
+    assert registered_backends(source) == {"crun", "fc"}
+    assert registered_backends('BACKENDS = {"qemu": "m:Q"}') == {"qemu"}
+    assert registered_backends("OTHER = {'x': 'y'}") == frozenset()
 
 
 def test_unexplained_length() -> None:
