@@ -36,15 +36,16 @@ static char *const base_env[BASE_ENV] = {
 	"LANG=C.UTF-8"
 };
 
-static void say(int sock, const char *fmt, const char *arg, int err)
+/* "hpvc-agent: WHAT: REASON" on the client's stderr. */
+static void say(int sock, const char *what, int err)
 {
 	char line[512];
-	int n = snprintf(line, sizeof(line), fmt, arg, strerror(err));
+	int n = snprintf(line, sizeof(line), "hpvc-agent: %s: %s\n", what, strerror(err));
 	if (n > 0)
 		hpvc_frame_send(sock, 'r', line, (uint32_t)(n < (int)sizeof(line) ? n : (int)sizeof(line) - 1));
 }
 
-static void finish(int sock, int kind, int code)
+static void __attribute__((noreturn)) finish(int sock, int kind, int code)
 {
 	unsigned char end[2] = { (unsigned char)kind, (unsigned char)code };
 	hpvc_frame_send(sock, 'x', end, 2);
@@ -102,12 +103,31 @@ static void drain(int fd, int sock, char type)
 	}
 }
 
-static void __attribute__((noreturn)) handle(int sock)
+/* The command a client asked for: argv and environment NULL-ended. */
+struct command {
+	char *argv[HPVC_AGENT_WORDS + 1];
+	char *env[HPVC_AGENT_WORDS + BASE_ENV + 1];
+	char *cwd; /* NULL: /root */
+	int argc, envc;
+};
+
+/* One command being relayed. */
+struct relay {
+	int sock;
+	pid_t child;
+	int pidfd;         /* -1 without pidfd_open: poll the child every 50 ms */
+	int in, out, err;  /* its stdin (write end), stdout, stderr (read ends); -1 once closed */
+	/* Input waiting for the command to read it (the socket is not read meanwhile). */
+	unsigned char pending[HPVC_AGENT_MAX];
+	uint32_t pending_len, pending_off;
+};
+
+/* The client's frames up to 'g' (start): the words, the environment (the
+ * base entries added where the client set no value) and the directory. A
+ * command without words ends the connection with exit code 2. */
+static void read_command(int sock, struct command *c)
 {
 	static unsigned char buf[HPVC_AGENT_MAX];
-	static char *argv[HPVC_AGENT_WORDS + 1], *env[HPVC_AGENT_WORDS + BASE_ENV + 1];
-	char *cwd = NULL;
-	int argc = 0, envc = 0;
 	for (;;) {
 		char type;
 		uint32_t len;
@@ -118,143 +138,189 @@ static void __attribute__((noreturn)) handle(int sock)
 		char *w = dup_word(buf, len);
 		if (w == NULL)
 			_exit(1);
-		if (type == 'a' && argc < HPVC_AGENT_WORDS)
-			argv[argc++] = w;
-		else if (type == 'e' && envc < HPVC_AGENT_WORDS && strchr(w, '=') != NULL)
-			env[envc++] = w;
+		if (type == 'a' && c->argc < HPVC_AGENT_WORDS)
+			c->argv[c->argc++] = w;
+		else if (type == 'e' && c->envc < HPVC_AGENT_WORDS && strchr(w, '=') != NULL)
+			c->env[c->envc++] = w;
 		else if (type == 'd')
-			cwd = w;
+			c->cwd = w;
 		else
 			_exit(1);
 	}
-	if (argc == 0) {
+	if (c->argc == 0) {
 		static const char none[] = "hpvc-agent: no command\n";
 		hpvc_frame_send(sock, 'r', none, sizeof(none) - 1);
 		finish(sock, 0, 2);
 	}
 	for (int i = 0; i < BASE_ENV; i++)
-		if (!has_key(env, envc, base_env[i]))
-			env[envc++] = base_env[i];
-	argv[argc] = NULL;
-	env[envc] = NULL;
+		if (!has_key(c->env, c->envc, base_env[i]))
+			c->env[c->envc++] = base_env[i];
+	c->argv[c->argc] = NULL;
+	c->env[c->envc] = NULL;
+}
 
+/* In the forked child: a session of its own, the pipes as stdin, stdout and
+ * stderr, default signals, the working directory, then the command. */
+static void __attribute__((noreturn)) exec_command(const struct command *c, int in, int out, int err)
+{
+	setsid();
+	dup2(in, 0);
+	dup2(out, 1);
+	dup2(err, 2);
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_DFL;
+	for (int s = 1; s < NSIG; s++)
+		sigaction(s, &sa, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	if (c->cwd == NULL || chdir(c->cwd) < 0) {
+		if (chdir("/root") < 0 && chdir("/") < 0)
+			_exit(126);
+	}
+	/* PATH from the command's environment, as a shell would search it. */
+	for (int i = 0; c->env[i]; i++)
+		if (strncmp(c->env[i], "PATH=", 5) == 0)
+			setenv("PATH", c->env[i] + 5, 1);
+	execvpe(c->argv[0], c->argv, c->env);
+	dprintf(2, "hpvc-agent: cannot run %s: %s\n", c->argv[0], strerror(errno));
+	_exit(errno == ENOENT ? 127 : 126);
+}
+
+/* Start the command on non-blocking pipes into r; a failure ends the
+ * connection with exit code 126. */
+static void start_command(int sock, const struct command *c, struct relay *r)
+{
 	int in[2], out[2], err[2];
 	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
-		say(sock, "hpvc-agent: %s: %s\n", "pipe", errno);
+		say(sock, "pipe", errno);
 		finish(sock, 0, 126);
 	}
 	pid_t child = fork();
 	if (child < 0) {
-		say(sock, "hpvc-agent: %s: %s\n", "fork", errno);
+		say(sock, "fork", errno);
 		finish(sock, 0, 126);
 	}
-	if (child == 0) {
-		setsid();
-		dup2(in[0], 0);
-		dup2(out[1], 1);
-		dup2(err[1], 2);
-		struct sigaction sa;
-		memset(&sa, 0, sizeof(sa));
-		sa.sa_handler = SIG_DFL;
-		for (int s = 1; s < NSIG; s++)
-			sigaction(s, &sa, NULL);
-		sigset_t none;
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		if (cwd == NULL || chdir(cwd) < 0) {
-			if (chdir("/root") < 0 && chdir("/") < 0)
-				_exit(126);
-		}
-		/* PATH from the command's environment, as a shell would search it. */
-		for (int i = 0; env[i]; i++)
-			if (strncmp(env[i], "PATH=", 5) == 0)
-				setenv("PATH", env[i] + 5, 1);
-		execvpe(argv[0], argv, env);
-		dprintf(2, "hpvc-agent: cannot run %s: %s\n", argv[0], strerror(errno));
-		_exit(errno == ENOENT ? 127 : 126);
-	}
+	if (child == 0)
+		exec_command(c, in[0], out[1], err[1]);
 	close(in[0]);
 	close(out[1]);
 	close(err[1]);
 	fcntl(in[1], F_SETFL, O_NONBLOCK);
 	fcntl(out[0], F_SETFL, O_NONBLOCK);
 	fcntl(err[0], F_SETFL, O_NONBLOCK);
-	int pidfd = (int)syscall(SYS_pidfd_open, child, 0);
+	r->sock = sock;
+	r->child = child;
+	r->in = in[1];
+	r->out = out[0];
+	r->err = err[0];
+	r->pidfd = (int)syscall(SYS_pidfd_open, child, 0);
+}
 
-	/* Input waiting for the command to read it (the socket is not read meanwhile). */
-	static unsigned char pending[HPVC_AGENT_MAX];
-	uint32_t pending_len = 0, pending_off = 0;
-	int in_open = 1, status = 0, exited = 0;
+/* The client is gone: so is the command. */
+static void __attribute__((noreturn)) abandon(const struct relay *r)
+{
+	kill(-r->child, SIGKILL);
+	waitpid(r->child, NULL, 0);
+	_exit(0);
+}
+
+/* Write what the command's stdin takes of the pending input. */
+static void feed_input(struct relay *r)
+{
+	ssize_t k = write(r->in, r->pending + r->pending_off, r->pending_len - r->pending_off);
+	if (k < 0 && errno != EAGAIN && errno != EINTR)
+		r->pending_len = r->pending_off = 0; /* the command closed its stdin */
+	else if (k > 0 && (r->pending_off += (uint32_t)k) == r->pending_len)
+		r->pending_len = r->pending_off = 0;
+}
+
+/* One frame from the client: a signal for the command's group, input for
+ * its stdin (empty: the end of it). */
+static void from_client(struct relay *r)
+{
+	char type;
+	uint32_t len;
+	if (hpvc_frame_recv(r->sock, &type, r->pending, sizeof(r->pending), &len) != 1)
+		abandon(r);
+	if (type == 's' && len == 1)
+		kill(-r->child, r->pending[0]);
+	else if (type == 'i' && len == 0 && r->in >= 0) {
+		close(r->in);
+		r->in = -1;
+	} else if (type == 'i' && r->in >= 0)
+		r->pending_len = len;
+}
+
+/* Exited, but not reaped yet: while the zombie holds its PID, its process
+ * group cannot be another's, so killing the group is safe. */
+static int exited(pid_t child)
+{
+	siginfo_t si;
+	si.si_pid = 0;
+	return waitid(P_PID, (id_t)child, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+	       si.si_pid == child;
+}
+
+/* After the command exited: what it wrote before (it is in the pipes), then
+ * whatever it left in its group killed, then its end frame. */
+static void __attribute__((noreturn)) end_exited(const struct relay *r)
+{
+	drain(r->out, r->sock, 'o');
+	drain(r->err, r->sock, 'r');
+	kill(-r->child, SIGKILL);
+	int status = 0;
+	while (waitpid(r->child, &status, 0) < 0 && errno == EINTR)
+		;
+	if (WIFSIGNALED(status))
+		finish(r->sock, 1, WTERMSIG(status));
+	finish(r->sock, 0, WEXITSTATUS(status));
+}
+
+/* Relay until the command exits or the client goes away. */
+static void __attribute__((noreturn)) relay(struct relay *r)
+{
 	for (;;) {
 		struct pollfd fds[5] = {
 			/* With input pending only the client's going away is watched. */
-			{ sock, pending_len ? POLLRDHUP : POLLIN, 0 },
-			{ out[0], POLLIN, 0 },
-			{ err[0], POLLIN, 0 },
-			{ pidfd, POLLIN, 0 },
-			{ pending_len ? in[1] : -1, POLLOUT, 0 },
+			{ r->sock, r->pending_len ? POLLRDHUP : POLLIN, 0 },
+			{ r->out, POLLIN, 0 },
+			{ r->err, POLLIN, 0 },
+			{ r->pidfd, POLLIN, 0 },
+			{ r->pending_len ? r->in : -1, POLLOUT, 0 },
 		};
-		if (poll(fds, 5, pidfd < 0 ? 50 : -1) < 0 && errno != EINTR)
+		if (poll(fds, 5, r->pidfd < 0 ? 50 : -1) < 0 && errno != EINTR)
 			break;
-		if (fds[1].revents && fds[1].fd >= 0 && !pump(out[0], sock, 'o')) {
-			close(out[0]);
-			out[0] = -1;
+		if (fds[1].revents && fds[1].fd >= 0 && !pump(r->out, r->sock, 'o')) {
+			close(r->out);
+			r->out = -1;
 		}
-		if (fds[2].revents && fds[2].fd >= 0 && !pump(err[0], sock, 'r')) {
-			close(err[0]);
-			err[0] = -1;
+		if (fds[2].revents && fds[2].fd >= 0 && !pump(r->err, r->sock, 'r')) {
+			close(r->err);
+			r->err = -1;
 		}
-		if (fds[4].revents && pending_len) {
-			ssize_t k = write(in[1], pending + pending_off, pending_len - pending_off);
-			if (k < 0 && errno != EAGAIN && errno != EINTR)
-				pending_len = pending_off = 0; /* the command closed its stdin */
-			else if (k > 0 && (pending_off += (uint32_t)k) == pending_len)
-				pending_len = pending_off = 0;
-		}
-		if (pending_len && (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-			kill(-child, SIGKILL);
-			waitpid(child, NULL, 0);
-			_exit(0);
-		}
-		if (!pending_len && fds[0].revents) {
-			char type;
-			uint32_t len;
-			if (hpvc_frame_recv(sock, &type, pending, sizeof(pending), &len) != 1) {
-				/* The client is gone: so is the command. */
-				kill(-child, SIGKILL);
-				waitpid(child, NULL, 0);
-				_exit(0);
-			}
-			if (type == 's' && len == 1)
-				kill(-child, pending[0]);
-			else if (type == 'i' && len == 0 && in_open) {
-				close(in[1]);
-				in[1] = -1;
-				in_open = 0;
-			} else if (type == 'i' && in_open)
-				pending_len = len;
-		}
-		/* Exited, but not reaped yet: while the zombie holds its PID, its
-		 * process group cannot be another's, so the kill below is safe. */
-		siginfo_t si;
-		si.si_pid = 0;
-		if (!exited && waitid(P_PID, (id_t)child, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-		    si.si_pid == child)
-			exited = 1;
-		if (exited) {
-			/* What the command wrote before it exited is in the pipes. */
-			drain(out[0], sock, 'o');
-			drain(err[0], sock, 'r');
-			kill(-child, SIGKILL);
-			while (waitpid(child, &status, 0) < 0 && errno == EINTR)
-				;
-			if (WIFSIGNALED(status))
-				finish(sock, 1, WTERMSIG(status));
-			finish(sock, 0, WEXITSTATUS(status));
-		}
+		if (fds[4].revents && r->pending_len)
+			feed_input(r);
+		if (r->pending_len && (fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+			abandon(r);
+		if (!r->pending_len && fds[0].revents)
+			from_client(r);
+		if (exited(r->child))
+			end_exited(r);
 	}
-	kill(-child, SIGKILL);
+	kill(-r->child, SIGKILL);
 	_exit(1);
+}
+
+/* One connection, in its own process: the command, then the relay. */
+static void __attribute__((noreturn)) handle(int sock)
+{
+	static struct command cmd;
+	static struct relay r;
+	read_command(sock, &cmd);
+	start_command(sock, &cmd, &r);
+	relay(&r);
 }
 
 /* Only root (a port below 1024) on the cluster's own subnet. */

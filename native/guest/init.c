@@ -16,6 +16,10 @@
  * per node, a line each: /etc/hosts and permanent ARP entries, before sshd starts). Errors are "hpvc-init: ..." lines on the console. Once sshd
  * accepts connections on 127.0.0.1:22 (or gave up) exactly one line follows:
  * "hpvc-ready NAME" if every step succeeded, else "hpvc-failed NAME".
+ *
+ * Long because it is the guest's whole boot, read top to bottom in the order it
+ * runs: both roles are one static binary and share its helpers (the command
+ * line, mounts, failing), and every step is a short function of its own.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

@@ -46,6 +46,11 @@
  * (libnfs's own reconnect loop is switched off: it retries forever and
  * never times out). NFSv3 file handles outlive the connection, so files
  * open across a server restart keep working.
+ *
+ * Long because it is one program around one piece of state: every FUSE
+ * operation (a few lines each, mapping onto libnfs's path API) works on the
+ * one libnfs context and the caller's credentials kept in this file, and
+ * this comment says why the protocol and the design are what they are.
  */
 #define FUSE_USE_VERSION 31
 #define _GNU_SOURCE

@@ -10,6 +10,7 @@
 #define HPVC_SPANK_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include <slurm/spank.h>
 
@@ -70,7 +71,8 @@ struct hpvc_join;
 int hpvc_vm_connect(const struct hpvc_join *j);
 int hpvc_vm_task(spank_t sp);
 
-/* Join records per node slot, from `hpvc node up` or its cache (remote.c, read by task.c) */
+/* Join records per node slot, from `hpvc node up` or its cache (join.c; taken
+ * by remote.c, read by task.c and vm.c) */
 struct hpvc_join {
 	int used;
 	pid_t pid;
@@ -89,6 +91,16 @@ extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
 extern int hpvc_slots; /* local task t joins hpvc_joins[t % hpvc_slots] */
 int hpvc_parse_joins(const char *text);
 void hpvc_free_joins(void);
+/* Parse text (freed) into hpvc_joins and hpvc_slots; slots must be 0..n-1
+ * without holes. On failure nothing is kept, and unless quiet the error names
+ * where the records came from. 0, or -1. */
+int hpvc_use_joins(char *text, const char *from, int quiet);
+/* Is every node's process still the one its record names (PID and start time)? */
+int hpvc_joins_alive(void);
+/* The cached join records of this host's share of job (index: its place in
+ * the job's hosts; mpi: SLURM_MPI_TYPE), malloc'ed, or NULL when there is no
+ * cache that can be trusted. */
+char *hpvc_read_join_cache(const struct hpvc_config *cfg, uint32_t job, int index, const char *mpi);
 /* The start time of process pid (field 22 of /proc/PID/stat, clock ticks
  * after boot) into *start; -1 if it does not exist or cannot be read. */
 int hpvc_proc_start(pid_t pid, unsigned long long *start);

@@ -106,63 +106,100 @@ static void default_signals(void)
 	sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
-int hpvc_run(char *const argv[], char *const env_in[], int timeout_s, int as_root, char **out)
+/* In the forked child: stdin from /dev/null, stdout and stderr into the
+ * pipes, root for good with as_root, then hpvc with env. */
+static void __attribute__((noreturn)) exec_child(char *const argv[], char **env, int as_root, int out,
+						 int err)
 {
-	int opipe[2], epipe[2];
-	*out = NULL;
-	if (pipe2(opipe, O_CLOEXEC) < 0)
-		return -1;
-	if (pipe2(epipe, O_CLOEXEC) < 0) {
-		close(opipe[0]);
-		close(opipe[1]);
-		return -1;
+	int devnull = open("/dev/null", O_RDONLY);
+	if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
+		_exit(127);
+	/* slurmstepd runs user_init with the user's effective ids and root's
+	 * saved ones: the child takes root back for good (hpvc changes the host). */
+	if (as_root && (setresuid(0, 0, 0) < 0 || setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0)) {
+		dprintf(2, "cannot become root to run %s: %s\n", argv[0], strerror(errno));
+		_exit(126);
 	}
+	/* Not the user's working directory (it may be theirs to replace
+	 * under a running root process) nor their umask. */
+	if (as_root && chdir("/") < 0) {
+		dprintf(2, "cannot change to /: %s\n", strerror(errno));
+		_exit(126);
+	}
+	if (as_root)
+		umask(022);
+	close_above_stderr();
+	default_signals();
+	/* New session: on a timeout the whole group is killed, nothing else. */
+	setsid();
+	execve(argv[0], argv, env);
+	dprintf(2, "cannot run %s: %s (set hpvc=PATH in plugstack.conf)\n", argv[0], strerror(errno));
+	_exit(127);
+}
+
+/* Fork the child writing into out and err: its PID, or -1. */
+static pid_t spawn(char *const argv[], char *const env_in[], int as_root, int out, int err)
+{
 	if (as_root && env_in == NULL)
-		goto fail_pipes;
+		return -1;
 	char **env = child_env(env_in, !as_root);
 	if (env == NULL)
-		goto fail_pipes;
+		return -1;
 	pid_t pid = fork();
-	if (pid < 0) {
-		free(env);
-		goto fail_pipes;
-	}
-	if (pid == 0) {
-		int devnull = open("/dev/null", O_RDONLY);
-		if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(opipe[1], 1) < 0 || dup2(epipe[1], 2) < 0)
-			_exit(127);
-		/* slurmstepd runs user_init with the user's effective ids and root's
-		 * saved ones: the child takes root back for good (hpvc changes the host). */
-		if (as_root && (setresuid(0, 0, 0) < 0 || setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0)) {
-			dprintf(2, "cannot become root to run %s: %s\n", argv[0], strerror(errno));
-			_exit(126);
-		}
-		/* Not the user's working directory (it may be theirs to replace
-		 * under a running root process) nor their umask. */
-		if (as_root && chdir("/") < 0) {
-			dprintf(2, "cannot change to /: %s\n", strerror(errno));
-			_exit(126);
-		}
-		if (as_root)
-			umask(022);
-		close_above_stderr();
-		default_signals();
-		/* New session: on a timeout the whole group is killed, nothing else. */
-		setsid();
-		execve(argv[0], argv, env);
-		dprintf(2, "cannot run %s: %s (set hpvc=PATH in plugstack.conf)\n", argv[0], strerror(errno));
-		_exit(127);
-	}
+	if (pid == 0)
+		exec_child(argv, env, as_root, out, err);
 	free(env);
-	close(opipe[1]);
-	close(epipe[1]);
+	return pid;
+}
 
-	size_t olen = 0, ocap = 4096, elen = 0;
-	char *obuf = malloc(ocap), ebuf[4097];
+/* The child's stdout, kept (buf is NULL when it could not be allocated). */
+struct capture {
+	char *buf;
+	size_t len, cap;
+};
+
+/* Read what is ready on fd into c, growing it up to MAX_OUT: 1 while more
+ * may come, 0 at the end (or once full), -1 when out of memory. */
+static int take_stdout(int fd, struct capture *c)
+{
+	if (c->len + 4096 + 1 > c->cap && c->cap < MAX_OUT) {
+		char *bigger = realloc(c->buf, c->cap * 2);
+		if (bigger == NULL)
+			return -1;
+		c->buf = bigger;
+		c->cap *= 2;
+	}
+	ssize_t n = c->len + 4096 + 1 <= c->cap ? read(fd, c->buf + c->len, 4096) : 0;
+	if (n <= 0)
+		return 0;
+	c->len += (size_t)n;
+	return 1;
+}
+
+#define ERR_LINE 4096 /* longest stderr line logged whole */
+
+/* Read what is ready on fd into buf (ERR_LINE + 1 bytes), logging each
+ * complete line: 1 while more may come, 0 at the end. */
+static int take_stderr(int fd, char *buf, size_t *len)
+{
+	ssize_t n = read(fd, buf + *len, ERR_LINE - *len);
+	if (n <= 0)
+		return 0;
+	*len += (size_t)n;
+	log_lines(buf, len, *len == ERR_LINE);
+	return 1;
+}
+
+/* Collect stdout into c and log stderr until both end or timeout_s pass:
+ * 1 when the time ran out, else 0. */
+static int collect(int ofd, int efd, int timeout_s, struct capture *c)
+{
+	char ebuf[ERR_LINE + 1];
+	size_t elen = 0;
 	int open_fds = 2, timed_out = 0;
 	double deadline = hpvc_now() + timeout_s;
-	struct pollfd fds[2] = { { opipe[0], POLLIN, 0 }, { epipe[0], POLLIN, 0 } };
-	while (obuf != NULL && open_fds > 0) {
+	struct pollfd fds[2] = { { ofd, POLLIN, 0 }, { efd, POLLIN, 0 } };
+	while (c->buf != NULL && open_fds > 0) {
 		int left = (int)((deadline - hpvc_now()) * 1000);
 		if (left <= 0) {
 			timed_out = 1;
@@ -174,35 +211,27 @@ int hpvc_run(char *const argv[], char *const env_in[], int timeout_s, int as_roo
 		if (r < 0)
 			break;
 		if (fds[0].revents) {
-			if (olen + 4096 + 1 > ocap && ocap < MAX_OUT) {
-				char *bigger = realloc(obuf, ocap * 2);
-				if (bigger == NULL)
-					break;
-				obuf = bigger;
-				ocap *= 2;
-			}
-			ssize_t n = olen + 4096 + 1 <= ocap ? read(opipe[0], obuf + olen, 4096) : 0;
-			if (n <= 0) {
+			int more = take_stdout(ofd, c);
+			if (more < 0)
+				break;
+			if (more == 0) {
 				fds[0].fd = -1;
 				open_fds--;
-			} else {
-				olen += (size_t)n;
 			}
 		}
-		if (fds[1].revents) {
-			ssize_t n = read(epipe[0], ebuf + elen, sizeof(ebuf) - 1 - elen);
-			if (n <= 0) {
-				fds[1].fd = -1;
-				open_fds--;
-			} else {
-				elen += (size_t)n;
-				log_lines(ebuf, &elen, elen == sizeof(ebuf) - 1);
-			}
+		if (fds[1].revents && !take_stderr(efd, ebuf, &elen)) {
+			fds[1].fd = -1;
+			open_fds--;
 		}
 	}
 	log_lines(ebuf, &elen, 1);
-	close(opipe[0]);
-	close(epipe[0]);
+	return timed_out;
+}
+
+/* Wait for the child, its group killed first when it timed out: its exit
+ * status, or -1 (timed out, killed, not waited for). */
+static int reap(pid_t pid, char *const argv[], int timeout_s, int timed_out)
+{
 	if (timed_out) {
 		slurm_error("hpvc: %s %s did not finish in %d s (timeout= in plugstack.conf)",
 			    argv[0], argv[1] ? argv[1] : "", timeout_s);
@@ -211,22 +240,42 @@ int hpvc_run(char *const argv[], char *const env_in[], int timeout_s, int as_roo
 	int status = 0, waited;
 	while ((waited = (int)waitpid(pid, &status, 0)) < 0 && errno == EINTR)
 		;
-	if (waited < 0)
+	if (waited < 0) {
 		slurm_error("hpvc: cannot wait for %s: %s", argv[0], strerror(errno));
-	if (obuf == NULL)
 		return -1;
-	obuf[olen] = '\0';
-	*out = obuf;
-	if (timed_out || waited < 0)
+	}
+	if (timed_out || !WIFEXITED(status))
 		return -1;
-	if (WIFEXITED(status))
-		return WEXITSTATUS(status);
-	return -1;
+	return WEXITSTATUS(status);
+}
 
-fail_pipes:
-	close(opipe[0]);
+int hpvc_run(char *const argv[], char *const env_in[], int timeout_s, int as_root, char **out)
+{
+	int opipe[2], epipe[2];
+	*out = NULL;
+	if (pipe2(opipe, O_CLOEXEC) < 0)
+		return -1;
+	if (pipe2(epipe, O_CLOEXEC) < 0) {
+		close(opipe[0]);
+		close(opipe[1]);
+		return -1;
+	}
+	pid_t pid = spawn(argv, env_in, as_root, opipe[1], epipe[1]);
 	close(opipe[1]);
-	close(epipe[0]);
 	close(epipe[1]);
-	return -1;
+	if (pid < 0) {
+		close(opipe[0]);
+		close(epipe[0]);
+		return -1;
+	}
+	struct capture c = { malloc(4096), 0, 4096 };
+	int timed_out = collect(opipe[0], epipe[0], timeout_s, &c);
+	close(opipe[0]);
+	close(epipe[0]);
+	int rc = reap(pid, argv, timeout_s, timed_out);
+	if (c.buf == NULL)
+		return -1;
+	c.buf[c.len] = '\0';
+	*out = c.buf;
+	return rc;
 }

@@ -334,6 +334,7 @@ def test_init_sources_hash_init_c_the_agent_and_their_makefile() -> None:
     assert set(sources) == {
         "init.c", "shmtool.c", "Makefile",
         "agent/agent.h", "agent/frames.c", "agent/client.c", "agent/server.c", "agent/rsh.c",
+        "agent/Makefile",
     }  # fmt: skip
     assert all(len(h) == 64 for h in sources.values())
 

@@ -171,7 +171,7 @@ def _encode_key(pubkey: str) -> str:
 
 def init_sources() -> dict[str, str]:
     """sha256 of each file that decides the guest binaries (init.c, shmtool.c, the
-    agent's sources in native/agent, their Makefile)."""
+    agent's sources in native/agent, and the Makefiles of both)."""
     if not (NATIVE_DIR / "init.c").is_file():
         raise HpvcError(
             "guest build",
@@ -184,7 +184,7 @@ def init_sources() -> dict[str, str]:
         **{name: hashlib.sha256((NATIVE_DIR / name).read_bytes()).hexdigest() for name in names},
         **{
             f"agent/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(agent.glob("*.[ch]"))
+            for p in sorted([*agent.glob("*.[ch]"), agent / "Makefile"])
         },
     }
 
