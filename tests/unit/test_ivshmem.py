@@ -25,6 +25,7 @@ from hpvc.host import ivshmem
 from hpvc.host.journal import Journal
 from hpvc.image import guest, guest_disk
 from hpvc.render import qemu_argv, render_domain_xml
+from hpvc.render.qemu import ivshmem_args
 from hpvc.store import Store
 from tests.helpers import requires
 from tests.unit.test_render import ctx, hand_vm_plan, make_node, make_plan
@@ -47,13 +48,26 @@ def region_id(path: Path) -> int:
     return int(path.name.removeprefix(ivshmem.PREFIX))
 
 
+def regions(tmp: Path) -> Path:
+    """The state root's region folder in the test's shm directory."""
+    return Path((tmp / "state" / ivshmem.DIR_RECORD).read_text().strip())
+
+
+def shm_files(tmp: Path) -> list[Path]:
+    """Every file under the test's shm directory, folders left out."""
+    return sorted(p for p in (tmp / "shm").rglob("*") if not p.is_dir())
+
+
 # ---- allocation ------------------------------------------------------------------
 
 
 def test_allocate_makes_a_sized_file_and_records_its_id(tmp: Path) -> None:
     j = Journal(tmp / "j.jsonl")
     path = alloc(tmp, "demo", 4, j)
-    assert path == tmp / "shm" / "hpvc-ivshmem-0"
+    where = regions(tmp)
+    assert path == where / "hpvc-ivshmem-0"
+    assert where.parent == tmp / "shm" and where.name.startswith(ivshmem.DIR_PREFIX)
+    assert where.stat().st_mode & 0o777 == 0o700 and where.stat().st_uid == os.geteuid()
     assert path.stat().st_size == 4 * MiB and path.stat().st_mode & 0o777 == 0o600
     assert path.stat().st_blocks * 512 >= 4 * MiB  # preallocated, not sparse
     assert (tmp / "state" / "ivshmem" / "0").read_text() == f"demo\n{path}\n"
@@ -121,7 +135,8 @@ def test_ids_are_unique_across_processes(tmp: Path) -> None:
     with ProcessPoolExecutor(4, mp_context=spawn) as pool:
         ids = [n for part in pool.map(_allocate_in_child, [str(tmp)] * 4, range(4)) for n in part]
     assert sorted(ids) == list(range(20))
-    assert len(list((tmp / "shm").iterdir())) == 20
+    assert len(shm_files(tmp)) == 20
+    assert len(list((tmp / "shm").iterdir())) == 1  # one region folder for them all
 
 
 def test_undo_frees_the_id_and_the_file_and_a_freed_id_is_given_again(tmp: Path) -> None:
@@ -143,7 +158,7 @@ def test_undo_leaves_an_id_that_another_cluster_holds_now(tmp: Path) -> None:
     stale = ja.entries()
     ja.undo_all()
     c = alloc(tmp, "c")  # takes id 0 again
-    assert c == a
+    assert region_id(c) == region_id(a) == 0
     old = Journal(tmp / "stale.jsonl")  # a's journal replayed after the fact
     for change in stale:
         old.record(change.kind, **change.args)
@@ -171,14 +186,65 @@ def test_undo_before_the_id_was_taken_removes_nothing(tmp: Path) -> None:
     assert foreign.read_text() == "not ours"
 
 
-def test_a_file_made_outside_this_state_root_is_skipped(tmp: Path) -> None:
-    (tmp / "shm" / "hpvc-ivshmem-0").write_text("another state dir's")
+def test_files_squatting_every_old_region_name_take_no_id(tmp: Path) -> None:
+    # Issue 25 item 9: a user made /dev/shm/hpvc-ivshmem-{0..4095}, and no region was
+    # left. Now regions are in a folder of the state root's own that no one can name first.
+    for i in range(ivshmem.MAX_IDS):
+        (tmp / "shm" / f"{ivshmem.PREFIX}{i}").write_text("a user's")
     j = Journal(tmp / "j.jsonl")
     path = alloc(tmp, "demo", 1, j)
-    assert region_id(path) == 1
+    assert region_id(path) == 0 and path.parent == regions(tmp)
+    assert path.parent.parent == tmp / "shm"
+    assert path.stat().st_size == MiB
     j.undo_all()
-    assert (tmp / "shm" / "hpvc-ivshmem-0").read_text() == "another state dir's"
-    assert not path.exists() and ivshmem.live_ids(tmp / "state") == {}
+    assert not path.exists() and not path.parent.exists()  # the folder went with it
+    assert ivshmem.live_ids(tmp / "state") == {}
+    assert len(shm_files(tmp)) == ivshmem.MAX_IDS  # the user's files are left alone
+    assert (tmp / "shm" / f"{ivshmem.PREFIX}0").read_text() == "a user's"
+
+
+@pytest.mark.parametrize("how", ["gone", "open", "link", "file"])
+def test_a_recorded_folder_that_is_not_private_is_not_used(tmp: Path, how: str) -> None:
+    first = alloc(tmp, "a")
+    where = first.parent
+    theirs = tmp / "elsewhere"
+    theirs.mkdir()
+    for f in where.iterdir():
+        f.unlink()
+    where.rmdir()
+    if how == "open":  # someone made a folder of that name, open to others
+        where.mkdir(0o755)
+        where.chmod(0o755)
+    elif how == "link":  # or a link to a folder of theirs
+        where.symlink_to(theirs)
+    elif how == "file":
+        where.write_text("x")
+    second = alloc(tmp, "b")
+    assert second.parent != where and second.parent == regions(tmp)
+    assert second.parent.stat().st_mode & 0o777 == 0o700
+    assert not list(theirs.iterdir())
+
+
+def test_undo_of_an_older_journal_frees_its_dev_shm_file(tmp: Path) -> None:
+    # An older hpvc journaled regions right in /dev/shm: the same undo frees them
+    # (and never removes the shm folder itself).
+    state, old = tmp / "state", tmp / "shm" / "hpvc-ivshmem-7"
+    (state / "ivshmem").mkdir(parents=True)
+    old.write_text("region")
+    (state / "ivshmem" / "7").write_text(f"demo\n{old}\n")
+    j = Journal(tmp / "j.jsonl")
+    lock = str(state / "ivshmem.lock")
+    j.record(
+        "ivshmem",
+        id=7,
+        cluster="demo",
+        path=str(old),
+        record=str(state / "ivshmem" / "7"),
+        lock=lock,
+    )
+    assert j.undo_all() == []
+    assert not old.exists() and (tmp / "shm").is_dir()
+    assert ivshmem.live_ids(state) == {}
 
 
 def test_a_race_with_another_state_root_moves_on_to_the_next_id(
@@ -197,7 +263,7 @@ def test_a_race_with_another_state_root_moves_on_to_the_next_id(
     assert region_id(path) == 1
     assert ivshmem.live_ids(tmp / "state") == {1: ("demo", str(path))}
     assert j.undo_all() == []
-    assert (tmp / "shm" / "hpvc-ivshmem-0").read_text() == "theirs"
+    assert (path.parent / "hpvc-ivshmem-0").read_text() == "theirs"
     assert not path.exists()
 
 
@@ -210,7 +276,7 @@ def test_a_failed_preallocation_leaves_no_id_and_no_file(
     monkeypatch.setattr(ivshmem.os, "posix_fallocate", full)
     with pytest.raises(HpvcError, match="no free huge pages or memory"):
         alloc(tmp, "demo")
-    assert not list((tmp / "shm").iterdir())
+    assert not list((tmp / "shm").iterdir())  # nor the region folder made for it
     assert ivshmem.live_ids(tmp / "state") == {}
 
 
@@ -224,7 +290,7 @@ def test_hugetlbfs_is_used_when_the_size_is_a_multiple_of_its_page(
     huge = ivshmem.allocate(j, tmp / "state", "a", 4, pages, shm_dir=tmp / "shm")
     small = ivshmem.allocate(j, tmp / "state", "b", 1, pages, shm_dir=tmp / "shm")
     assert huge == pages / "hpvc-ivshmem-0"
-    assert small == tmp / "shm" / "hpvc-ivshmem-1"
+    assert small == regions(tmp) / "hpvc-ivshmem-1"
     assert j.undo_all() == []
     assert not list(pages.iterdir()) and not list((tmp / "shm").iterdir())
 
@@ -244,7 +310,7 @@ def test_ivshmem_for_only_with_shm_locality_and_two_nodes_on_the_host(
     assert vm.ivshmem_for(store, two, j, "shm", host="elsewhere") is None
     assert j.entries() == []
     got = vm.ivshmem_for(store, two, j, "shm", size_mib=2)
-    assert got == (str(tmp / "shm" / "hpvc-ivshmem-0"), 2)
+    assert got == (str(regions(tmp) / "hpvc-ivshmem-0"), 2)
     assert vm.ivshmem_for(store, two, j, "shm", size_mib=2) == got  # scale finds it again
     assert len(j.entries()) == 1
     assert j.undo_all() == []
@@ -253,7 +319,7 @@ def test_ivshmem_for_only_with_shm_locality_and_two_nodes_on_the_host(
 
 # ---- rendering ---------------------------------------------------------------------
 
-SHM = ("/dev/shm/hpvc-ivshmem-3", 64)
+SHM = ("/dev/shm/hpvc-ivshmem.k2x9q0ab/hpvc-ivshmem-3", 64)
 
 
 def test_qemu_argv_maps_the_region_shared() -> None:
@@ -262,7 +328,7 @@ def test_qemu_argv_maps_the_region_shared() -> None:
     i = argv.index("ivshmem-plain,memdev=ivshmem0")
     assert argv[i - 3 : i + 1] == [
         "-object",
-        "memory-backend-file,id=ivshmem0,mem-path=/dev/shm/hpvc-ivshmem-3,size=64M,share=on",
+        f"memory-backend-file,id=ivshmem0,mem-path={SHM[0]},size=64M,share=on",
         "-device",
         "ivshmem-plain,memdev=ivshmem0",
     ]
@@ -276,16 +342,21 @@ def test_qemu_argv_escapes_commas_in_the_path() -> None:
     assert "memory-backend-file,id=ivshmem0,mem-path=/x,,y/hpvc-ivshmem-0,size=1M,share=on" in argv
 
 
-def test_domain_xml_has_a_shmem_device(tmp_path: Path) -> None:
+def test_domain_xml_maps_the_region_by_its_full_path(tmp_path: Path) -> None:
+    # Not <shmem name=...>: libvirt maps that to /dev/shm/<name>, a name any user
+    # can take first; the region's own path goes to QEMU as the direct backend gives it.
     plan = hand_vm_plan()
     xml = render_domain_xml(plan, plan.node("compute0"), ctx(ivshmem=SHM))
-    shmem = ET.fromstring(xml).findall("devices/shmem")
-    assert len(shmem) == 1 and shmem[0].get("name") == "hpvc-ivshmem-3"
-    model, size = shmem[0].find("model"), shmem[0].find("size")
-    assert model is not None and model.get("type") == "ivshmem-plain"
-    assert size is not None and (size.text, size.get("unit")) == ("64", "M")
+    dom = ET.fromstring(xml)
+    assert not dom.findall("devices/shmem")
+    ns = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+    args = [a.get("value") for a in dom.findall(f"{ns}commandline/{ns}arg")]
+    assert args == ivshmem_args(ctx(ivshmem=SHM))
+    assert f"mem-path={SHM[0]}," in args[1]
+    commas = render_domain_xml(plan, plan.node("head0"), ctx(ivshmem=("/x,y/r", 1)))
+    assert "mem-path=/x,,y/r,size=1M" in commas
     plain = render_domain_xml(plan, plan.node("compute0"), ctx())
-    assert "shmem" not in plain
+    assert "shmem" not in plain and "commandline" not in plain
     requires("virt-xml-validate")
     for name in ("compute0", "head0", "compute1"):
         path = tmp_path / f"{name}.xml"

@@ -5,20 +5,31 @@ Every VM of a cluster on one host maps the same host file as the BAR 2 of an
 context has ``ivshmem``); a write in one guest is read in the others (the
 guest tool is ``hpvc-shm``, ``native/guest/shmtool.c``).
 
-Each region has a small integer id, unique on the host, and lives in
-``/dev/shm/hpvc-ivshmem-<id>`` (libvirt's ``<shmem name=...>`` looks there
-too), or in the cluster's hugetlbfs mount when the caller gives one and the
-size is a multiple of its page size. Ids are chosen under an flock on
-``<state_root>/ivshmem.lock``; a live id is a file ``<state_root>/ivshmem/<id>``
-naming its cluster and backing file. An id is never given out while its id file
-or its backing file exists (the latter also keeps clear of another hpvc state
-directory on the same host); a freed id may be given out again.
+Each region has a small integer id, unique in its state directory, and lives in
+``<dir>/hpvc-ivshmem-<id>``, where ``<dir>`` is this state directory's region
+folder in /dev/shm (a tmpfs, so the region is memory, never disk): made by
+``mkdtemp`` (``/dev/shm/hpvc-ivshmem.XXXXXXXX``, mode 0700, root's), its name
+kept in ``<state_root>/ivshmem.dir`` and used again only while it is still a
+real folder of hpvc's user that no one else may enter. /dev/shm is writable by
+everyone: a fixed name there (the old ``/dev/shm/hpvc-ivshmem-<id>``, or a fixed
+folder) can be taken first by any user, who so denied every region
+(``touch /dev/shm/hpvc-ivshmem-{0..4095}``) or made QEMU map the user's file.
+A name no one can guess, made by root with O_EXCL, cannot be taken first;
+when the recorded folder is gone (a reboot) or is not what hpvc made, a new one
+is made. The region goes in the cluster's hugetlbfs mount instead when the
+caller gives one (root's, mode 0755) and the size is a multiple of its page
+size. Ids are chosen under an flock on ``<state_root>/ivshmem.lock``; a live id
+is a file ``<state_root>/ivshmem/<id>`` naming its cluster and backing file. An
+id is never given out while its id file or its backing file exists; a freed id
+may be given out again.
 
 Journal kind ``"ivshmem"`` (architecture rule 5), recorded before the id file and the
 backing file are made: ``{id, cluster, path, record, lock}``. Its undo removes
 the backing file and then the id file, under the lock, but only while the id
 file still names that cluster and path: an id that was never taken, or is
-another cluster's by now, is left alone. The backing file is preallocated
+another cluster's by now, is left alone; the region folder goes with its last
+region. A journal written by an older hpvc names ``/dev/shm/hpvc-ivshmem-<id>``:
+the same undo frees it. The backing file is preallocated
 (``posix_fallocate``), so a full /dev/shm or an empty hugepage pool is an
 error here rather than a SIGBUS in a running VM later.
 """
@@ -27,6 +38,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 from hpvc.errors import HpvcError, InputError
@@ -41,6 +54,8 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "hpvc-ivshmem-"
 LOCK_NAME = "ivshmem.lock"
 IDS_DIR = "ivshmem"
+DIR_RECORD = "ivshmem.dir"  # in the state root: the name of its region folder
+DIR_PREFIX = "hpvc-ivshmem."  # a region folder in /dev/shm: hpvc-ivshmem.XXXXXXXX
 MAX_IDS = 4096
 
 
@@ -86,6 +101,44 @@ def find(state_root: Path, cluster: str) -> Path | None:
         if owner == cluster and path:
             return Path(path)
     return None
+
+
+def _private(path: Path) -> bool:
+    """Is ``path`` a folder (not a link) of this process's user that no one else may enter?"""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def region_dir(state_root: Path, shm_dir: Path) -> Path:
+    """This state root's region folder in ``shm_dir``: the recorded one while it is
+    still private, else a new one (mkdtemp: 0700, a name no one can take first).
+    Call under the ids' lock."""
+    record = state_root / DIR_RECORD
+    try:
+        found = Path(record.read_text().strip())
+    except FileNotFoundError:
+        found = None
+    ours = found is not None and found.parent == shm_dir and found.name.startswith(DIR_PREFIX)
+    if found is not None and ours and _private(found):
+        return found
+    made = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=shm_dir))
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    tmp.write_text(f"{made}\n")
+    os.replace(tmp, record)
+    return made
+
+
+def _drop_if_empty(folder: Path) -> None:
+    """Remove a region folder that holds no region any more (anything else stays)."""
+    if folder.name.startswith(DIR_PREFIX) and _private(folder):
+        try:
+            folder.rmdir()
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:
+                raise
 
 
 def _backing_dir(size_mib: int, hugepage_dir: Path | None, shm_dir: Path) -> Path:
@@ -139,16 +192,17 @@ def allocate(
 ) -> Path:
     """A new shared region of ``size_mib`` MiB for ``cluster``; returns its backing file.
 
-    ``shm_dir`` (default /dev/shm) is where a region goes unless ``hugepage_dir``
-    is given and ``size_mib`` is a multiple of its page size.
+    ``shm_dir`` (default /dev/shm) holds the state root's region folder, where a
+    region goes unless ``hugepage_dir`` is given and ``size_mib`` is a multiple
+    of its page size.
     """
     check_size(size_mib)
-    shm = shm_dir or SHM_DIR
-    where = _backing_dir(size_mib, hugepage_dir, shm)
     private_dir(state_root)
     private_dir(state_root / IDS_DIR, tighten=True)  # its files name clusters
     lock = state_root / LOCK_NAME
     with file_lock(lock):
+        shm = region_dir(state_root, shm_dir or SHM_DIR)
+        where = _backing_dir(size_mib, hugepage_dir, shm)
         while True:
             n = _free_id(state_root, (shm, where))
             path, record = where / f"{PREFIX}{n}", state_root / IDS_DIR / str(n)
@@ -167,6 +221,7 @@ def allocate(
                     return path
             except BaseException:
                 record.unlink(missing_ok=True)
+                _drop_if_empty(shm)
                 raise
             record.unlink()  # made just now by someone outside this state root: next id
 
@@ -179,5 +234,7 @@ def _undo(args: Args) -> None:
     with file_lock(lock):
         if _read_record(record) != (args["cluster"], args["path"]):
             return  # never taken, already freed, or another cluster's now
-        Path(args["path"]).unlink(missing_ok=True)
+        path = Path(args["path"])
+        path.unlink(missing_ok=True)
         record.unlink(missing_ok=True)
+        _drop_if_empty(path.parent)  # an older journal's /dev/shm is no region folder

@@ -7,7 +7,6 @@ backed by preallocated hugepages, no page sharing, virtio disk and network.
 
 from __future__ import annotations
 
-import os
 import uuid
 import xml.etree.ElementTree as ET
 
@@ -16,6 +15,8 @@ from hpvc.render.context import SHARED_DISK_SERIAL, RenderContext, tap_name
 from hpvc.units import format_cpulist
 
 _UUID_NS = uuid.UUID("6f1d4a52-57a8-4c3e-9d0b-4b7e2f6c1a90")
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"  # <qemu:commandline>
+ET.register_namespace("qemu", QEMU_NS)
 
 
 def domain_name(plan: Plan, node: PlannedNode) -> str:
@@ -185,13 +186,24 @@ def _devices(dom: ET.Element, plan: Plan, node: PlannedNode, ctx: RenderContext)
     _sub(serial, "target", port="0")
     console = _sub(dev, "console", type="pty")
     _sub(console, "target", type="serial", port="0")
-    if ctx.ivshmem is not None:
-        # libvirt maps /dev/shm/<name>: the name is the backing file's, minus the directory.
-        path, mib = ctx.ivshmem
-        shmem = _sub(dev, "shmem", name=os.path.basename(path))
-        _sub(shmem, "model", type="ivshmem-plain")
-        _sub(shmem, "size", str(mib), unit="M")
     _sub(dev, "memballoon", model="none")  # a balloon would undo the pinned, preallocated memory
+
+
+def _qemu_commandline(dom: ET.Element, ctx: RenderContext) -> None:
+    """The ivshmem region, as the same QEMU arguments the direct backend gives.
+
+    Not libvirt's ``<shmem name=...>``: that maps ``/dev/shm/<name>``, a name
+    directly in a folder every user may write, which a user can take first;
+    hpvc's regions are in a root-only folder (``hpvc.host.ivshmem``), a path a
+    name without '/' cannot reach."""
+    if ctx.ivshmem is None:
+        return
+    path, mib = ctx.ivshmem
+    mem = f"mem-path={path.replace(',', ',,')},size={mib}M,share=on"  # QEMU doubles a comma
+    line = _sub(dom, f"{{{QEMU_NS}}}commandline")
+    for arg in ("-object", f"memory-backend-file,id=ivshmem0,{mem}", "-device"):
+        _sub(line, f"{{{QEMU_NS}}}arg", value=arg)
+    _sub(line, f"{{{QEMU_NS}}}arg", value="ivshmem-plain,memdev=ivshmem0")
 
 
 def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
@@ -207,5 +219,6 @@ def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
     _cpu(dom, node, ctx)
     _clock(dom, ctx)
     _devices(dom, plan, node, ctx)
+    _qemu_commandline(dom, ctx)
     ET.indent(dom, space="  ")
     return ET.tostring(dom, encoding="unicode") + "\n"
