@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.errors import InputError
 from hpvc.host import net, nfs_backing, nfs_mount, nfs_server, procfs
 from hpvc.host.journal import Journal
 from tests.helpers import ROOT, requires
@@ -271,3 +272,55 @@ def test_loop_backing_keep(tmp_path: Path) -> None:
     plain = nfs_backing.backing(j4, path=tmp_path / "plain", size_mib=None, keep=True)
     (plain / "f").write_text("x")
     assert j4.undo_all() == [] and (plain / "f").read_text() == "x"
+
+
+def test_an_image_a_guest_wrote_is_never_mounted_by_the_host(tmp_path: Path) -> None:
+    """Issue 25 item 10: a kept share's ext4 image, written by a VM guest, is a
+    tenant's bytes; the next container cluster of that name used to loop-mount it
+    in the host kernel. Now that is refused before anything is made."""
+    requires("root")
+    _need("loop devices", not os.path.exists("/dev/loop-control"))
+    _need("debugfs", shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin") is None)
+    home = tmp_path / "shared" / "c1"
+    image = nfs_backing.image_of(home)
+    home.parent.mkdir()
+    vm, ct, ct2 = Journal(tmp_path / "vm"), Journal(tmp_path / "ct"), Journal(tmp_path / "ct2")
+    try:
+        # A VM cluster with keep = true: its image, handed to its server guest ...
+        nfs_backing.disk_image(vm, image=image, size_mib=32, keep=True)
+        assert nfs_backing.writer(image) == "guest"
+        # ... which writes in it what it likes (here: a file, as any guest would).
+        payload = tmp_path / "payload"
+        payload.write_text("from the guest")
+        debugfs = shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin")
+        subprocess.run([str(debugfs), "-w", "-R", f"write {payload} p", str(image)], check=True)
+        assert vm.undo_all() == [] and image.exists()  # down: kept
+        # A container cluster of the same name, keep = true, a size: the old mount path.
+        with pytest.raises(InputError) as refused:
+            nfs_backing.backing(ct, path=home, size_mib=32, keep=True)
+        line = str(refused.value)
+        assert refused.value.exit_code == 2 and "\n" not in line
+        assert "last written by a VM guest" in line and "backend qemu" in line, line
+        assert ct.entries() == [] and not home.exists()  # nothing made ...
+        assert loops_of(image) == []  # ... and nothing mounted
+        # Unrecorded (an older hpvc's kept image): refused the same way.
+        os.removexattr(image, nfs_backing.WRITER)
+        with pytest.raises(InputError, match="unrecorded writer"):
+            nfs_backing.backing(ct, path=home, size_mib=32, keep=True)
+        assert ct.entries() == [] and not home.exists() and loops_of(image) == []
+        # An image the host made is marked so and attached again; once a guest has
+        # had it, it is not.
+        image.unlink()
+        nfs_backing.backing(ct, path=home, size_mib=32, keep=True)
+        assert nfs_backing.writer(image) == "host" and os.path.ismount(home)
+        assert ct.undo_all() == [] and not os.path.ismount(home)
+        nfs_backing.backing(ct2, path=home, size_mib=32, keep=True)
+        assert os.path.ismount(home)
+        assert ct2.undo_all() == []
+        nfs_backing.disk_image(vm, image=image, size_mib=32, keep=True)
+        assert nfs_backing.writer(image) == "guest"
+        with pytest.raises(InputError, match="last written by a VM guest"):
+            nfs_backing.backing(ct2, path=home, size_mib=32, keep=True)
+    finally:
+        assert ct.undo_all() == [] and ct2.undo_all() == [] and vm.undo_all() == []
+    assert not os.path.ismount(home) and loops_of(image) == []

@@ -17,6 +17,17 @@ serving guest mounts it as its disk, and two kernels must not write one ext4
 at once. Journaled (kind ``"nfs-image"``); the undo removes the image this
 call made unless ``keep``.
 
+Who last wrote an image is in its metadata: the extended attribute
+``trusted.hpvc.writer`` of the image file (``trusted.``: only root reads or
+sets it), ``host`` when ``backing`` made it, ``guest`` from the moment
+``disk_image`` hands it to a VM, made or kept. A file system a VM guest wrote
+is never mounted by the host kernel: its bytes are a tenant's, and parsing
+them is for a guest kernel, not the host's. So ``backing`` attaches a kept
+image only while it says ``host``; an image a guest wrote, or one whose writer
+is not recorded (kept by an older hpvc, or on a file system without extended
+attributes), is refused with InputError before anything is made, and stays a
+VM cluster's (a VM of the same cluster name serves it again).
+
 Journaled (kind ``"nfs-backing"``) before anything is made. The undo
 unmounts the file system (its loop device then goes by itself); then, when
 ``keep`` is False, removes the data this call made (the directory, or the
@@ -35,18 +46,21 @@ It needs no undo of its own: the file system is unmounted by the backing's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from hpvc.errors import HpvcError, MissingDependency
+from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.host import layer
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.probe import read_mounts
 
 MODE = 0o1777  # the shared directory's root: everyone's, sticky
 MS_SYNCHRONOUS, MS_REMOUNT = 16, 32  # <linux/mount.h>
+WRITER = "trusted.hpvc.writer"  # the image file's: "host" or "guest", who last wrote it
+HOST, GUEST = "host", "guest"
 MKFS_OPTS = ("-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard")
 
 
@@ -84,6 +98,47 @@ def _mkfs(image: Path, size_mib: int, *, root_mode: int | None = None) -> None:
         os.rename(tmp, image)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def writer(image: Path) -> str | None:
+    """Who last wrote ``image``: "host", "guest", or None when it is not recorded."""
+    try:
+        return os.getxattr(image, WRITER).decode(errors="replace")
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EPERM):
+            return None
+        raise
+
+
+def mark(image: Path, who: str) -> None:
+    """Record ``who`` ("host" or "guest") as the last writer of ``image``. A guest
+    mark that cannot be set must at least leave no "host" behind: that is
+    removed, or the image is not handed on."""
+    try:
+        os.setxattr(image, WRITER, who.encode())
+        return
+    except OSError as e:
+        if who == HOST:
+            return  # unrecorded reads as not the host's: the safe side
+        why = e.strerror
+    with contextlib.suppress(OSError):
+        os.removexattr(image, WRITER)
+    if writer(image) is not None:
+        raise HpvcError(f"NFS backing {image}", f"cannot mark it written by a VM guest: {why}")
+
+
+def check_host_may_mount(image: Path) -> None:
+    """InputError unless the host made ``image`` and no guest wrote it since."""
+    who = writer(image)
+    if who == HOST:
+        return
+    said = "last written by a VM guest" if who == GUEST else "of an unrecorded writer"
+    raise InputError(
+        f"shared image {image}",
+        f"is {said}, and the host kernel does not mount a file system a guest may have written",
+        "use it from a VM cluster of this name (backend qemu), or give this cluster "
+        "another name or keep = false",
+    )
 
 
 def _mount(image: Path, path: Path) -> None:
@@ -142,6 +197,8 @@ def backing(journal: Journal, *, path: Path, size_mib: int | None, keep: bool) -
     image = None if size_mib is None else image_of(path)
     made_dir = not path.exists()
     made_image = image is not None and not image.exists()
+    if image is not None and not made_image and not os.path.ismount(path):
+        check_host_may_mount(image)  # before anything is made
     journal.record(
         "nfs-backing",
         path=str(path),
@@ -155,6 +212,7 @@ def backing(journal: Journal, *, path: Path, size_mib: int | None, keep: bool) -
     if image is not None:
         if made_image:
             _mkfs(image, size_mib or 0)
+            mark(image, HOST)
         if not os.path.ismount(path):
             _mount(image, path)
     if made_image or (image is None and made_dir):
@@ -176,6 +234,7 @@ def disk_image(journal: Journal, *, image: Path, size_mib: int, keep: bool) -> P
     journal.record("nfs-image", image=str(image), keep=keep, made_image=made)
     if made:
         _mkfs(image, size_mib, root_mode=MODE)
+    mark(image, GUEST)  # from now on its bytes are a guest's
     return image
 
 

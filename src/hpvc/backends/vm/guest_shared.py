@@ -4,7 +4,9 @@ A guest cannot see a host folder here (no virtiofs), so the data lives in a
 raw ext4 image on the host (``hpvc.host.nfs_backing.disk_image``: in the
 cluster's folder, or ``<state>/shared/<cluster>.img`` with ``keep = true``,
 the same file a kept container cluster of that name uses), never mounted on
-the host: the node that serves it (``SharedPlan.node``) alone gets it as its
+the host, then or later: ``disk_image`` marks it written by a guest, and the
+host kernel mounts no such image (a container cluster of that name is
+refused: ``nfs_backing.check_host_may_mount``). The node that serves it (``SharedPlan.node``) alone gets it as its
 second virtio disk, serial ``hpvc-shared`` (both renderers add it from the
 plan). Every guest of such a cluster boots the NFS initramfs, which loads the
 kernel's NFS client (``guest_kernel.NFS_MODULES``). After the guests boot,
