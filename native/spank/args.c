@@ -78,6 +78,21 @@ static int copy_dir(char *dst, size_t size, const char *key, const char *value)
 	return 0;
 }
 
+/* Site policy keys: checked by `hpvc node` (Python, hpvc.slurm.policy.Site). */
+static const char *const POLICY_KEYS[] = {
+	"images", "kinds", "subnets", "binds", "user_subnets", "io_weight",
+	"threads_as_cores", "max_nodes", "max_groups", "max_disk",
+};
+
+static int is_policy_key(const char *arg, size_t klen)
+{
+	for (size_t k = 0; k < sizeof(POLICY_KEYS) / sizeof(POLICY_KEYS[0]); k++) {
+		if (strlen(POLICY_KEYS[k]) == klen && strncmp(arg, POLICY_KEYS[k], klen) == 0)
+			return 1;
+	}
+	return 0;
+}
+
 int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 {
 	memset(cfg, 0, sizeof(*cfg));
@@ -110,13 +125,7 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 				return -1;
 			}
 			cfg->timeout = (int)t;
-		} else if ((klen == 6 && strncmp(av[i], "images", klen) == 0) ||
-			   (klen == 5 && strncmp(av[i], "kinds", klen) == 0) ||
-			   (klen == 7 && strncmp(av[i], "subnets", klen) == 0) ||
-			   (klen == 5 && strncmp(av[i], "binds", klen) == 0) ||
-			   (klen == 12 && strncmp(av[i], "user_subnets", klen) == 0) ||
-			   (klen == 9 && strncmp(av[i], "io_weight", klen) == 0) ||
-			   (klen == 16 && strncmp(av[i], "threads_as_cores", klen) == 0)) {
+		} else if (is_policy_key(av[i], klen)) {
 			/* Policy: checked by `hpvc node` (Python), passed on verbatim. */
 			if (cfg->nsite >= HPVC_MAX_SITE) {
 				slurm_error("hpvc: plugstack.conf: too many policy arguments");
@@ -127,7 +136,7 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 				return -1;
 			cfg->nsite++;
 		} else {
-			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores)",
+			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores, max_nodes, max_groups, max_disk)",
 				    (int)klen, av[i]);
 			return -1;
 		}

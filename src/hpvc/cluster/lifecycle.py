@@ -283,7 +283,7 @@ def _scale_locked(
         rec = store.get(name)
         if rec.status != "running":
             raise InputError(f"cluster {name!r}", f"is {rec.status}", "wait, or hpvc down it")
-        spec = parse_spec(_rescaled(rec.spec, changes), rec.spec_path)
+        spec = parse_spec(_rescaled(rec.spec, changes), rec.spec_path, "site")  # site's caps
         old = rec.the_plan()
         host = hostname()
         topo = pages.unheld(store, read_topology("/"), host, name, own=rec)

@@ -27,6 +27,8 @@ from hpvc.slurm.shares import (
     task_pool,
 )
 from hpvc.spec import Spec, parse_spec
+from hpvc.spec.limits import DEFAULT as DEFAULT_LIMITS
+from hpvc.spec.limits import Limits
 
 __all__ = [  # the shares' functions are used through this module too
     "Site",
@@ -79,6 +81,9 @@ class Site:
     # slurm.conf counts every hardware thread as a core (nodes given as CPUs=<PUs>
     # alone): Slurm's core numbers are then hardware threads (hpvc.slurm.cpus).
     threads_as_cores: bool = False
+    # What one job's spec may ask (nodes in all, groups, disk per node): checked
+    # by arithmetic before any node is expanded (hpvc.spec.limits).
+    limits: Limits = DEFAULT_LIMITS
 
     @classmethod
     def parse(cls, items: Sequence[str]) -> Site:
@@ -119,6 +124,11 @@ class Site:
                     site = replace(site, io_weight=on)
                 else:
                     site = replace(site, threads_as_cores=on)
+            elif key in ("max_nodes", "max_groups", "max_disk"):
+                if len(values) != 1:
+                    raise InputError(f"site setting {item!r}", "one value", f"{key}=1024")
+                where = f"site setting {item!r}"
+                site = replace(site, limits=site.limits.with_item(key, values[0], where))
             elif key == "binds":
                 for v in values:
                     if not v.startswith("/") or not Path(v).is_dir():
@@ -131,7 +141,7 @@ class Site:
                     f"site setting {key!r}",
                     "unknown",
                     "known: images, kinds, subnets, binds, user_subnets, io_weight,"
-                    " threads_as_cores",
+                    " threads_as_cores, max_nodes, max_groups, max_disk",
                 )
         return site
 
@@ -161,7 +171,8 @@ def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(origin, f"not valid TOML: {e}", "fix the syntax") from None
-    spec = parse_spec(doc, origin)
+    fix = "ask less, or the site raises it (plugstack.conf: max_nodes=, max_groups=, max_disk=)"
+    spec = parse_spec(doc, origin, site.limits, fix)
     if spec.kind not in site.kinds:
         raise InputError(
             f"{origin}: kind = {spec.kind!r}",
@@ -209,7 +220,7 @@ def job_prefixlen(spec: Spec, site: Site, hosts: int | None = None) -> int:
     """The prefix length of the subnet a job of ``spec`` gets: /24, or larger
     where its nodes, the gateway and one address per host (at most one per
     node) do not fit."""
-    nodes = len(expand(spec))
+    nodes = sum(g.count for g in spec.nodes)  # arithmetic: nothing expanded
     need = nodes + 2 + (hosts or nodes) + 1  # network, gateway, hosts, broadcast
     prefix = JOB_PREFIXLEN
     while prefix > 8 and 2 ** (32 - prefix) < need:
