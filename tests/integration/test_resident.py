@@ -7,8 +7,10 @@ the console script's path) and the server's log says which ran there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -146,6 +148,7 @@ def test_a_users_command_runs_as_that_user(
     # 0600 spec is not b's to read.
     theirs = hpvc(server, "node", "check", str(mine), user=b)
     assert theirs.returncode == 2, theirs.stderr
+    assert server.served(f"node check {mine}"), server.lines()
     assert f"uid {b.uid}: node check {mine} -> 2" in server.served(f"node check {mine}")[-1]
     refused = hpvc(server, "node", "check", str(roots), user=a)
     assert refused.returncode == 2, refused.stderr
@@ -203,3 +206,213 @@ def test_files_a_command_makes_get_the_callers_umask(
     assert server.served(f"render {spec} --out {out}")
     files = [p for p in out.rglob("*") if p.is_file()]
     assert files and all(p.stat().st_mode & 0o077 == 0 for p in files), files
+
+
+# --- issue 25: hostile tenants against the server ------------------------------------------
+
+FLOOD = """
+import socket, sys, time
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sys.argv[1])
+    s.send(b"x")  # one byte, then nothing
+    held.append(s)
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            kids = [int(k) for k in task.read_text().split()]
+            out += kids
+            todo += kids
+    return out
+
+
+def test_one_tenants_flood_stops_neither_the_server_nor_another_tenant(
+    server: Server, base: Path, tmp_path: Path, tenants: tuple[Submitter, Submitter]
+) -> None:
+    a, b = tenants
+    spec = base / "b.toml"
+    spec.write_text(Path(spec_file(tmp_path, "rsf", computes=1)).read_text())
+    os.chown(spec, b.uid, b.gid)
+    user = ["setpriv", f"--reuid={a.uid}", f"--regid={a.gid}", "--init-groups"]
+    flood = subprocess.Popen(
+        [*user, sys.executable, "-c", FLOOD, server.env["HPVC_RESIDENT_SOCKET"], "400"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert flood.stdout is not None
+        assert flood.stdout.readline().strip() == "400"  # all connected: none waits in line
+        root_fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+        assert root_fds < 32, root_fds  # root holds no client's socket
+        ok = hpvc(server, "node", "check", str(spec), user=b)
+        assert ok.returncode == 0, ok.stderr
+        assert f"uid {b.uid}: node check {spec} -> 0" in server.wait_for(f"node check {spec}")
+        # The flooder's own command still runs: in its own process.
+        own = hpvc(server, "node", "check", str(spec), user=a)
+        assert own.returncode == 0, own.stderr
+        assert not [line for line in server.served(f"node check {spec}") if f"uid {a.uid}:" in line]
+        assert any(f"uid {a.uid}: 16 connections open" in line for line in server.lines())
+        assert server.proc.poll() is None
+    finally:
+        flood.kill()
+        flood.wait()
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+def test_out_of_descriptors_on_accept_is_survived(server: Server) -> None:
+    pid = server.proc.pid
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (_lowest_free_fd(pid), before[1]))
+    try:
+        client = subprocess.Popen(
+            [*HPVC, "ls", "--json"], env=server.env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 20
+        while not any("accept: Too many open files" in line for line in server.lines()):
+            assert time.monotonic() < deadline, server.lines()
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few more tries, each an EMFILE
+        assert server.proc.poll() is None, server.lines()
+        assert client.poll() is None  # it waits in line
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+    out, _ = client.communicate(timeout=60)
+    assert client.returncode == 0
+    json.loads(out)
+    assert server.wait_for("ls --json")
+
+
+@contextlib.contextmanager
+def _cgroup(name: str) -> Iterator[list[Path]]:
+    made = []
+    try:
+        for controller in ("memory", "pids"):
+            d = Path("/sys/fs/cgroup", controller, name)
+            d.mkdir()
+            made.append(d)
+        yield made
+    finally:
+        for d in reversed(made):
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)  # ours: the test's client
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, d
+                    time.sleep(0.05)
+
+
+def test_a_command_runs_under_its_callers_limits_cgroups_and_groups(
+    server: Server, base: Path, tenants: tuple[Submitter, Submitter]
+) -> None:
+    a, _b = tenants
+    assert Path("/sys/fs/cgroup/memory/cgroup.procs").exists(), "needs cgroup v1 (HOST-NOTES)"
+    fifo = base / "spec.fifo"
+    os.mkfifo(fifo)
+    os.chown(fifo, a.uid, a.gid)
+    groups = [a.gid, *range(50000, 50300)]  # more than SO_PEERGROUPS's 256
+    ulimits = "prlimit --as=3000000000 --nofile=77 --stack=4194304:8388608"
+    with _cgroup(f"hpvc-test-resident-{os.getpid()}") as where:
+        joined = " && ".join(f"echo $$ > {d}/cgroup.procs" for d in where)
+        as_a = f"setpriv --reuid={a.uid} --regid={a.gid} --groups={','.join(map(str, groups))}"
+        run = f"{ulimits} {as_a} {' '.join(HPVC)} node check {fifo}"
+        client = subprocess.Popen(
+            ["sh", "-c", f"{joined} && exec {run}"],
+            env=server.env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while len(_descendants(server.proc.pid)) < 2:  # the relay and the command
+                assert client.poll() is None, client.communicate()
+                assert time.monotonic() < deadline, server.lines()
+                time.sleep(0.05)
+            time.sleep(0.3)  # the command reaches the FIFO
+            theirs = Path(f"/proc/{client.pid}")
+            for pid in _descendants(server.proc.pid):
+                ours = Path(f"/proc/{pid}")
+                assert (ours / "limits").read_text() == (theirs / "limits").read_text()
+                assert (ours / "cgroup").read_text() == (theirs / "cgroup").read_text()
+                status = (ours / "status").read_text()
+                got = next(ln for ln in status.splitlines() if ln.startswith("Groups:"))
+                assert sorted(map(int, got.split()[1:])) == sorted(groups)
+                assert f"Uid:\t{a.uid}\t{a.uid}\t{a.uid}" in status
+        finally:
+            with contextlib.suppress(OSError):
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                os.write(fd, b"not toml [")
+                os.close(fd)
+            client.communicate(timeout=60)
+    assert client.returncode == 2
+    assert server.wait_for(f"node check {fifo}")
+
+
+def test_descriptors_sent_and_a_killed_relay_leave_the_server_answering(
+    server: Server, base: Path, tenants: tuple[Submitter, Submitter]
+) -> None:
+    a, _b = tenants
+    sent = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+socket.send_fds(s, [b"\\0"], [0, 1, 2, 0, 1, 2, 0, 1])
+print("sent", flush=True)
+sys.stdin.read()
+"""
+    user = ["setpriv", f"--reuid={a.uid}", f"--regid={a.gid}", "--init-groups"]
+    client = subprocess.Popen(
+        [*user, sys.executable, "-c", sent, server.env["HPVC_RESIDENT_SOCKET"]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "sent"
+        deadline = time.monotonic() + 10
+        while not (relays := _descendants(server.proc.pid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for pid in relays:  # the server's own forks, started by this test's server
+            mine = f"Uid:\t{a.uid}\t{a.uid}\t{a.uid}"
+            while mine not in Path(f"/proc/{pid}/status").read_text():
+                assert time.monotonic() < deadline, "the fork never became the caller"
+                time.sleep(0.02)
+            os.kill(pid, signal.SIGKILL)
+        assert not [int(fd) for fd in os.listdir(f"/proc/{server.proc.pid}/fd") if int(fd) > 64]
+    finally:
+        client.kill()
+        client.wait()
+    assert server.proc.poll() is None
+    r = hpvc(server, "ls", "--json")
+    assert r.returncode == 0, r.stderr
+    assert server.served("ls --json")
+
+
+def test_a_newline_in_argv_does_not_forge_a_log_line(server: Server) -> None:
+    forged = "x\nhpvc serve: pid 1 uid 0: down everything -> 0 in 0.001 s"
+    r = hpvc(server, "status", forged)
+    assert r.returncode == 2, r.stderr
+    line = server.wait_for(f"status {json.dumps(forged)}")
+    assert "uid 0:" in line
+    assert [ln for ln in server.lines() if "down everything" in ln] == [line]
+    assert not [ln for ln in server.lines() if ln.startswith("hpvc serve: pid 1 ")]

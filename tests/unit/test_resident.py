@@ -4,12 +4,18 @@ the server, which commands never go there, and that it costs little to load."""
 from __future__ import annotations
 
 import json
+import os
+import resource
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from hpvc import resident
+from hpvc import resident, resident_server
+from hpvc.host import caller
 from tests.helpers import requires
 
 
@@ -63,19 +69,98 @@ def test_the_client_loads_no_more_than_it_needs() -> None:
     assert not loaded & heavy, loaded & heavy
 
 
-def test_the_server_sees_the_callers_own_supplementary_groups() -> None:
-    """The groups of the connecting process, not the user's from /etc/group."""
+def test_the_server_reads_the_callers_groups_and_limits_from_the_kernel() -> None:
+    """Groups (more than the 256 SO_PEERGROUPS gave), limits and cgroups of
+    the connecting process, as /proc says, not the user's from /etc/group."""
     requires("root")  # setpriv --groups (util-linux, always there) needs it
-    code = (
-        "import socket\n"
-        "from hpvc.resident_server import _peer_groups\n"
-        "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-        "print(sorted(_peer_groups(a)))\n"
-    )
-    r = subprocess.run(
-        ["setpriv", "--groups", "5,7", sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert r.stdout.strip() == "[5, 7]"
+    groups = list(range(1000, 1300))
+    cmd = ["setpriv", "--groups", ",".join(map(str, groups))]
+    cmd += ["prlimit", "--nofile=100:200", "sleep", "30"]
+    proc = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 10
+        while "sleep" not in Path(f"/proc/{proc.pid}/comm").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        got = caller.read(proc.pid, 0)
+        assert got is not None
+        assert got.groups == tuple(groups)
+        assert (resource.RLIMIT_NOFILE, 100, 200) in got.limits
+        assert got.cgroups == Path(f"/proc/{proc.pid}/cgroup").read_text()
+        assert caller.read(proc.pid, 4321) is None  # another user's process
+    finally:
+        proc.kill()
+        proc.wait()
+    assert caller.read(proc.pid, 0) is None  # gone
+
+
+def test_a_newline_in_argv_does_not_make_a_log_line() -> None:
+    forged = "x\nhpvc serve: pid 1 uid 0: down everything -> 0 in 0.1 s"
+    line = resident_server.shown(["status", forged, "plain/path.toml", "a b", ""])
+    assert "\n" not in line
+    assert line.startswith("status ") and " plain/path.toml " in line
+    assert json.dumps(forged) in line and json.dumps("a b") in line
+
+
+NEVER = ("recv", "recvmsg", "recv_into", "recvfrom", "recvmsg_into", "recvfrom_into")
+CLIENT = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1].replace("@", "\\0", 1))
+socket.send_fds(s, [b"x"], [0, 1, 2])
+print(s.recv(16).hex(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_root_loop_reads_nothing_a_client_sends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root only accepts, asks who, counts and forks (no fork here: os.fork is
+    a stand-in); any receive from a client socket in root fails the test,
+    and a user over the limit is turned away without root reading a byte."""
+    requires("root")
+    address = f"@hpvc-test-{os.getpid()}"  # abstract: any user may connect
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address.replace("@", "\0", 1))
+    listener.listen(8)
+    listener.setblocking(False)
+    forks: list[int] = []
+
+    def fork() -> int:
+        forks.append(10_000_000 + len(forks))
+        return forks[-1]
+
+    def never(*_a: object, **_k: object) -> None:
+        raise AssertionError("root received from a client")
+
+    monkeypatch.setattr(os, "fork", fork)
+    monkeypatch.setattr(socket, "recv_fds", never)
+    for name in NEVER:
+        monkeypatch.setattr(socket.socket, name, never)
+    server = resident_server._Server(listener, lambda _a: 0, lambda _l: None, 2, 1.0)
+    user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
+    clients = []
+    try:
+        for _ in range(3):  # one at a time: the third is the one over the limit
+            clients.append(
+                subprocess.Popen(
+                    [*user, "-c", CLIENT, address],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            deadline = time.monotonic() + 10
+            taken = len(forks)
+            while len(forks) == taken:
+                assert time.monotonic() < deadline, "no connection came"
+                time.sleep(0.02)
+                server.accept_all()
+        assert list(server.relays.values()) == [65534, 65534]
+        assert list(server.closers.values()) == [65534]  # it had sent: a fork closes it
+        assert clients[2].stdout is not None
+        assert clients[2].stdout.readline().strip() == (b"R" + bytes(4)).hex()
+    finally:
+        for c in clients:
+            c.kill()
+            c.wait()
+        listener.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from hpvc.errors import require_root
+from hpvc.errors import InputError, require_root
 
 HELP = """Keep hpvc loaded on this host: commands start from a warm fork.
 
@@ -20,7 +20,12 @@ pydantic, pyroute2, hpvc itself): about 0.45 s of the 0.6 s a one-node
 arguments, environment, terminal and working directory to the server, which
 runs the command in a fork of itself as the calling user (its uid and
 groups, from the socket), passes Ctrl-C and SIGTERM on, and returns the exit
-status. exec, run, node enter and bench always run in the caller's process.
+status. The command runs in the caller's cgroups and under its resource
+limits (ulimit), read from the kernel; root itself reads nothing a client
+sends. A user has at most --per-user connections at a time (more run in the
+caller's own process), and a client that sends nothing for --idle-timeout
+seconds is dropped. exec, run, node enter and bench always run in the
+caller's process.
 HPVC_RESIDENT=0 runs a command without the server. Run it as root, one per
 state directory (systemd, or the Slurm test cluster's scripts); it stops on
 SIGTERM. Each request is logged on stderr.
@@ -88,9 +93,21 @@ def serve_cmd(
     socket: Path | None = typer.Option(
         None, "--socket", help="Where to listen (default: /run/hpvc/<hash of the state dir>.sock)."
     ),
+    per_user: int = typer.Option(
+        16, "--per-user", help="Connections one user may have open at a time (root: no limit)."
+    ),
+    idle_timeout: float = typer.Option(
+        10.0, "--idle-timeout", help="Seconds a client may take to send its request."
+    ),
 ) -> None:
     from hpvc import resident, resident_server
 
+    if per_user < 1:
+        raise InputError("--per-user", f"{per_user} is not a count", "give 1 or more, e.g. 16")
+    if not 0 < idle_timeout <= 3600:
+        raise InputError(
+            "--idle-timeout", f"{idle_timeout:g} s is out of range", "give 0 < s <= 3600, e.g. 10"
+        )
     require_root("hpvc serve")
     path = socket or Path(resident.socket_path())
     _preload()
@@ -98,7 +115,14 @@ def serve_cmd(
     def log(line: str) -> None:
         print(f"hpvc serve: {line}", file=sys.stderr, flush=True)
 
-    resident_server.serve(path, _run, lambda: log(f"listening on {path} (pid {os.getpid()})"), log)
+    resident_server.serve(
+        str(path),
+        _run,
+        lambda: log(f"listening on {path} (pid {os.getpid()})"),
+        log,
+        per_user=per_user,
+        idle=idle_timeout,
+    )
 
 
 def register(app: typer.Typer) -> None:
