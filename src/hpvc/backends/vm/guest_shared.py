@@ -7,9 +7,9 @@ the same file a kept container cluster of that name uses), never mounted on
 the host, then or later: ``disk_image`` marks it written by a guest, and the
 host kernel mounts no such image (a container cluster of that name is refused:
 ``nfs_backing.check_host_may_mount``). The node that serves it
-(``SharedPlan.node``) alone gets it as its second virtio disk, serial ``hpvc-
-shared`` (both renderers add it from the plan). Every guest of such a cluster
-boots the NFS initramfs, which loads the kernel's NFS client
+(``SharedPlan.node``) alone gets it as its second virtio disk, serial
+``hpvc-shared`` (both renderers add it from the plan). Every guest of such a
+cluster boots the NFS initramfs, which loads the kernel's NFS client
 (``guest_kernel.NFS_MODULES``). After the guests boot, one ssh per guest, all
 at once:
 
