@@ -74,4 +74,10 @@ if [ -n "$hpvc_bin" ] && [ "${HPVC_SLURM_RESIDENT:-1}" = 1 ]; then
     </dev/null >>"$SLURM_DIR/log/hpvc-serve-$role.log" 2>&1 &
   echo $! >"$(serve_pid "$role")"
 fi
+# Hold the VXLAN port for hpvc before any user can bind it (docs/network.md,
+# "Who holds the VXLAN port"), as a site does before slurmd starts.
+if [ -n "$hpvc_bin" ] && ! HPVC_STATE_DIR=$(host_state "$role") HPVC_RESIDENT=0 \
+  "$hpvc_bin" node prepare >>"$SLURM_DIR/log/slurmd-$role.out" 2>&1; then
+  echo "host.sh: hpvc node prepare failed on $role (see above); jobs across hosts may not start" >&2
+fi
 exec slurmd -D -f "$CONF" -N "$role"

@@ -8,6 +8,7 @@ names):
 
     state.lock                    flock: planning and booking CPUs is serialised
     host-journal.jsonl            host-wide changes shared by clusters (undone with the last)
+    vxlan-port.jsonl              the VXLAN port's holder (kept: the port stays hpvc's)
     clusters/<name>/cluster.json  spec, plan, status, what the cluster holds
     clusters/<name>/journal.jsonl cluster-wide host changes, undone last
     clusters/<name>/nodes/<node>/journal.jsonl   one node's host changes
@@ -39,6 +40,7 @@ PRIVATE = 0o700  # the mode of every folder hpvc makes in its state directory
 # The names of the state directory's layout (above).
 STATE_LOCK = "state.lock"
 HOST_JOURNAL = "host-journal.jsonl"
+VXLAN_PORT_JOURNAL = "vxlan-port.jsonl"
 CLUSTERS = "clusters"
 RECORD = "cluster.json"
 JOURNAL = "journal.jsonl"  # a cluster's, and each node's
@@ -92,6 +94,9 @@ class Layout:
 
     def host_journal(self) -> Path:
         return self.root / HOST_JOURNAL
+
+    def vxlan_port_journal(self) -> Path:
+        return self.root / VXLAN_PORT_JOURNAL
 
     def clusters(self) -> Path:
         return self.root / CLUSTERS

@@ -29,6 +29,7 @@ from hpvc.plan.model import (
     VcpuPin,
 )
 from hpvc.plan.network import filter_table
+from hpvc.plan.overlay import SOURCE_PORTS
 from hpvc.render import (
     RenderContext,
     ethers,
@@ -633,9 +634,11 @@ def _script_facts(text: str) -> dict[str, object]:
     lines = [ln.split("  #")[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
     words = [shlex.split(ln) for ln in lines]
     add = next(w for w in words if w[:3] == ["ip", "link", "add"])
-    rule_line = next(ln for ln in lines if ln.startswith("add rule "))
-    rule = shlex.split(rule_line)
-    peers = rule_line.split("!= {")[1].split("}")[0].strip().split(", ")
+    rules = [ln for ln in lines if ln.startswith("add rule ")]
+    accept = next(ln for ln in rules if ln.endswith(" accept"))
+    rule = shlex.split(next(ln for ln in rules if " input " in ln and "drop" in ln))
+    peers = accept.split("saddr {")[1].split("}")[0].strip().split(", ")
+    hooks = {shlex.split(ln)[4]: shlex.split(ln)[5:] for ln in rules if not ln.endswith(" accept")}
     fdb = [(w[3], w[5], w[7]) for w in words if w[:2] == ["bridge", "fdb"] and "dst" in w]
     bridge = [(w[3], w[5]) for w in words if w[:2] == ["bridge", "fdb"] and "master" in w]
     assert all(
@@ -649,6 +652,10 @@ def _script_facts(text: str) -> dict[str, object]:
         "local": add[add.index("local") + 1],
         "port": int(add[add.index("dstport") + 1]),
         "nolearning": "nolearning" in add,
+        "srcport": [int(x) for x in add[add.index("srcport") + 1 : add.index("srcport") + 3]],
+        "accept_sport": accept.split("udp sport ")[1].split()[0],
+        "drops": sorted(hooks),
+        "output": hooks["output"],
         "table": rule[3],
         "comment": rule[-1],
         "filter": (int(rule[rule.index("dport") + 1]), int(rule[rule.index("@th,96,24") + 1])),
@@ -674,8 +681,20 @@ def test_network_scripts_say_what_host_vxlan_applies(
         # The filter: only the cluster's hosts may send into its VNI.
         assert facts["table"] == filter_table(ov.vni)
         assert facts["filter"] == (ov.port, ov.vni)
-        assert facts["peers"] == ov.peers()
-        assert facts["comment"] == f"hpvc: only the cluster's hosts may send into VNI {ov.vni}"
+        # Only from the other hosts (not this one: local sends arrive on lo), from the
+        # kernel's source ports, below 1024, which are the ones its link sends from.
+        assert facts["peers"] == sorted(v.address for v in ov.remotes)
+        assert ov.local not in facts["peers"]
+        assert facts["srcport"] == list(SOURCE_PORTS) and SOURCE_PORTS[1] <= 1024
+        assert facts["accept_sport"] == f"{SOURCE_PORTS[0]}-{SOURCE_PORTS[1] - 1}"
+        assert (
+            facts["comment"]
+            == "hpvc: only the cluster's other hosts' kernels may send into this VNI"
+        )
+        # A local user's socket (another source port) is dropped before it leaves; nothing
+        # into the VNI is routed through.
+        assert facts["drops"] == ["forward", "input", "output"]
+        assert "udp sport != " + facts["accept_sport"] in " ".join(facts["output"])
         expected = []
         for v in ov.remotes:
             expected.append(("00:00:00:00:00:00", facts["link"], v.address))

@@ -174,6 +174,32 @@ def down_cmd(
         console.print(f"job {job}: nothing on this host")
 
 
+PREPARE_HELP = """Make this host ready for jobs across hosts: hold the VXLAN port (UDP 4789).
+
+A VXLAN link of hpvc's (hpvc-vxport, VNI 0, joined to nothing) owns the
+host's kernel socket on the port, which every job's VXLAN link shares, so no
+user can bind the port first and keep jobs across hosts from starting. Run it
+as root when the host starts, before slurmd and before users log in (a
+site's unit for slurmd: ExecStartPre). Doing it again changes nothing.
+`hpvc doctor` says who holds the port.
+
+Examples:
+
+  hpvc node prepare
+"""
+
+
+@node_app.command("prepare", help=PREPARE_HELP)
+def prepare_cmd() -> None:
+    from hpvc.cluster import ops
+    from hpvc.errors import require_root
+    from hpvc.store import Store
+
+    require_root("hpvc node prepare")
+    made = ops.hold_vxlan_port(Store())
+    console.print("VXLAN port held for hpvc" + ("" if made else " (already)"))
+
+
 LS_HELP = """Shares of Slurm jobs on this host.
 
 Examples:

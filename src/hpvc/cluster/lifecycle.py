@@ -84,6 +84,7 @@ def _prepare(
     inject("bridge")
     if overlay is not None and overlay.remotes:
         progress(f"network across hosts: VXLAN {overlay.vni} to {', '.join(overlay.peers())}")
+        vxlan.hold_port(env.store.vxlan_port_journal(), overlay.port)  # kept: see ops
         vxlan.join(j, env.name, plan.network.bridge, overlay)
     (env.dir / "mpi").mkdir(parents=True, exist_ok=True)
     (env.dir / "hosts").write_text(hosts if hosts is not None else render_files.hosts(plan))

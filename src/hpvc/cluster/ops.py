@@ -300,3 +300,10 @@ def run(
 
 def rank_file(store: Store, name: str) -> Path:
     return store.cluster_dir(name) / "ranks"
+
+
+def hold_vxlan_port(store: Store) -> bool:
+    """Hold the VXLAN port on this host for every cluster across hosts (``hpvc node
+    prepare``, at host start-up; ``up`` does it too). Its journal is its own, which no
+    cluster's down undoes, so an idle host keeps the port. True when made now."""
+    return vxlan.hold_port(store.vxlan_port_journal())

@@ -17,6 +17,7 @@ from hpvc.host import probe
 from hpvc.host.accel import ACCEL_ENV, accelerator
 from hpvc.host.cgroupfs import find_manager
 from hpvc.host.probe import Accelerator, Mount, Which
+from hpvc.plan.overlay import HOLDER_LINK, SOURCE_PORTS, VXLAN_PORT
 from hpvc.sysroot import HOST, RootLike
 from hpvc.units import format_cpulist
 
@@ -269,6 +270,40 @@ def check_veth(root: RootLike = HOST) -> Check:
     return _ok("veth", "veth not loaded yet (the kernel loads it on first use)")
 
 
+def check_vxlan_port(root: RootLike = HOST) -> Check:
+    """Who holds the VXLAN port: hpvc's holder link (``hpvc node prepare``), nobody (any
+    user may bind it and keep jobs across hosts from starting), or a user who did; and
+    whether the source ports hpvc's VXLAN links send from are still root's alone (the
+    VNI filter drops VXLAN from any other port as a user's)."""
+    name, port = "vxlan-port", VXLAN_PORT
+    prepare = "run `hpvc node prepare` as root when the host starts, before users log in"
+    binders = probe.udp_binders(port, root)
+    users = sorted({u for u in binders if u != 0})
+    if users:
+        return Check(
+            name,
+            "missing",
+            f"UDP {port} is bound by uid {', '.join(map(str, users))}: no job across hosts"
+            " can start here",
+            f"end that process (ss -ulpn 'sport = :{port}' names it), then {prepare}",
+        )
+    if HOLDER_LINK not in probe.net_devices(root) or 0 not in binders:
+        return Check(
+            name, "warn", f"UDP {port} is not held for hpvc: any user may bind it first", prepare
+        )
+    start = probe.unprivileged_port_start(root)
+    if start is not None and start < SOURCE_PORTS[1]:
+        return Check(
+            name,
+            "warn",
+            f"net.ipv4.ip_unprivileged_port_start = {start}: users may send from the source"
+            f" ports of hpvc's VXLAN ({SOURCE_PORTS[0]}-{SOURCE_PORTS[1] - 1}) and inject"
+            " frames into a cluster network across hosts",
+            f"sysctl -w net.ipv4.ip_unprivileged_port_start={SOURCE_PORTS[1]}",
+        )
+    return _ok(name, f"UDP {port} held by hpvc's VXLAN link {HOLDER_LINK}; no user can bind it")
+
+
 # --- NUMA and limits -----------------------------------------------------------------
 
 
@@ -388,6 +423,7 @@ def run_checks(
         check_tun(root),
         check_vhost_net(root),
         check_veth(root),
+        check_vxlan_port(root),
         check_memlock(root),
         *(check_tool(t, which) for t in TOOLS),
     ]

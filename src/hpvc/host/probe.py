@@ -310,6 +310,32 @@ def bridge_netfilter(root: RootLike = HOST) -> dict[str, int]:
     return out
 
 
+def udp_binders(port: int, root: RootLike = HOST) -> list[int]:
+    """The owner uid of every UDP socket (IPv4 and IPv6) bound to local ``port``
+    in this network namespace (/proc/net/udp, /proc/net/udp6); a kernel VXLAN
+    link's socket is root's."""
+    uids: list[int] = []
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        for line in (_read(_at(root, table)) or "").splitlines()[1:]:
+            f = line.split()
+            if len(f) > 7 and f[1].rpartition(":")[2].upper() == f"{port:04X}" and f[7].isdigit():
+                uids.append(int(f[7]))
+    return uids
+
+
+def net_devices(root: RootLike = HOST) -> list[str]:
+    """Network interfaces of this network namespace (/proc/net/dev, which follows the
+    reader's namespace where /sys/class/net shows the one sysfs was mounted in)."""
+    lines = (_read(_at(root, "/proc/net/dev")) or "").splitlines()[2:]
+    return sorted(x.partition(":")[0].strip() for x in lines if ":" in x)
+
+
+def unprivileged_port_start(root: RootLike = HOST) -> int | None:
+    """net.ipv4.ip_unprivileged_port_start: the lowest port any user may bind."""
+    text = (_read(_at(root, "/proc/sys/net/ipv4/ip_unprivileged_port_start")) or "").strip()
+    return int(text) if text.isdigit() else None
+
+
 # --- tools ---------------------------------------------------------------------------
 
 

@@ -11,16 +11,27 @@ off on that port the bridge would otherwise never know where a remote node
 is, and flood every frame to one (unknown unicast) to all of its ports, each
 local node's veth included.
 
-Only the cluster's own hosts may inject frames into its VNI: an nftables table
-per VNI (``inet hpvc-vni<VNI>``) drops UDP to the VXLAN port carrying that VNI
-from any other source, before the VXLAN socket sees it. nftables, not tc: this
+Only the other hosts' kernels may inject frames into a cluster's VNI: an
+nftables table per VNI (``inet hpvc-vni<VNI>``) lets UDP to the VXLAN port
+carrying that VNI in only from another of the cluster's hosts, through the
+interface that host is reached by, from the source ports hpvc's links send
+from (``SOURCE_PORTS``, below 1024, where no ordinary user binds), and drops
+what a local user's socket sends into it (docs/network.md says what holds).
+
+The port itself is held for hpvc (``hold_port``): a VXLAN link of VNI 0
+(``hpvc-vxport``), up and joined to nothing, owns the host's one kernel UDP
+socket on the port, which every cluster's link then shares (the kernel shares
+one socket among VXLAN links of the same port and receive flags), so no user
+can bind the port and keep a cluster from starting. ``hpvc node prepare``
+makes it when a host starts; ``hpvc up`` makes it if missing; ``hpvc
+doctor`` says who holds the port. nftables, not tc: this
 kernel has tc's ``clsact`` but none of the classifiers a match needs (u32,
 flower, bpf), and Debian ships ``nft`` (package nftables). The table's text is
 ``hpvc.render.network.vni_filter``'s, the same that ``network-<host>.sh`` shows:
 one spelling of the rule, applied here with ``nft -f -``.
 
 Undo kinds (architecture rule 5): ``"vxlan"`` ``{name, vni}`` deletes the link if it
-is still a VXLAN with that VNI (its forwarding entries go with it);
+is still a VXLAN with that VNI (its forwarding entries go with it; the holder too);
 ``"vxlan-filter"`` ``{table}`` deletes the nftables table.
 """
 
@@ -35,12 +46,14 @@ from typing import Any
 from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 
 from hpvc.errors import HpvcError, MissingDependency
+from hpvc.host import probe
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.plan.network import filter_table, vxlan_link_name
-from hpvc.plan.overlay import Overlay
-from hpvc.render.network import vni_filter
+from hpvc.plan.overlay import HOLDER_LINK, HOLDER_VNI, SOURCE_PORTS, VXLAN_PORT, Overlay
+from hpvc.render.network import HOLDER_TABLE, holder_filter, vni_filter
 
 _ENODEV = 19
+_EADDRINUSE = 98
 _NUD_NOARP = 0x40  # a bridge's "static" entry (NUD_PERMANENT would mean its own address)
 _NUD_PERMANENT = 0x80
 _NTF_SELF = 0x02  # the VXLAN link's own forwarding database
@@ -86,6 +99,7 @@ def join(journal: Journal, cluster: str, bridge: str, overlay: Overlay) -> str:
             "another cluster has the same VNI: hpvc down it, or rename this one",
         )
     _filter(journal, overlay)
+    low, high = SOURCE_PORTS
     try:
         with IPRoute() as ipr:
             master = ipr.link_lookup(ifname=bridge)
@@ -100,17 +114,67 @@ def join(journal: Journal, cluster: str, bridge: str, overlay: Overlay) -> str:
                     vxlan_id=overlay.vni,
                     vxlan_local=overlay.local,
                     vxlan_port=overlay.port,
+                    vxlan_port_range={"low": low, "high": high},
                     vxlan_learning=0,
                     mtu=overlay.mtu,
                 )
             index = ipr.link_lookup(ifname=name)[0]
-            ipr.link("set", index=index, master=master[0], mtu=overlay.mtu, state="up")
+            ipr.link("set", index=index, master=master[0], mtu=overlay.mtu)
+            _up(ipr, index, what, overlay.port)
             # The bridge must not learn remote MACs on this port either: all static.
             ipr.brport("set", index=index, learning=0)
             _forwarding(ipr, index, overlay)
     except NetlinkError as e:
         raise _fail(what, e) from e
     return name
+
+
+def _up(ipr: Any, index: int, what: str, port: int) -> None:
+    """Set a VXLAN link up (the kernel binds its UDP socket then, or shares one)."""
+    try:
+        ipr.link("set", index=index, state="up")
+    except NetlinkError as e:
+        if e.code != _EADDRINUSE:
+            raise
+        raise port_taken(what, port) from None
+
+
+def port_taken(what: str, port: int) -> HpvcError:
+    """The error for a VXLAN port a process other than the kernel's VXLAN holds."""
+    users = sorted({u for u in probe.udp_binders(port) if u != 0})
+    who = f"a process of uid {', '.join(map(str, users))}" if users else "a root process"
+    return HpvcError(
+        what,
+        f"UDP port {port} is bound by {who}, not by a VXLAN link",
+        f"end that process (ss -ulpn 'sport = :{port}' names it), then run `hpvc node prepare`"
+        " when the host starts, before users log in, so hpvc holds the port",
+    )
+
+
+def hold_port(journal: Journal, port: int = VXLAN_PORT) -> bool:
+    """Hold UDP ``port`` for hpvc's VXLAN links: the holder link (VNI 0, up, joined to
+    nothing, its VNI dropped by an nftables table) owns the kernel's socket on it. True
+    when made now; False when it was there (set up again if it was down)."""
+    what = f"VXLAN port holder {HOLDER_LINK} (UDP {port})"
+    try:
+        with IPRoute() as ipr:
+            made = _vxlan_ids(ipr).get(HOLDER_LINK) != HOLDER_VNI
+            if made:
+                if ipr.link_lookup(ifname=HOLDER_LINK):
+                    raise HpvcError(
+                        what,
+                        f"a link named {HOLDER_LINK} is here and is not hpvc's holder",
+                        f"ip link del {HOLDER_LINK} (nothing of hpvc uses another link of that"
+                        " name)",
+                    )
+                _apply(journal, HOLDER_TABLE, holder_filter(port))
+                journal.record("vxlan", name=HOLDER_LINK, vni=HOLDER_VNI)
+                ipr.link("add", ifname=HOLDER_LINK, kind="vxlan", vxlan_id=HOLDER_VNI,
+                         vxlan_port=port, vxlan_learning=0)  # fmt: skip
+            _up(ipr, ipr.link_lookup(ifname=HOLDER_LINK)[0], what, port)
+    except NetlinkError as e:
+        raise _fail(what, e) from e
+    return made
 
 
 def _forwarding(ipr: Any, index: int, overlay: Overlay) -> None:
@@ -198,22 +262,21 @@ def _nft() -> str:
 
 
 def _filter(journal: Journal, overlay: Overlay) -> None:
+    _apply(journal, filter_table(overlay.vni), vni_filter(overlay))
+
+
+def _apply(journal: Journal, table: str, text: str) -> None:
     nft = _nft()
-    journal.record("vxlan-filter", table=filter_table(overlay.vni))
-    r = subprocess.run(
-        [nft, "-f", "-"],
-        input=vni_filter(overlay),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    journal.record("vxlan-filter", table=table)
+    r = subprocess.run([nft, "-f", "-"], input=text, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
-        raise HpvcError(f"nftables table {filter_table(overlay.vni)}", why)
+        raise HpvcError(f"nftables table {table}", why)
 
 
 def dropped(vni: int) -> int | None:
-    """Packets the VNI's filter dropped so far (None: no such filter here)."""
+    """Packets the VNI's filter dropped so far, all its rules together (None: no such
+    filter here)."""
     nft = shutil.which("nft")
     if nft is None:
         return None
@@ -225,11 +288,12 @@ def dropped(vni: int) -> int | None:
     )
     if r.returncode != 0:
         return None
-    for item in json.loads(r.stdout).get("nftables", []):
-        for e in item.get("rule", {}).get("expr", []):
-            if "counter" in e:
-                return int(e["counter"]["packets"])
-    return 0
+    return sum(
+        int(e["counter"]["packets"])
+        for item in json.loads(r.stdout).get("nftables", [])
+        for e in item.get("rule", {}).get("expr", [])
+        if "counter" in e
+    )
 
 
 # --- undo ----------------------------------------------------------------------------

@@ -20,6 +20,16 @@ from dataclasses import dataclass
 from hpvc.errors import InputError
 
 VXLAN_PORT = 4789  # IANA
+# The UDP source ports hpvc's VXLAN links send from ([low, high): the kernel's
+# ``srcport`` range). All below 1024, where no ordinary user can bind a socket
+# (net.ipv4.ip_unprivileged_port_start, 1024 by default): a VXLAN packet from
+# any other source port was sent by a user's socket, not by the kernel, and
+# the VNI filter (``hpvc.render.network.vni_filter``) drops it.
+SOURCE_PORTS = (512, 1024)
+# The VNI of the link that holds the VXLAN port for hpvc on each host
+# (``hpvc.host.vxlan.hold_port``); ``vni_for`` never gives it to a cluster.
+HOLDER_VNI = 0
+HOLDER_LINK = "hpvc-vxport"  # its name
 VXLAN_OVERHEAD = 50  # bytes added to each inner frame on an IPv4 fabric
 MAX_VNI = (1 << 24) - 1
 DEFAULT_NODE_MTU = 9000  # a cluster on one host (no fabric in the way)

@@ -17,29 +17,72 @@ from __future__ import annotations
 
 from hpvc.plan.model import Plan
 from hpvc.plan.network import filter_table, host_overlay, vxlan_link_name
-from hpvc.plan.overlay import Overlay
+from hpvc.plan.overlay import HOLDER_VNI, SOURCE_PORTS, Overlay
+
+HOLDER_TABLE = "hpvc-vxport"  # nftables (family inet): the port holder's
 
 _ZERO_MAC = "00:00:00:00:00:00"
 
 
 def vni_filter(ov: Overlay) -> str:
-    """The nftables commands (``nft -f`` input) of the table that drops UDP to the VXLAN
-    port carrying ``ov``'s VNI from any source but the cluster's hosts, before the
-    VXLAN socket sees it. The VNI is bits 32-55 of the VXLAN header, which follows the
-    8-byte UDP header: ``@th,96,24`` in nft's raw payload syntax. Re-applying it
-    replaces the rule (the chain is flushed), so a host's peers can change."""
+    """The nftables commands (``nft -f`` input) of the table that guards ``ov``'s VNI
+    on one host. The VNI is bits 32-55 of the VXLAN header, which follows the
+    8-byte UDP header: ``@th,96,24`` in nft's raw payload syntax.
+
+    * input: a packet into the VNI is let through only from another of the
+      cluster's hosts (this host's own address is not one: what a local process
+      sends to a local address arrives on ``lo``), arriving on the interface this
+      host reaches that host through (``fib saddr . iif``: not ``lo``, not a
+      cluster bridge), from the kernel's source ports (``SOURCE_PORTS``, below
+      1024, where no ordinary user can bind); everything else is counted and
+      dropped before the VXLAN socket sees it.
+    * output: a packet into the VNI from any other source port is a local user's
+      socket, not the kernel's VXLAN link: dropped before it leaves for the
+      other hosts (whose input would let this host's address through).
+    * forward: nothing into the VNI is routed through a host (a node's own
+      packets, masqueraded, would leave with this host's address).
+
+    Re-applying it replaces the rules (the chains are flushed), so a host's peers
+    can change."""
     table = filter_table(ov.vni)
-    peers = ", ".join(ov.peers())
+    low, high = SOURCE_PORTS
+    ports = f"{low}-{high - 1}"
+    into = f"udp dport {ov.port} @th,96,24 {ov.vni}"
+    others = ", ".join(sorted({v.address for v in ov.remotes} - {ov.local}))
+    accept = f"{into} ip saddr {{ {others} }} fib saddr . iif oif exists udp sport {ports} accept"
+    rules = [
+        ("input", accept) if others else None,
+        ("input", f"{into} counter drop" + _says("only the cluster's other hosts' kernels")),
+        ("output", f"{into} udp sport != {ports} counter drop" + _says("no local user's socket")),
+        ("forward", f"{into} counter drop" + _says("nothing routed through this host")),
+    ]
+    lines = [f"add table inet {table}"]
+    for hook in _HOOKS:
+        chain = f"{{ type filter hook {hook} priority -200; policy accept; }}"
+        lines += [f"add chain inet {table} {hook} {chain}", f"flush chain inet {table} {hook}"]
+    lines += [f"add rule inet {table} {hook} {rule}" for hook, rule in filter(None, rules)]
+    return "\n".join(lines) + "\n"
+
+
+_HOOKS = ("input", "output", "forward")
+
+
+def _says(who: str) -> str:
+    return f' comment "hpvc: {who} may send into this VNI"'
+
+
+def holder_filter(port: int) -> str:
+    """The nftables commands of the table that drops every packet into the port
+    holder's VNI (``HOLDER_VNI``): its link is up but joined to nothing, and no
+    frame may reach this host's own stack through it."""
+    table = HOLDER_TABLE
     chain = "{ type filter hook input priority -200; policy accept; }"
-    rule = (
-        f"udp dport {ov.port} @th,96,24 {ov.vni} ip saddr != {{ {peers} }} counter drop"
-        f' comment "hpvc: only the cluster\'s hosts may send into VNI {ov.vni}"'
-    )
+    rule = f"udp dport {port} @th,96,24 {HOLDER_VNI} counter drop"
     lines = [
         f"add table inet {table}",
         f"add chain inet {table} input {chain}",
         f"flush chain inet {table} input",
-        f"add rule inet {table} input {rule}",
+        f'add rule inet {table} input {rule} comment "hpvc: the VXLAN port holder carries nothing"',
     ]
     return "\n".join(lines) + "\n"
 
@@ -67,13 +110,15 @@ def network_script(plan: Plan, host: str) -> str:
         f" {ov.bridge_address}/{net.prefixlen}.",
         "set -e",
         "",
-        "# Only the cluster's hosts may send into its VNI (bits 32-55 of the VXLAN header).",
+        "# Only the other hosts' kernels may send into its VNI (bits 32-55 of the VXLAN header):",
+        "# no local user's socket, no other host, nothing routed through this one.",
         "nft -f - <<'EOF'",
         *vni_filter(ov).splitlines(),
         "EOF",
         "",
         "# The bridge's VXLAN port; the forwarding database is written, never learned.",
-        f"ip link add {link} type vxlan id {ov.vni} local {ov.local} dstport {ov.port} nolearning",
+        f"ip link add {link} type vxlan id {ov.vni} local {ov.local} dstport {ov.port} nolearning"
+        f" srcport {SOURCE_PORTS[0]} {SOURCE_PORTS[1]}",
         f"ip link set {link} master {net.bridge} mtu {ov.mtu} up",
         f"bridge link set dev {link} learning off",
     ]

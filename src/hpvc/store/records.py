@@ -149,6 +149,10 @@ class Store:
     def host_journal(self) -> Journal:
         return Journal(self.layout.host_journal())
 
+    def vxlan_port_journal(self) -> Journal:
+        """The VXLAN port holder's (``hpvc.host.vxlan.hold_port``): no cluster undoes it."""
+        return Journal(self.layout.vxlan_port_journal())
+
     def names(self) -> list[str]:
         base = self.layout.clusters()
         if not base.is_dir():

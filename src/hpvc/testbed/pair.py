@@ -359,6 +359,7 @@ def _op_host(args: dict[str, Any]) -> Any:
     o = Overlay.from_json(args["overlay"])
     bridge, node = str(args["bridge"]), args["node"]
     net.ensure_bridge(j, bridge, args["bridge_address"], PREFIXLEN, o.mtu)
+    vxlan.hold_port(j, o.port)  # as `hpvc node prepare` does when a host starts
     link = vxlan.join(j, str(args["cluster"]), bridge, o)
     net.add_node_link(
         j, bridge=bridge, netns=node["netns"], host_ifname=node["ifname"], mtu=o.mtu,

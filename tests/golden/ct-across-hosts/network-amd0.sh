@@ -6,16 +6,24 @@
 # hpvc-gx is up with this host's address on it, 10.90.0.1/24.
 set -e
 
-# Only the cluster's hosts may send into its VNI (bits 32-55 of the VXLAN header).
+# Only the other hosts' kernels may send into its VNI (bits 32-55 of the VXLAN header):
+# no local user's socket, no other host, nothing routed through this one.
 nft -f - <<'EOF'
 add table inet hpvc-vni15719311
 add chain inet hpvc-vni15719311 input { type filter hook input priority -200; policy accept; }
 flush chain inet hpvc-vni15719311 input
-add rule inet hpvc-vni15719311 input udp dport 4789 @th,96,24 15719311 ip saddr != { 10.0.0.1, 10.0.0.2, 10.0.1.1 } counter drop comment "hpvc: only the cluster's hosts may send into VNI 15719311"
+add chain inet hpvc-vni15719311 output { type filter hook output priority -200; policy accept; }
+flush chain inet hpvc-vni15719311 output
+add chain inet hpvc-vni15719311 forward { type filter hook forward priority -200; policy accept; }
+flush chain inet hpvc-vni15719311 forward
+add rule inet hpvc-vni15719311 input udp dport 4789 @th,96,24 15719311 ip saddr { 10.0.0.2, 10.0.1.1 } fib saddr . iif oif exists udp sport 512-1023 accept
+add rule inet hpvc-vni15719311 input udp dport 4789 @th,96,24 15719311 counter drop comment "hpvc: only the cluster's other hosts' kernels may send into this VNI"
+add rule inet hpvc-vni15719311 output udp dport 4789 @th,96,24 15719311 udp sport != 512-1023 counter drop comment "hpvc: no local user's socket may send into this VNI"
+add rule inet hpvc-vni15719311 forward udp dport 4789 @th,96,24 15719311 counter drop comment "hpvc: nothing routed through this host may send into this VNI"
 EOF
 
 # The bridge's VXLAN port; the forwarding database is written, never learned.
-ip link add vxc1cbb8108bc8f type vxlan id 15719311 local 10.0.0.1 dstport 4789 nolearning
+ip link add vxc1cbb8108bc8f type vxlan id 15719311 local 10.0.0.1 dstport 4789 nolearning srcport 512 1024
 ip link set vxc1cbb8108bc8f master hpvc-gx mtu 8950 up
 bridge link set dev vxc1cbb8108bc8f learning off
 
