@@ -104,3 +104,48 @@ def build_pingpong(out: os.PathLike[str] | str) -> str:
     )
     assert b.returncode == 0, b.stderr
     return os.path.join(str(out), "pingpong")
+
+
+# Touching memory once makes the kernel initialise the struct pages it deferred at
+# boot (CONFIG_DEFERRED_STRUCT_PAGE_INIT): a fresh machine's NUMA node shows about
+# 8 GiB of its 24 GiB until then (docs/planning.md, "A fresh machine").
+_TOUCH = (
+    "import mmap, sys\n"
+    "n = int(sys.argv[1]) << 20\n"
+    "m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n"
+    "for i in range(0, n, 4096):\n"
+    "    m[i] = 1\n"
+)
+
+
+def host_free_mib() -> int:
+    """What the planner may take from this host's NUMA nodes, in all (hpvc's own reader)."""
+    from hpvc.sysroot import HOST
+    from hpvc.topology import read_topology
+
+    return sum(n.free_mib for n in read_topology(HOST).numa_nodes)
+
+
+def make_room(mib: int, tries: int = 3) -> None:
+    """Make the host's NUMA nodes offer ``mib`` free for a test cluster: touch
+    memory in a child process (which gives it back when it exits) until the
+    kernel has brought in enough; fail with the numbers where it cannot."""
+    import subprocess
+    import sys
+
+    for _ in range(tries):
+        free = host_free_mib()
+        if free >= mib:
+            return
+        with open("/proc/meminfo") as f:
+            avail = next(int(x.split()[1]) // 1024 for x in f if x.startswith("MemAvailable:"))
+        # Pages already brought in are handed out first: only touching more than
+        # the node has free makes the kernel bring in the rest.
+        touch = min(mib + 1024, avail - 1024)
+        if touch <= 0:
+            break
+        subprocess.run([sys.executable, "-c", _TOUCH, str(touch)], check=True, timeout=300)
+    pytest.fail(
+        f"the host's NUMA nodes offer {host_free_mib()} MiB free, the test needs {mib} MiB"
+        " even after touching memory (free memory elsewhere, or give the machine more)"
+    )
