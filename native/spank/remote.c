@@ -18,22 +18,56 @@ struct share {
 	int index, hosts;   /* this host's place in the job's node list, and its length */
 	char *cores;        /* the job's cores here (Slurm's), NULL if unknown */
 	char mpi[64];       /* SLURM_MPI_TYPE, "" if unset */
-	char job_nodes[8192];
+	char job_nodes[8192]; /* the job's hosts, from slurmctld */
 };
 
-/* This host's name (the step's node list at this node's id in the step: an
- * srun inside a batch script inherits the batch host's SLURMD_NODENAME, so
- * that variable cannot be trusted here), then its place in the job's list
- * job_nodes (SLURM_JOB_NODELIST, as Slurm writes it: n[1-3]). */
-static int job_index(spank_t sp, uint32_t nodeid, char *job_nodes, size_t size, int *index,
-		     int *hosts)
+/* The job's and the step's node lists as slurmctld has them (n[1-3]), never
+ * the SLURM_JOB_NODELIST / SLURM_STEP_NODELIST of the task's environment:
+ * that environment is the user's (srun sends it, a user may send any), and a
+ * forged list would pick the job's VXLAN peers and, made longer, a subnet as
+ * large as the pool. slurmstepd runs as root and asks the controller. */
+static int slurm_lists(uint32_t job, uint32_t step, char *job_nodes, size_t size,
+		       char *step_nodes, size_t step_size)
+{
+	job_info_msg_t *ji = NULL;
+	job_step_info_response_msg_t *si = NULL;
+	int rc = -1;
+	if (slurm_load_job(&ji, job, SHOW_ALL) != SLURM_SUCCESS || ji == NULL ||
+	    ji->record_count < 1 || ji->job_array[0].nodes == NULL) {
+		slurm_error("hpvc: job %u: cannot ask slurmctld for the job's hosts: %s", job,
+			    slurm_strerror(slurm_get_errno()));
+		goto out;
+	}
+	if (slurm_get_job_steps(0, job, step, &si, SHOW_ALL) != SLURM_SUCCESS || si == NULL ||
+	    si->job_step_count < 1 || si->job_steps[0].nodes == NULL) {
+		slurm_error("hpvc: job %u: cannot ask slurmctld for step %u's hosts: %s", job, step,
+			    slurm_strerror(slurm_get_errno()));
+		goto out;
+	}
+	int a = snprintf(job_nodes, size, "%s", ji->job_array[0].nodes);
+	int b = snprintf(step_nodes, step_size, "%s", si->job_steps[0].nodes);
+	if (a < 0 || (size_t)a >= size || b < 0 || (size_t)b >= step_size) {
+		slurm_error("hpvc: job %u: its node list is too long", job);
+		goto out;
+	}
+	rc = 0;
+out:
+	if (ji)
+		slurm_free_job_info_msg(ji);
+	if (si)
+		slurm_free_job_step_info_response_msg(si);
+	return rc;
+}
+
+/* This host's name (the step's node list at this node's id: SLURMD_NODENAME
+ * is the environment's too, and an srun inside a batch script inherits the
+ * batch host's), then its place in the job's list job_nodes. */
+static int job_index(uint32_t job, uint32_t step, uint32_t nodeid, char *job_nodes, size_t size,
+		     int *index, int *hosts)
 {
 	char step_nodes[8192], name[256] = "";
-	if (spank_getenv(sp, "SLURM_JOB_NODELIST", job_nodes, (int)size) != ESPANK_SUCCESS ||
-	    spank_getenv(sp, "SLURM_STEP_NODELIST", step_nodes, sizeof(step_nodes)) != ESPANK_SUCCESS) {
-		slurm_error("hpvc: the step has no SLURM_JOB_NODELIST or SLURM_STEP_NODELIST");
+	if (slurm_lists(job, step, job_nodes, size, step_nodes, sizeof(step_nodes)) < 0)
 		return -1;
-	}
 	hostlist_t hl = slurm_hostlist_create(step_nodes);
 	char *h = NULL;
 	for (uint32_t i = 0; hl && i <= nodeid; i++) {
@@ -79,9 +113,10 @@ static int job_spec(spank_t sp, char *spec, size_t size)
 
 /* Where this host stands in the step's job: its place in the job's hosts,
  * its cores and the MPI type. */
-static int find_share(spank_t sp, uint32_t nodeid, struct share *s)
+static int find_share(spank_t sp, uint32_t step, uint32_t nodeid, struct share *s)
 {
-	if (job_index(sp, nodeid, s->job_nodes, sizeof(s->job_nodes), &s->index, &s->hosts) < 0)
+	if (job_index(s->job, step, nodeid, s->job_nodes, sizeof(s->job_nodes), &s->index,
+		      &s->hosts) < 0)
 		return -1;
 	if (spank_get_item(sp, S_JOB_ALLOC_CORES, &s->cores) != ESPANK_SUCCESS)
 		s->cores = NULL;
@@ -194,7 +229,7 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 		return 0;
 	/* A spec is at most 64 KiB (hpvc node check), 88 KiB in base64. */
 	static char spec[96 * 1024];
-	if (job_spec(sp, spec, sizeof(spec)) < 0 || find_share(sp, nodeid, &s) < 0)
+	if (job_spec(sp, spec, sizeof(spec)) < 0 || find_share(sp, step, nodeid, &s) < 0)
 		return -1;
 	/* The cache only saves starting hpvc: anything odd about it (an older
 	 * format, a node process that is gone or not the same) means asking
