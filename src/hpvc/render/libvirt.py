@@ -17,6 +17,7 @@ from hpvc.units import format_cpulist
 _UUID_NS = uuid.UUID("6f1d4a52-57a8-4c3e-9d0b-4b7e2f6c1a90")
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"  # <qemu:commandline>
 ET.register_namespace("qemu", QEMU_NS)
+IVSHMEM_SLOT = "0x10"  # the ivshmem device's slot on pcie.0 (see _qemu_commandline)
 
 
 def domain_name(plan: Plan, node: PlannedNode) -> str:
@@ -195,7 +196,14 @@ def _qemu_commandline(dom: ET.Element, ctx: RenderContext) -> None:
     Not libvirt's ``<shmem name=...>``: that maps ``/dev/shm/<name>``, a name
     directly in a folder every user may write, which a user can take first;
     hpvc's regions are in a root-only folder (``hpvc.host.ivshmem``), a path a
-    name without '/' cannot reach."""
+    name without '/' cannot reach.
+
+    The device gets a fixed slot on the root bus, ``IVSHMEM_SLOT``: libvirt does not
+    see devices given on ``<qemu:commandline>``, lays out its own PCI addresses
+    from slot 1 up (its pcie-root-ports, packed as functions of slots 1, 2, ...)
+    and QEMU refuses to start when a device it placed first holds one of them.
+    Slot 0x10 is far above what libvirt assigns a domain of hpvc's few devices
+    and below q35's fixed ones (0x1f: LPC/SATA/SMBus)."""
     if ctx.ivshmem is None:
         return
     path, mib = ctx.ivshmem
@@ -203,7 +211,8 @@ def _qemu_commandline(dom: ET.Element, ctx: RenderContext) -> None:
     line = _sub(dom, f"{{{QEMU_NS}}}commandline")
     for arg in ("-object", f"memory-backend-file,id=ivshmem0,{mem}", "-device"):
         _sub(line, f"{{{QEMU_NS}}}arg", value=arg)
-    _sub(line, f"{{{QEMU_NS}}}arg", value="ivshmem-plain,memdev=ivshmem0")
+    device = f"ivshmem-plain,memdev=ivshmem0,bus=pcie.0,addr={IVSHMEM_SLOT}"
+    _sub(line, f"{{{QEMU_NS}}}arg", value=device)
 
 
 def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
