@@ -205,7 +205,9 @@ def test_hosts_are_apart(cluster: Cluster) -> None:
             kind.setdefault(k, []).append(v)
         assert kind["host"] == [NODES[task]], out
         assert sorted(kind["addr"]) == [f"eth0 {net3}.{task + 1}/24", "lo 127.0.0.1/8"], out
-        assert sorted(kind["dev"]) == ["eth0", "lo"], out  # its own /sys/class/net
+        # its own /sys/class/net: the fabric, loopback and the VXLAN port holder
+        # that host.sh makes at start (hpvc node prepare, docs/network.md)
+        assert sorted(kind["dev"]) == ["eth0", "hpvc-vxport", "lo"], out
         assert sorted(" ".join(v.split()) for v in kind["name"]) == sorted(
             [f"{net3}.1 n1", f"{net3}.2 n2", f"{net3}.3 n3", f"{net3}.253 ctl"]
         ), out  # its own /etc/hosts
