@@ -388,3 +388,22 @@ def test_the_report_says_whether_a_resident_hpvc_answers(tmp_path: Path) -> None
     # A snapshot is not this host: nothing about its resident hpvc.
     names = [c.name for c in cluster_doctor.run_checks(tmp_path, which=lambda _: None).checks]
     assert "resident hpvc" not in names
+
+
+def test_agent_port_fence_follows_the_sysctl(tmp_path: Path) -> None:
+    """Issue 25, item 8: VM guests' agents trust source ports below 1024; doctor says
+    when users may bind them (the sysctl lowered) and how to put it back."""
+    sysctl = "proc/sys/net/ipv4/ip_unprivileged_port_start"
+    check = doctor.check_agent_port(tmp_path)
+    assert check.status == "warn" and "unreadable" in check.detail, check
+    put(tmp_path, sysctl, "1024\n")
+    assert doctor.check_agent_port(tmp_path).status == "ok"
+    put(tmp_path, sysctl, "0\n")
+    check = doctor.check_agent_port(tmp_path)
+    assert check.status == "warn", check
+    assert "ports 0-1023" in check.detail, check
+    assert check.fix == "sysctl -w net.ipv4.ip_unprivileged_port_start=1024"
+    put(tmp_path, sysctl, "80\n")
+    assert "ports 80-1023" in doctor.check_agent_port(tmp_path).detail
+    names = [c.name for c in doctor.run_checks(tmp_path, which=no_tools, env={}).checks]
+    assert names.count("agent-port") == 1, names

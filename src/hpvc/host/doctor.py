@@ -304,6 +304,41 @@ def check_vxlan_port(root: RootLike = HOST) -> Check:
     return _ok(name, f"UDP {port} held by hpvc's VXLAN link {HOLDER_LINK}; no user can bind it")
 
 
+# The guest agent of VM nodes (native/agent) serves only clients from a source port
+# below this one: the port every user may bind from when the sysctl is at its default.
+AGENT_TRUSTED_BELOW = 1024
+
+
+def check_agent_port(root: RootLike = HOST) -> Check:
+    """The fence of VM guests' agents (native/agent): a Slurm task reaches its guest
+    from a source port below 1024, which only root can bind while
+    net.ipv4.ip_unprivileged_port_start is 1024 or more. Lower, any user on the
+    host sends from such a port too."""
+    name, low = "agent-port", AGENT_TRUSTED_BELOW
+    start = probe.unprivileged_port_start(root)
+    if start is None:
+        return Check(
+            name,
+            "warn",
+            "net.ipv4.ip_unprivileged_port_start unreadable: cannot tell whether users may"
+            f" bind ports below {low}, the VM guest agents' fence",
+            "run hpvc doctor on a kernel with /proc/sys/net/ipv4/ip_unprivileged_port_start",
+        )
+    if start < low:
+        return Check(
+            name,
+            "warn",
+            f"net.ipv4.ip_unprivileged_port_start = {start}: users may bind ports"
+            f" {start}-{low - 1}, which VM guests' agents take for root's (Slurm tasks of"
+            " VM nodes): another user could run commands in a job's guests",
+            f"sysctl -w net.ipv4.ip_unprivileged_port_start={low}",
+        )
+    return _ok(
+        name,
+        f"net.ipv4.ip_unprivileged_port_start = {start}: only root binds ports below {low}",
+    )
+
+
 # --- NUMA and limits -----------------------------------------------------------------
 
 
@@ -424,6 +459,7 @@ def run_checks(
         check_vhost_net(root),
         check_veth(root),
         check_vxlan_port(root),
+        check_agent_port(root),
         check_memlock(root),
         *(check_tool(t, which) for t in TOOLS),
     ]
