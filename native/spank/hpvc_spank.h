@@ -68,7 +68,7 @@ int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.
  * then relay the task through it as the user (task_init; does not return
  * when it relays). */
 struct hpvc_join;
-int hpvc_vm_connect(const struct hpvc_join *j);
+int hpvc_vm_connect(spank_t sp, const struct hpvc_join *j);
 int hpvc_vm_task(spank_t sp);
 
 /* Join records per node slot, from `hpvc node up` or its cache (join.c; taken

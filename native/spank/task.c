@@ -201,7 +201,7 @@ int hpvc_task_join(spank_t sp)
 		/* The task runs in the guest: here it is only the relay. */
 		close(pidfd);
 		set_env(sp, j);
-		if (hpvc_vm_connect(j) < 0)
+		if (hpvc_vm_connect(sp, j) < 0)
 			return -1;
 		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
 			slurm_error("hpvc: node %s: cannot set no_new_privs: %s", j->node, strerror(errno));

@@ -23,21 +23,72 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include "../agent/agent.h"
 #include "hpvc_spank.h"
 
+/* A quarter of the pool (512-1023): four users' full share fill it. */
+#define HPVC_RELAY_PORTS_PER_USER 128
+
 static int vm_sock = -1;
 static char vm_node[64];
 
-int hpvc_vm_connect(const struct hpvc_join *j)
+/* How many TCP connections to a guest's agent from a reserved port (the
+ * pool 512-1023 hpvc_agent_connect takes from) the host's /proc/net/tcp
+ * gives to uid: the relays make their sockets with the task's user as owner
+ * (below), so each user's count is theirs; -1 if unreadable. */
+static int relay_ports_held(uid_t uid)
 {
-	int fd = hpvc_agent_connect(j->ip, HPVC_AGENT_PORT);
+	FILE *f = fopen("/proc/net/tcp", "re");
+	if (f == NULL)
+		return -1;
+	char line[512];
+	int n = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned lport = 0, rport = 0, state = 0;
+		unsigned long owner = 0;
+		if (sscanf(line, " %*u: %*x:%x %*x:%x %x %*x:%*x %*x:%*x %*x %lu", &lport, &rport,
+			   &state, &owner) == 4 &&
+		    lport >= 512 && lport < 1024 && rport == HPVC_AGENT_PORT && owner == uid)
+			n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* From a reserved port, as root (the agent's fence). The socket is made with
+ * the task's user as its file-system uid, which owns it in /proc/net/tcp:
+ * one user's tasks on a host hold at most HPVC_RELAY_PORTS_PER_USER of the
+ * pool every VM job there shares, so no user exhausts it for the others. */
+int hpvc_vm_connect(spank_t sp, const struct hpvc_join *j)
+{
+	uid_t uid = 0;
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+		slurm_error("hpvc: node %s: cannot read the job's user", j->node);
+		return -1;
+	}
+	int was = setfsuid(uid);
+	int fd = hpvc_agent_connect(j->ip, HPVC_AGENT_PORT), err = errno;
+	setfsuid((uid_t)was);
 	if (fd < 0) {
 		slurm_error("hpvc: node %s (%s): cannot reach its agent: %s; is the VM still running?",
-			    j->node, j->ip, strerror(errno));
+			    j->node, j->ip, strerror(err));
+		return -1;
+	}
+	int held = relay_ports_held(uid);
+	if (held < 0) {
+		close(fd);
+		slurm_error("hpvc: node %s: cannot read /proc/net/tcp to count the user's task relays",
+			    j->node);
+		return -1;
+	}
+	if (held > HPVC_RELAY_PORTS_PER_USER) {
+		close(fd);
+		slurm_error("hpvc: node %s: user %u already holds %d task relays to VM nodes on this host, the most one user may (%d of the 512 reserved ports every job here shares); wait for tasks to end or run fewer tasks per host",
+			    j->node, (unsigned)uid, held - 1, HPVC_RELAY_PORTS_PER_USER);
 		return -1;
 	}
 	vm_sock = fd;
