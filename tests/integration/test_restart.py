@@ -25,11 +25,12 @@ import pytest
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.restart import restart
 from hpvc.errors import HpvcError
+from hpvc.host import qemu_user
 from hpvc.store import Store
 from hpvc.units import format_cpulist
 from tests.helpers import ROOT, requires
 from tests.integration.test_cluster import clean_up, cli_env, image_ready, leftovers, spec_file
-from tests.integration.test_vm_cluster import store, vm_leftovers, vm_spec
+from tests.integration.test_vm_cluster import assert_confined, store, vm_leftovers, vm_spec
 from tests.integration.test_vm_libvirt import (
     PrivateLibvirtd,
     answers_then_goes,
@@ -206,6 +207,10 @@ def test_a_dead_qemu_comes_back_pinned_and_reachable(
     ]
     assert ops.node_pid(name, "head0", store) == head
     assert ops.node_pid(name, "compute0", store) != dead
+    # The new QEMU drops to the cluster's uid again, sandboxed like the head's.
+    uid = qemu_user.find(store.root, name)
+    assert uid is not None
+    assert_confined(f"hpvc-{name}-", 2, uid)
     status = ops.status(name, store)
     # The pages the dead QEMU held went back to the pool; the new one holds them again.
     assert status["hugepages"]

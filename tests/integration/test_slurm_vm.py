@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.bench.slurm import cluster as bench_slurm
+from hpvc.host import qemu_user
 from hpvc.image import resolve_image
 from hpvc.image.guest import build_guest
 from hpvc.render.context import tap_name
@@ -28,6 +29,7 @@ from tests.helpers import build_pingpong, requires
 from tests.integration.conftest import slurm_env
 from tests.integration.slurm_env import HOSTS, Env, last_job
 from tests.integration.test_cluster import image_ready
+from tests.integration.test_vm_cluster import assert_confined, qemu_confinement
 
 VM_SPEC = """name = "slvm"
 kind = "vm"
@@ -204,7 +206,16 @@ def test_scancel_stops_a_command_in_a_guest_and_only_the_owner_enters(
                 break
             time.sleep(1)
         assert out.read_text().count("started") == 2, out.read_text()
-        first = next(h for h, names in slurm.shares(job).items() if f"j{job}-0" in names)
+        # Every QEMU of the job runs as its share's own uid, not root, under seccomp.
+        shares = slurm.shares(job)
+        assert sum(len(names) for names in shares.values()) == 2, shares
+        for host, names in shares.items():
+            for share in names:
+                uid = qemu_user.find(slurm.cluster.store(host).root, share)
+                assert uid is not None, (host, share)
+                assert_confined(f"hpvc-{share}-", 1, uid)
+        assert len(qemu_confinement(f"hpvc-j{job}-")) == 2
+        first = next(h for h, names in shares.items() if f"j{job}-0" in names)
         store = slurm.cluster.store(first)
         ip = store.get(f"j{job}-0").the_plan().node("compute0").ip
         hpvc = slurm.env["HPVC_BIN"]

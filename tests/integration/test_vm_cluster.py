@@ -12,6 +12,7 @@ import pytest
 from hpvc.backends.vm import guest
 from hpvc.cluster import lifecycle, ops
 from hpvc.errors import HpvcError
+from hpvc.host import qemu_user
 from hpvc.plan import Plan
 from hpvc.render import files as render_files
 from hpvc.store import Store
@@ -33,6 +34,40 @@ def vm_leftovers(name: str, store: Store) -> list[str]:
     if (store.root / "run" / name).exists():
         found.append(f"run directory {store.root / 'run' / name}")
     return found
+
+
+def qemu_confinement(marker: str) -> dict[int, tuple[list[int], int]]:
+    """Every running QEMU whose command line holds ``marker``: PID -> (its real,
+    effective, saved and file-system uids; its seccomp mode), from /proc."""
+    found: dict[int, tuple[list[int], int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
+            if not entry.name.isdigit() or "qemu" not in argv or marker not in argv:
+                continue
+            fields = dict(
+                line.split(":", 1) for line in (entry / "status").read_text().splitlines()
+            )
+        except OSError:
+            continue  # gone meanwhile
+        if fields["State"].split()[0] == "Z":
+            continue
+        found[int(entry.name)] = ([int(u) for u in fields["Uid"].split()], int(fields["Seccomp"]))
+    return found
+
+
+def assert_confined(marker: str, count: int, uid: int | None = None) -> int:
+    """``count`` QEMUs of ``marker`` run, all as one non-root uid of hpvc's range
+    (``uid`` when given), in seccomp filter mode (2); returns that uid."""
+    seen = qemu_confinement(marker)
+    assert len(seen) == count, seen
+    uids = {u for ids, _ in seen.values() for u in ids}
+    assert len(uids) == 1, seen
+    (got,) = uids
+    assert got != 0 and qemu_user.FIRST_UID <= got < qemu_user.FIRST_UID + qemu_user.COUNT, seen
+    assert uid is None or got == uid, (uid, seen)
+    assert {mode for _, mode in seen.values()} == {2}, seen
+    return got
 
 
 @pytest.fixture
@@ -89,6 +124,10 @@ def test_vm_up_exec_run_status_down(
             assert f"{n.ip} lladdr {n.mac} PERMANENT" in neigh, neigh
     st = ops.status(name, store)
     assert [n["state"] for n in st["nodes"]] == ["running"] * 3
+    # Every QEMU runs as the cluster's own uid (not root), under seccomp.
+    uid = qemu_user.find(store.root, name)
+    assert uid is not None
+    assert assert_confined(f"hpvc-{name}-", 3, uid) == uid
     # Hugepages read back from the pool: the guests' memory is preallocated there.
     assert st["hugepages"] and all(p["in_use"] >= p["planned"] > 0 for p in st["hugepages"])
     for n in st["nodes"]:  # read back from QEMU: threads where the plan put them
@@ -115,6 +154,7 @@ def test_vm_up_exec_run_status_down(
     assert capfd.readouterr().out.strip() == f"hello-{name}"
     lifecycle.down(name, store)
     assert vm_leftovers(name, store) == []
+    assert qemu_user.find(store.root, name) is None  # the uid is given back
     assert Path("/proc/sys/vm/nr_hugepages").read_text() == pages_before
 
 
@@ -137,10 +177,14 @@ def test_vm_scale_adds_a_guest_and_down_after_a_crash(store: Store, tmp_path: Pa
     image_ready()
     name = f"x{os.getpid() % 10000}"
     lifecycle.up(vm_spec(tmp_path, name, computes=1), store)
+    uid = assert_confined(f"hpvc-{name}-", 2)
     lifecycle.scale(name, {"compute": 2}, store)
     st = ops.status(name, store)
     assert [n["name"] for n in st["nodes"]] == ["head0", "compute0", "compute1"]
     assert all(n["state"] == "running" for n in st["nodes"])
+    # The new guest's QEMU runs as the cluster's uid too; repinning it worked (status).
+    assert assert_confined(f"hpvc-{name}-", 3) == uid
+    assert all(n["vm"]["vcpus"] for n in st["nodes"]), st
     assert ops.exec_node(name, "compute0", ["ping", "-c1", "-W5", "compute1"], store) == 0
     # A scale that dies half-way (the process is killed) is cleaned by down.
     from hpvc.image import default_store
@@ -158,3 +202,4 @@ def test_vm_scale_adds_a_guest_and_down_after_a_crash(store: Store, tmp_path: Pa
     r = subprocess.run([*hpvc, "down", name], env=env, cwd=ROOT, check=False)
     assert r.returncode == 0
     assert vm_leftovers(name, store) == []
+    assert qemu_user.find(store.root, name) is None

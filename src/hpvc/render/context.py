@@ -85,6 +85,9 @@ class RenderContext:
     # VMs: co-resident nodes map this host file (size in MiB, a power of two) as
     # the BAR 2 of an ivshmem-plain device (hpvc.host.ivshmem allocates it).
     ivshmem: tuple[str, int] | None = None
+    # VMs: the uid (and gid) QEMU drops to once it has opened its files, under a
+    # seccomp sandbox (hpvc.host.qemu_user gives each cluster its own); None: root.
+    qemu_uid: int | None = None
     # VMs, ``[shared] server = "nfs"``: the raw ext4 image the serving node gets as
     # its second disk (``shared_disk``); None: the default path under ``base_dir``.
     shared_image: str | None = None

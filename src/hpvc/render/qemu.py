@@ -132,6 +132,24 @@ def ivshmem_args(ctx: RenderContext) -> list[str]:
     ]
 
 
+# QEMU's seccomp filter: no obsolete system calls, no fork/exec, no changes of
+# scheduling or priorities (hpvc pins the threads from outside, as root).
+# elevateprivileges stays allowed: -runas drops root with setgid/setuid after the
+# filter is installed, and a filter that denies them kills QEMU then ("Bad system
+# call"); once dropped, every uid is the cluster's, no capability is left and
+# no_new_privs is set, so nothing can raise them again.
+SANDBOX = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+
+
+def sandbox_args(ctx: RenderContext) -> list[str]:
+    """QEMU as the cluster's uid, in a seccomp sandbox (none when ``qemu_uid`` is None)."""
+    if ctx.qemu_uid is None:
+        return []
+    if ctx.qemu_uid <= 0:
+        raise ValueError(f"QEMU's uid must not be root's: {ctx.qemu_uid}")
+    return ["-runas", f"{ctx.qemu_uid}:{ctx.qemu_uid}", "-sandbox", SANDBOX]
+
+
 def _boot_args(ctx: RenderContext) -> list[str]:
     if not ctx.kernel:
         return []
@@ -169,6 +187,7 @@ def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
         f"unix:{_v(qmp)},server=on,wait=off",
         "-pidfile",
         ctx.pidfile(plan.cluster, node.name),
+        *sandbox_args(ctx),
     ]
 
 

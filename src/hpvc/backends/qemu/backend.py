@@ -32,7 +32,7 @@ from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import guest_shared, tasks
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.faults import inject
-from hpvc.host import net, procfs
+from hpvc.host import net, procfs, qemu_user
 from hpvc.host.accel import accelerator
 from hpvc.host.orphans import Keep, Orphan
 from hpvc.image import resolve_image
@@ -157,6 +157,8 @@ class QemuBackend:
         if shm is not None:
             st.ivshmem = list(shm)
             ctx = replace(ctx, ivshmem=shm)
+        # Every QEMU of the cluster drops to the cluster's own uid, sandboxed.
+        ctx = replace(ctx, qemu_uid=qemu_user.claim(env.journal(), env.store.root, plan.cluster))
         return guest_shared.context(env, plan, guest, ctx)  # NFS: its initramfs and disk
 
     def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> Phases:
