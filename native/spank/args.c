@@ -81,7 +81,7 @@ static int copy_dir(char *dst, size_t size, const char *key, const char *value)
 /* Site policy keys: checked by `hpvc node` (Python, hpvc.slurm.policy.Site). */
 static const char *const POLICY_KEYS[] = {
 	"images", "kinds", "subnets", "binds", "user_subnets", "io_weight",
-	"threads_as_cores", "max_nodes", "max_groups", "max_disk",
+	"threads_as_cores", "max_nodes", "max_groups", "max_disk", "max_console",
 };
 
 static int is_policy_key(const char *arg, size_t klen)
@@ -136,7 +136,7 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 				return -1;
 			cfg->nsite++;
 		} else {
-			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores, max_nodes, max_groups, max_disk)",
+			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores, max_nodes, max_groups, max_disk, max_console)",
 				    (int)klen, av[i]);
 			return -1;
 		}

@@ -133,6 +133,7 @@ def up_spec(
     overlay: Overlay | None = None,
     tenant: bool = False,
     exclusive_subnet: bool = True,
+    console_mib: int | None = None,  # each node's console log cap (None: the site's max_console)
 ) -> ClusterRecord:
     """``up`` of an already loaded spec. Slurm shares plan part of a cluster
     (``planner``), give every node the whole cluster's /etc/hosts (``hosts``),
@@ -149,7 +150,7 @@ def up_spec(
     with store.cluster_lock(spec.name, "hpvc up", _waiting(spec.name, progress)):
         return _up_locked(backend, spec, doc, spec_path, store, progress, planner,
                           hosts=hosts, binds=binds, overlay=overlay, tenant=tenant,
-                          exclusive_subnet=exclusive_subnet)  # fmt: skip
+                          exclusive_subnet=exclusive_subnet, console_mib=console_mib)  # fmt: skip
 
 
 def _up_locked(
@@ -166,6 +167,7 @@ def _up_locked(
     overlay: Overlay | None,
     tenant: bool,
     exclusive_subnet: bool = True,
+    console_mib: int | None = None,
 ) -> ClusterRecord:
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
@@ -177,6 +179,7 @@ def _up_locked(
     rec.overlay = overlay.to_json() if overlay is not None else None
     rec.binds = list(binds)
     rec.tenant = tenant
+    rec.console_mib = console_mib
     # A killed `up` still rolls back (only in this process: see _terminated).
     previous = signal.signal(signal.SIGTERM, _terminated(os.getpid()))
     env = ClusterEnv(store, rec, backend.new_state())

@@ -232,7 +232,8 @@ def up(
                 if req.cpus
                 else None
             )
-            _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress)
+            _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress,
+                      console_mib=site.limits.max_console_mib)  # fmt: skip
         out = joins(store, req.job, index, share, roles, req.mpi)
         _write_cache(store, name, req.mpi, out)
         return out
@@ -288,6 +289,7 @@ def _up_share(
     cpus: set[int] | None,
     binds: tuple[str, ...],
     progress: Progress,
+    console_mib: int | None = None,
 ) -> ClusterRecord:
     name = share_name(req.job, index)
     whole = spec
@@ -316,6 +318,7 @@ def _up_share(
         overlay=overlay,
         tenant=True,  # an ordinary user's job: node roots nosuid,nodev
         exclusive_subnet=False,  # cut from the site's pool and checked in up()
+        console_mib=console_mib,
     )
 
 

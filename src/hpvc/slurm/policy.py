@@ -82,7 +82,8 @@ class Site:
     # alone): Slurm's core numbers are then hardware threads (hpvc.slurm.cpus).
     threads_as_cores: bool = False
     # What one job's spec may ask (nodes in all, groups, disk per node): checked
-    # by arithmetic before any node is expanded (hpvc.spec.limits).
+    # by arithmetic before any node is expanded (hpvc.spec.limits); and what the
+    # host keeps of a node's console log (max_console).
     limits: Limits = DEFAULT_LIMITS
 
     @classmethod
@@ -124,7 +125,7 @@ class Site:
                     site = replace(site, io_weight=on)
                 else:
                     site = replace(site, threads_as_cores=on)
-            elif key in ("max_nodes", "max_groups", "max_disk"):
+            elif key in ("max_nodes", "max_groups", "max_disk", "max_console"):
                 if len(values) != 1:
                     raise InputError(f"site setting {item!r}", "one value", f"{key}=1024")
                 where = f"site setting {item!r}"
@@ -141,7 +142,7 @@ class Site:
                     f"site setting {key!r}",
                     "unknown",
                     "known: images, kinds, subnets, binds, user_subnets, io_weight,"
-                    " threads_as_cores, max_nodes, max_groups, max_disk",
+                    " threads_as_cores, max_nodes, max_groups, max_disk, max_console",
                 )
         return site
 

@@ -1,4 +1,5 @@
-"""What a spec may ask of a host, by site policy: node count, groups, disk per node.
+"""What a spec may ask of a host, by site policy: node count, groups, disk per node;
+and how much of a node's console the host keeps (``max_console``).
 
 A spec is checked against these caps by arithmetic on its groups (counts
 summed, sizes compared) before any node is expanded, so a small file that asks
@@ -6,11 +7,17 @@ for millions of nodes costs the root side nothing (issue 25, item 6). The
 defaults suit one site's ordinary use; a site raises or lowers them:
 
 * ``hpvc up``/``plan``/``scale``/``render``: ``/etc/hpvc/limits.toml``
-  (``max_nodes = 4096``, ``max_groups = 256``, ``max_disk = "4TiB"``), a file
+  (``max_nodes = 4096``, ``max_groups = 256``, ``max_disk = "4TiB"``,
+  ``max_console = "64MiB"``), a file
   root writes; no environment variable moves it, since a command run for
   another user through ``hpvc serve`` carries that user's environment;
-* Slurm jobs: the plugin's ``max_nodes=``, ``max_groups=``, ``max_disk=``
-  arguments in plugstack.conf (``hpvc.slurm.policy.Site``).
+* Slurm jobs: the plugin's ``max_nodes=``, ``max_groups=``, ``max_disk=``,
+  ``max_console=`` arguments in plugstack.conf (``hpvc.slurm.policy.Site``).
+
+``max_console`` is no question a spec asks: a node's console log on the host
+(what its init and anyone in it writes to the console) is kept to that size
+by hpvc's reader (``hpvc.host.console_ring``), the older part in one rotated
+file, so a node that writes without end cannot fill the state disk.
 
 Light: no pydantic, no planner.
 """
@@ -25,30 +32,38 @@ from hpvc.errors import InputError
 from hpvc.units import format_mib, parse_size
 
 SITE_FILE = Path("/etc/hpvc/limits.toml")
-KEYS = ("max_nodes", "max_groups", "max_disk")
+KEYS = ("max_nodes", "max_groups", "max_disk", "max_console")
+SIZE_KEYS = {"max_disk": 64, "max_console": 1}  # a size; the least MiB a site may set
 FIX_FILE = f"ask less, or the site raises it in {SITE_FILE}"
 
 
 @dataclass(frozen=True)
 class Limits:
     """Caps on one spec: nodes in all (the sum of the groups' counts), groups,
-    and the writable layer of one container node (MiB)."""
+    and the writable layer of one container node (MiB); and what the host
+    keeps of one node's console log (MiB, twice that with its rotated file)."""
 
     max_nodes: int = 1024
     max_groups: int = 64
     max_disk_mib: int = 1 << 20  # 1 TiB
+    max_console_mib: int = 16
 
     def with_item(self, key: str, value: object, where: str) -> Limits:
         """A copy with ``key`` (one of KEYS) set from ``value`` (a count, or a size
-        such as "2TiB" for max_disk); InputError naming ``where`` otherwise."""
-        if key == "max_disk":
+        such as "2TiB" for max_disk or "64MiB" for max_console); InputError
+        naming ``where`` otherwise."""
+        if key in SIZE_KEYS:
             try:
                 mib = parse_size(value) // (1 << 20) if isinstance(value, str) else -1
             except ValueError:
                 mib = -1
-            if mib < 64:
-                raise InputError(where, f"max_disk = {value!r} is not a size", 'e.g. "1TiB"')
-            return replace(self, max_disk_mib=mib)
+            if mib < SIZE_KEYS[key]:
+                least = format_mib(SIZE_KEYS[key])
+                example = 'e.g. "1TiB"' if key == "max_disk" else 'e.g. "64MiB"'
+                raise InputError(
+                    where, f"{key} = {value!r} is not a size of {least} or more", example
+                )
+            return replace(self, **{f"{key}_mib": mib})
         if key not in KEYS:
             raise InputError(where, f"unknown key {key!r}", "known: " + ", ".join(KEYS))
         if isinstance(value, str) and value.isdigit():

@@ -48,6 +48,7 @@ from hpvc.paths import RECORD, Layout, private_dir
 from hpvc.paths import state_dir as state_dir
 from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
+from hpvc.spec.limits import read_site
 
 RESERVE_BYTES = 1 << 20  # far more than a record (tens of KiB for a large cluster)
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -85,6 +86,14 @@ class ClusterRecord:
     # Run for an ordinary user (a Slurm share), not by root for root: what a user
     # can reach of the nodes is hardened (container roots nosuid,nodev).
     tenant: bool = False
+    # What the host keeps of each node's console log, in MiB, twice that with
+    # the rotated file (hpvc.host.console_ring): a Slurm share's is the plugin's
+    # max_console; None: the site's (/etc/hpvc/limits.toml) when a node starts.
+    console_mib: int | None = None
+
+    def console_bytes(self) -> int:
+        """What the host keeps of each node's console log, in bytes."""
+        return (self.console_mib or read_site().max_console_mib) << 20
 
     def the_plan(self) -> Plan:
         return plan_from_json(self.plan)

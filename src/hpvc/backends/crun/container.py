@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import cgroups, mountns, net, procfs, tree
+from hpvc.host import cgroups, console_ring, mountns, net, procfs, tree
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.paths import private_dir
 from hpvc.plan.model import Plan, PlannedNode
@@ -237,24 +237,35 @@ def wire_node(
 
 
 def start_container(
-    journal: Journal, plan: Plan, node: PlannedNode, ctx: RenderContext, node_dir: Path
+    journal: Journal,
+    plan: Plan,
+    node: PlannedNode,
+    ctx: RenderContext,
+    node_dir: Path,
+    console_bytes: int = 16 << 20,
 ) -> str:
     """Write config.json into the node's bundle and run it detached with crun.
 
     A tenant's node (``ctx.tenant``) is created, its root made nosuid,nodev,
-    then started: nothing runs in it before its root is hardened.
+    then started: nothing runs in it before its root is hardened. The node's
+    console (its init's stdout and stderr, crun's messages) goes to its
+    ``console.log``, kept to ``console_bytes`` (``hpvc.host.console_ring``).
     """
     cid = container_id(plan.cluster, node.name)
     config = render_oci_config(plan, node, ctx)
     (node_dir / "config.json").write_text(dumps(config))
-    journal.record("container", id=cid, cgroup=config["linux"]["cgroupsPath"])
-    # The node's init inherits crun's stdio: give it a log file, not our pipes
-    # (a pipe would stay open for the container's life and block us forever).
+    # The node's init inherits crun's stdio: a pipe to hpvc's console reader,
+    # which keeps console.log to its cap; never our own pipes (they would stay
+    # open for the container's life and block us forever). Recorded before the
+    # container, so the container is undone first and the reader then ends.
     log = node_dir / "console.log"
+    out = console_ring.start(journal, log, console_bytes, append=True)
+    assert out is not None
+    journal.record("container", id=cid, cgroup=config["linux"]["cgroupsPath"])
     steps = [["create"], ["start"]] if ctx.tenant else [["run", "--detach"]]
-    for step in steps:
-        bundle = ["--bundle", str(node_dir)] if step[0] != "start" else []
-        with open(log, "ab") as out:
+    try:
+        for step in steps:
+            bundle = ["--bundle", str(node_dir)] if step[0] != "start" else []
             r = subprocess.run(
                 [runtime(), *step, *bundle, cid],
                 stdin=subprocess.DEVNULL,
@@ -262,11 +273,15 @@ def start_container(
                 stderr=out,
                 check=False,
             )
-        if r.returncode != 0:
-            lines = log.read_text(errors="replace").strip().splitlines()
-            raise HpvcError(f"container {cid}", lines[-1] if lines else f"crun exit {r.returncode}")
-        if step == ["create"]:
-            mountns.harden_root(container_pid(cid))
+            if r.returncode != 0:
+                console_ring.settle(log)  # crun's message, through the reader
+                lines = log.read_text(errors="replace").strip().splitlines()
+                why = lines[-1] if lines else f"crun exit {r.returncode}"
+                raise HpvcError(f"container {cid}", why)
+            if step == ["create"]:
+                mountns.harden_root(container_pid(cid))
+    finally:
+        os.close(out)
     return cid
 
 

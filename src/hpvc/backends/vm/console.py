@@ -1,7 +1,8 @@
 """A VM's logs as files: their last lines in errors, and a guest's ready line.
 
 Both VM backends run QEMU with its serial console written to a file (the
-node's ``console.log``) and QEMU's own messages to another (``qemu.log``). A
+node's ``console.log``, which may be rotated to ``console.log.1`` when it
+reaches its cap) and QEMU's own messages to another (``qemu.log``). A
 guest says it is ready by a line on its console (``hpvc-ready <node>``,
 written by hpvc-init); ``wait_ready`` follows the file until the line comes,
 the QEMU process exits, or time runs out. Errors quote the log's last lines.
@@ -43,19 +44,38 @@ class _LogFollower:
         self.path = path
         self.offset = 0
         self.partial = b""
+        self.inode: int | None = None  # of the file read so far
 
     def lines(self) -> list[str]:
         try:
             with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:  # truncated: start over
+                data, st = b"", os.fstat(f.fileno())
+                if self.inode is not None and st.st_ino != self.inode:  # rotated
+                    data, self.offset = self._rotated_rest(), 0
+                    self.partial = self.partial if data else b""
+                elif st.st_size < self.offset:  # truncated: start over
                     self.offset, self.partial = 0, b""
+                self.inode = st.st_ino
                 f.seek(self.offset)
-                data = f.read()
+                new = f.read()
         except FileNotFoundError:
             return []
-        self.offset += len(data)
+        self.offset += len(new)
+        data += new
         *whole, self.partial = (self.partial + data).split(b"\n")
         return [w.decode(errors="replace").replace("\r", "") for w in whole]
+
+    def _rotated_rest(self) -> bytes:
+        """What the file held past our offset when hpvc's console reader renamed
+        it to ``<log>.1`` (hpvc.host.console_ring); empty when that is another."""
+        try:
+            with open(self.path.with_name(self.path.name + ".1"), "rb") as f:
+                if os.fstat(f.fileno()).st_ino != self.inode:
+                    return b""
+                f.seek(self.offset)
+                return f.read()
+        except FileNotFoundError:
+            return b""
 
 
 def wait_ready(
