@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hpvc.plan.model import Plan, Reservations
+from hpvc.plan.place import node_huge_mib
 from hpvc.topology.model import Topology
 
 
@@ -65,10 +66,18 @@ def _check_memory(plan: Plan, hosts: dict[str, Topology], scaled: bool) -> None:
         assert len({c.host_node for c in n.numa}) == len(n.numa), "two cells on one host node"
         if n.hugepages:
             page_mib = n.hugepages.size_kib // 1024
-            assert n.hugepages.count * page_mib == n.memory_mib
-            for c in n.numa:
+            huge = n.hugepages.count * page_mib
+            # A VM's guest RAM is all hugepages; a container keeps normal memory too.
+            if n.kind == "vm":
+                assert huge == n.memory_mib, f"{n.name}: guest RAM not all hugepages"
+            else:
+                assert 0 < huge < n.memory_mib, f"{n.name}: no normal memory left"
+            shares = node_huge_mib(n)
+            assert sum(shares) == huge, f"{n.name}: cells' hugepages != the node's"
+            for c, mib in zip(n.numa, shares, strict=True):
                 assert c.memory_mib % page_mib == 0, f"{n.name}: cell not whole pages"
-                need[(n.host, c.host_node, n.hugepages.size_kib)] += c.memory_mib // page_mib
+                assert mib % page_mib == 0 and 0 <= mib <= c.memory_mib, f"{n.name}: {mib}"
+                need[(n.host, c.host_node, n.hugepages.size_kib)] += mib // page_mib
     listed = {(h.name, g.host_node, g.size_kib): g for h in plan.hosts for g in h.hugepages}
     assert set(listed) == set(need), "host hugepage list differs from the nodes' needs"
     for key, count in need.items():

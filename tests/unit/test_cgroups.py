@@ -560,3 +560,54 @@ def test_parsers() -> None:
         "8:0": {"rbps": 1, "wbps": None, "riops": None, "wiops": None}
     }
     assert parse_io_max("") == {}
+
+
+# --- the cluster's caps on normal and hugepage memory (issue 25 item 4) -----------------
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_limit_cluster_caps_memory_and_every_hugepage_size(
+    tmp_path: Path, journal: Journal, kernel: FakeKernel, version: str
+) -> None:
+    """The parent of a cluster's nodes holds them to their normal memory and their
+    hugepages together, and to no page of a size the plan does not give them."""
+    if version == "v1":
+        root = _v1_tree(tmp_path)
+        mem_dir, huge_dir = root / CG / "memory/hpvc/c1", root / CG / "hugetlb/hpvc/c1"
+        mem_file, end = "memory.limit_in_bytes", "limit_in_bytes"
+    else:
+        root = _v2_tree(tmp_path)
+        mem_dir = huge_dir = root / CG / "hpvc/c1"
+        mem_file, end = "memory.max", "max"
+    ensure_cluster_cgroup(journal, "c1", cpus="0-1", mems="0", exclusive=False, root=root)
+    unlimited = "9223372036854771712" if version == "v1" else "max"
+    files = [
+        mem_dir / mem_file,
+        *(huge_dir / f"hugetlb.{s}.{k}{end}" for s in ("2MB", "1GB") for k in ("", "rsvd.")),
+    ]
+    for f in files:  # what the kernel makes with the cgroup
+        _write(f, unlimited)
+    done = cgroups.limit_cluster("c1", 384, {2048: 128}, root=root)
+    assert (mem_dir / mem_file).read_text() == str(384 << 20)
+    assert (huge_dir / f"hugetlb.2MB.{end}").read_text() == str(128 << 20)
+    assert (huge_dir / f"hugetlb.2MB.rsvd.{end}").read_text() == str(128 << 20)
+    assert (huge_dir / f"hugetlb.1GB.{end}").read_text() == "0"
+    assert (huge_dir / f"hugetlb.1GB.rsvd.{end}").read_text() == "0"
+    assert len(done) == 5
+    # No hugepage memory at all: every size capped at 0.
+    cgroups.limit_cluster("c1", 512, {}, root=root)
+    assert {f.read_text() for f in files[1:]} == {"0"}
+    assert journal.undo_all() == []
+
+
+def test_limit_cluster_without_the_controllers_is_an_error(
+    tmp_path: Path, journal: Journal, kernel: FakeKernel
+) -> None:
+    root = _v1_tree(tmp_path)
+    ensure_cluster_cgroup(journal, "c1", cpus="0-1", mems="0", exclusive=False, root=root)
+    with pytest.raises(HpvcError, match="no memory controller"):
+        cgroups.limit_cluster("c1", 384, {}, root=root)
+    _write(root / CG / "memory/hpvc/c1/memory.limit_in_bytes", "0")
+    with pytest.raises(HpvcError, match="no hugetlb controller"):
+        cgroups.limit_cluster("c1", 384, {}, root=root)
+    assert journal.undo_all() == []

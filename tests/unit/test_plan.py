@@ -8,6 +8,7 @@ import pytest
 
 from hpvc.errors import DoesNotFit
 from hpvc.plan import Plan, plan_cluster
+from hpvc.plan.model import HugepageNeed
 from hpvc.plan.reservations import reservations_from_plans
 from hpvc.spec import parse_spec
 from hpvc.topology.model import Topology
@@ -85,21 +86,53 @@ def test_does_not_fit_says_what_is_short() -> None:
 def test_memory_shortage_is_named() -> None:
     topo = make_topology(packages=1, memory_mib=4096, free_mib=1024)
     with pytest.raises(DoesNotFit) as e:
-        plan_on(spec([{"role": "compute", "vcpus": 1, "memory": "2GiB"}]), topo)
+        plan_on(spec([{"role": "compute", "vcpus": 1, "memory": "2GiB"}], kind="vm"), topo)
     assert "needs 2GiB of 2M hugepages" in e.value.why and "at most 1GiB" in e.value.why
+    with pytest.raises(DoesNotFit) as e:
+        plan_on(spec([{"role": "compute", "vcpus": 1, "memory": "2GiB"}]), topo)
+    assert "needs 2GiB of memory on" in e.value.why and "at most 1GiB" in e.value.why
+    half = {"role": "compute", "vcpus": 1, "memory": "2GiB", "hugepage_memory": "1GiB"}
+    with pytest.raises(DoesNotFit) as e:
+        plan_on(spec([half]), topo)
+    assert "needs 2GiB of memory (1GiB of it 2M hugepages)" in e.value.why
 
 
 def test_missing_1g_pool_is_named() -> None:
     topo = make_topology(packages=1, with_1g=False)
+    one_g = {"hugepages": "1G"}
     with pytest.raises(DoesNotFit, match="no host has a 1G hugepage pool"):
-        plan_on(spec([{"role": "compute", "memory": "1GiB"}], tuning={"hugepages": "1G"}), topo)
+        plan_on(spec([{"role": "compute", "memory": "1GiB"}], tuning=one_g, kind="vm"), topo)
+    # A container node without hugepage memory needs no pool at all.
+    p = plan_on(spec([{"role": "compute", "memory": "1GiB"}], tuning=one_g), topo)
+    assert p.nodes[0].hugepages is None and p.hosts[0].hugepages == ()
 
 
 def test_hugepage_pool_growth_per_node() -> None:
     topo = make_topology(packages=2, cores_per_node=2, threads=1, pages_2m_free=10)
-    p = plan_on(spec([{"role": "compute", "count": 2, "vcpus": 2, "memory": "1GiB"}]), topo)
+    group = {"role": "compute", "count": 2, "vcpus": 2, "memory": "1536MiB"}
+    p = plan_on(spec([{**group, "hugepage_memory": "1GiB"}]), topo)
     need = {(g.host_node, g.size_kib): (g.count, g.free, g.grow) for g in p.hosts[0].hugepages}
     assert need == {(0, 2048): (512, 10, 502), (1, 2048): (512, 10, 502)}
+    assert [n.hugepages for n in p.nodes] == [HugepageNeed(2048, 512)] * 2
+
+
+def test_container_normal_and_hugepage_memory_both_count() -> None:
+    """Issue 25 item 4: a container node's memory is normal memory plus its
+    hugepage_memory, never each of them in full; the planner counts both."""
+    group = {"role": "compute", "vcpus": 1, "memory": "2GiB", "hugepage_memory": "1GiB"}
+    # 1 GiB of pool pages free, 512 MiB of free memory: the normal GiB does not fit.
+    short = make_topology(packages=1, memory_mib=4096, free_mib=512, pages_2m_free=512)
+    with pytest.raises(DoesNotFit, match="needs 2GiB of memory"):
+        plan_on(spec([group]), short)
+    roomy = make_topology(packages=1, memory_mib=4096, free_mib=1024, pages_2m_free=512)
+    p = plan_on(spec([group]), roomy)
+    (n,) = p.nodes
+    assert (n.memory_mib, n.hugepage_mib, n.normal_mib) == (2048, 1024, 1024)
+    (g,) = p.hosts[0].hugepages
+    assert (g.count, g.free, g.grow) == (512, 512, 0)
+    # A second such node: the pool is taken, and the free memory too.
+    with pytest.raises(DoesNotFit):
+        plan_on(spec([{**group, "count": 2}]), roomy)
 
 
 def test_hpc_sockets_are_exclusive_between_clusters() -> None:
@@ -195,9 +228,10 @@ def test_plan_json_has_the_documented_keys() -> None:
 
 def test_scaling_keeps_running_nodes_and_adds_new_ones() -> None:
     topo = make_topology(packages=2, cores_per_node=4, threads=1, pages_2m_free=100)
+    huge = {"memory": "1536MiB", "hugepage_memory": "1GiB"}
     base = [
-        {"role": "head", "vcpus": 1, "memory": "1GiB", "pinning": "shared"},
-        {"role": "compute", "count": 2, "vcpus": 2, "memory": "1GiB"},
+        {"role": "head", "vcpus": 1, "pinning": "shared", **huge},
+        {"role": "compute", "count": 2, "vcpus": 2, **huge},
     ]
     first = plan_on(spec(base), topo)
     grown = [base[0], {**base[1], "count": 3}]
@@ -234,3 +268,34 @@ def test_plan_json_round_trip() -> None:
     )
     p = plan_on(s, make_topology(packages=2, nodes_per_package=2, cores_per_node=2))
     assert plan_from_json(p.to_json()) == p
+
+
+def test_pages_held_follow_the_hugepage_memory_and_older_plans_still_load() -> None:
+    """The pool grows by a container node's hugepage memory only, split over its
+    cells; a plan of an older hpvc (all of a container's memory in pages) loads,
+    holds what it held, and keeps its whole memory as its limit."""
+    from hpvc.backends.crun.backend import cluster_memory
+    from hpvc.cluster.pages import held_by_plan
+    from hpvc.plan.model import plan_from_json
+
+    topo = make_topology(packages=2, cores_per_node=3, threads=1)
+    group = {"role": "compute", "vcpus": 4, "memory": "3GiB", "hugepage_memory": "1GiB"}
+    p = plan_on(spec([group, {"role": "head", "memory": "512MiB", "pinning": "shared"}]), topo)
+    node = p.node("compute0")
+    assert [(c.host_node, c.memory_mib) for c in node.numa] == [(0, 2304), (1, 768)]
+    # 1 GiB of pages split like the cells' memory: 3/4 and 1/4.
+    assert held_by_plan(p, "h0") == {(0, 2048): 384, (1, 2048): 128}
+    assert cluster_memory(p) == (2048 + 512, {2048: 1024})
+    again = plan_from_json(p.to_json())
+    assert again == p and again.node("compute0").normal_mib == 2048
+
+    old = p.to_json()
+    for n in old["nodes"]:  # as an hpvc before hugepage_memory planned them
+        n["hugepages"] = {"size_kib": 2048, "count": n["memory_mib"] // 2}
+    before = plan_from_json(old)
+    head = before.node("head0").numa[0].host_node
+    held = {(0, 2048): 1152, (1, 2048): 384}
+    held[head, 2048] += 256
+    assert held_by_plan(before, "h0") == held
+    assert [n.normal_mib for n in before.nodes] == [3072, 512]
+    assert cluster_memory(before) == (3584, {2048: 3584})

@@ -77,8 +77,10 @@ def make_node(
     hugepages: int | None = 2048,
     emulator: tuple[int, ...] = (0, 1),
     io: IOPlan | None = None,
+    huge_mib: int | None = None,
 ) -> PlannedNode:
-    """A node; ``cells`` are (host node, MiB, vCPUs) per guest cell, in guest order."""
+    """A node; ``cells`` are (host node, MiB, vCPUs) per guest cell, in guest order;
+    ``huge_mib`` of its memory in ``hugepages`` pages (default: all, a VM's)."""
     numa = tuple(NumaCell(i, h, mib, v) for i, (h, mib, v) in enumerate(cells))
     cell_of = {v: c.guest_node for c in numa for v in c.vcpus}
     memory = sum(c.memory_mib for c in numa) or 2048
@@ -95,7 +97,11 @@ def make_node(
         emulator_cpus=emulator,
         numa=numa,
         memory_mib=memory,
-        hugepages=HugepageNeed(hugepages, memory * 1024 // hugepages) if hugepages else None,
+        hugepages=(
+            HugepageNeed(hugepages, (memory if huge_mib is None else huge_mib) * 1024 // hugepages)
+            if hugepages
+            else None
+        ),
         mac=f"52:54:00:58:00:{index + 2:02x}",
         ip=f"10.88.0.{index + 2}",
         io=io,
@@ -124,19 +130,27 @@ def hand_vm_plan() -> Plan:
 
 
 def hand_container_plan() -> Plan:
+    """A head without hugepages, computes with part of their memory in pages."""
     head = make_node(
-        "head0", 0, kind="container", role="head", pins=(None,), cells=((0, 1024, (0,)),)
+        "head0",
+        0,
+        kind="container",
+        role="head",
+        pins=(None,),
+        cells=((0, 1024, (0,)),),
+        hugepages=None,
     )
-    big = make_node("compute0", 1, kind="container", emulator=(), io=IO)
+    big = make_node("compute0", 1, kind="container", emulator=(), io=IO, huge_mib=1536)
     huge1g = make_node(
         "compute1",
         2,
         kind="container",
         pins=(6, 7),
-        cells=((2, 1024, (0, 1)),),
+        cells=((2, 2048, (0, 1)),),
         hugepages=1048576,
         emulator=(),
         io=IOPlan(write_bps=5_000_000, weight=100),
+        huge_mib=1024,
     )
     return make_plan(head, big, huge1g, kind="container")
 
@@ -375,8 +389,11 @@ def test_oci_cpus_mems_memory_match_plan() -> None:
         res = render_oci_config(plan, node, ctx())["linux"]["resources"]
         assert parse_cpulist(res["cpu"]["cpus"]) == list(node.cpuset)
         assert parse_cpulist(res["cpu"]["mems"]) == sorted({c.host_node for c in node.numa})
-        limit = node.memory_mib * 1024 * 1024
+        # Normal memory plus hugepages: the node's memory, no more.
+        huge = sum(h["limit"] for h in res.get("hugepageLimits", []))
+        limit = node.memory_mib * 1024 * 1024 - huge
         assert res["memory"] == {"limit": limit, "swap": limit}
+        assert limit >= 64 << 20
         assert res["cpu"]["shares"] == 1024 * len(node.vcpus)
 
 
@@ -388,9 +405,23 @@ def test_oci_shared_node_gets_quota() -> None:
 
 def test_oci_hugepage_limits() -> None:
     res = oci("compute0")["linux"]["resources"]  # type: ignore[index]
-    assert res["hugepageLimits"] == [{"pageSize": "2MB", "limit": 2048 * 1024 * 1024}]
+    assert res["hugepageLimits"] == [{"pageSize": "2MB", "limit": 1536 << 20}]
+    assert res["memory"]["limit"] == (2048 - 1536) << 20
     res1g = oci("compute1")["linux"]["resources"]  # type: ignore[index]
-    assert res1g["hugepageLimits"] == [{"pageSize": "1GB", "limit": 1024 * 1024 * 1024}]
+    assert res1g["hugepageLimits"] == [{"pageSize": "1GB", "limit": 1024 << 20}]
+    assert res1g["memory"]["limit"] == 1024 << 20
+    head = oci("head0")["linux"]["resources"]  # type: ignore[index]
+    assert "hugepageLimits" not in head and head["memory"]["limit"] == 1024 << 20
+
+
+def test_oci_plan_of_an_older_hpvc_keeps_its_memory_limit() -> None:
+    """A container node planned before hugepage_memory holds all its memory in
+    pages: it renders as it was planned (memory limit = its memory), never 0."""
+    node = make_node("compute0", 1, kind="container", emulator=())
+    plan = make_plan(node, kind="container")
+    res = render_oci_config(plan, node, ctx())["linux"]["resources"]
+    assert res["memory"]["limit"] == 2048 << 20
+    assert res["hugepageLimits"] == [{"pageSize": "2MB", "limit": 2048 << 20}]
 
 
 def test_oci_block_io_matches_plan_and_never_sets_weight() -> None:
@@ -538,7 +569,19 @@ def spec_data(kind: str, hugepages: str, partition: str, vcpus: int, mib: int) -
         },
         "nodes": [
             {"role": "head", "vcpus": 2, "memory": "512MiB", "pinning": "shared"},
-            {"role": "compute", "count": 2, "vcpus": vcpus, "memory": f"{mib}MiB", "io": io},
+            {
+                "role": "compute",
+                "count": 2,
+                "vcpus": vcpus,
+                "memory": f"{mib}MiB",
+                "io": io,
+                # A container's compute nodes: half their memory in hugepages.
+                **(
+                    {"hugepage_memory": f"{mib // 2}MiB"}
+                    if kind == "container" and hugepages != "none"
+                    else {}
+                ),
+            },
         ],
     }
 
@@ -583,6 +626,8 @@ def test_real_plans_render_what_they_plan(snapshots: dict[str, Path], case: str)
             res = render_oci_config(plan, node, ctx())["linux"]["resources"]
             assert parse_cpulist(res["cpu"]["cpus"]) == sorted(node.cpuset)
             assert ("hugepageLimits" in res) == (node.hugepages is not None)
+            huge = sum(h["limit"] for h in res.get("hugepageLimits", []))
+            assert res["memory"]["limit"] + huge == node.memory_mib << 20
             assert ("blockIO" in res) == (node.io is not None and node.io.read_bps is not None)
 
 

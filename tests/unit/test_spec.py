@@ -8,6 +8,7 @@ import pytest
 
 from hpvc.errors import SpecError
 from hpvc.spec import load_spec, parse_spec
+from hpvc.spec.model import Spec
 from hpvc.units import format_cpulist, parse_cpulist, parse_size
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -76,12 +77,49 @@ def test_examples_load(path: Path) -> None:
         (("weight = 500", "weight = 5000"), "nodes[1].io.weight", "less than or equal to 1000"),
         (('role = "head"', 'role = "login"'), "nodes[0].role", "'head', 'compute' or"),
         (("vcpus = 1", "vcpus = 1\ncolour = 3"), "nodes[0].colour", "unknown key"),
+        (
+            ('memory = "1GiB"', 'memory = "1GiB"\nhugepage_memory = "1GiB"'),
+            "nodes[0].hugepage_memory",
+            "leaves 0MiB of the node's 1024MiB as normal memory",
+        ),
+        (
+            ('memory = "1GiB"', 'memory = "1GiB"\nhugepage_memory = "3MiB"'),
+            "nodes[0].hugepage_memory",
+            "multiple of the 2M",
+        ),
+        (
+            ('memory = "1GiB"', 'memory = "1GiB"\nhugepage_memory = 512'),
+            "nodes[0].hugepage_memory",
+            "write the unit",
+        ),
+        (
+            (
+                'hugepages = "2M"',
+                'hugepages = "none"',
+                'memory = "1GiB"',
+                'memory = "1GiB"\nhugepage_memory = "512MiB"',
+            ),
+            "nodes[0].hugepage_memory",
+            'tuning.hugepages = "none"',
+        ),
+        (
+            (
+                'kind = "container"',
+                'kind = "vm"',
+                'memory = "1GiB"',
+                'memory = "1GiB"\nhugepage_memory = "512MiB"',
+            ),
+            "nodes[0].hugepage_memory",
+            'applies to kind = "container" only',
+        ),
     ],
 )
 def test_mistakes_name_file_key_and_fix(
-    tmp_path: Path, change: tuple[str, str], key: str, why: str
+    tmp_path: Path, change: tuple[str, ...], key: str, why: str
 ) -> None:
-    text = GOOD.replace(change[0], change[1], 1)
+    text = GOOD
+    for old, new in zip(change[::2], change[1::2], strict=True):
+        text = text.replace(old, new, 1)
     assert text != GOOD
     path = write(tmp_path, text)
     with pytest.raises(SpecError) as e:
@@ -91,6 +129,24 @@ def test_mistakes_name_file_key_and_fix(
     assert e.value.key == key
     assert why in e.value.why
     assert e.value.fix
+
+
+def test_hugepage_memory_of_containers_and_vms(tmp_path: Path) -> None:
+    """A container node's hugepages are what its group asks (default none); a
+    VM's memory is all hugepages; without hugepages, neither has any."""
+
+    def spec_of(old: str, new: str) -> Spec:
+        return load_spec(write(tmp_path, GOOD.replace(old, new, 1)))
+
+    base = spec_of('memory = "2GiB"', 'memory = "2GiB"\nhugepage_memory = "1GiB"')
+    head, compute = base.nodes
+    assert (base.hugepage_mib(head), base.hugepage_mib(compute)) == (0, 1024)
+    vm = spec_of('kind = "container"', 'kind = "vm"')
+    assert [vm.hugepage_mib(g) for g in vm.nodes] == [1024, 2048]
+    flat = spec_of('hugepages = "2M"', 'hugepages = "none"')
+    assert [flat.hugepage_mib(g) for g in flat.nodes] == [0, 0]
+    zero = spec_of('memory = "1GiB"', 'memory = "1GiB"\nhugepage_memory = "0MiB"')
+    assert zero.hugepage_mib(zero.nodes[0]) == 0
 
 
 def test_subnet_too_small_for_the_nodes(tmp_path: Path) -> None:

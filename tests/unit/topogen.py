@@ -102,12 +102,19 @@ def specs(draw: st.DrawFn) -> dict[str, object]:
         groups.append(g)
     if all(g["count"] == 0 for g in groups):
         groups[0]["count"] = 1
+    kind = draw(st.sampled_from(["container", "vm"]))
+    hugepages = draw(st.sampled_from(["none", "2M", "1G"]))
+    if kind == "container" and hugepages != "none":
+        for g in groups:  # some of a container node's memory in hugepages (whole GiB)
+            gib = int(str(g["memory"]).removesuffix("GiB"))
+            if gib > 1 and draw(st.booleans()):
+                g["hugepage_memory"] = f"{draw(st.integers(1, gib - 1))}GiB"
     return {
         "name": draw(st.sampled_from(["a", "b", "hpc-x"])),
-        "kind": draw(st.sampled_from(["container", "vm"])),
+        "kind": kind,
         "tuning": {
             "pinning": draw(st.sampled_from(["dedicated", "shared"])),
-            "hugepages": draw(st.sampled_from(["none", "2M", "1G"])),
+            "hugepages": hugepages,
             "numa": draw(st.sampled_from(["mirror", "none"])),
             "partition": draw(st.sampled_from(["hpc", "commodity"])),
         },

@@ -40,6 +40,7 @@ from hpvc.backends.base import Backend
 from hpvc.host import cgroups, hugepages
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan
+from hpvc.plan.place import node_huge_mib
 from hpvc.spec import parse_spec
 from hpvc.store import ClusterRecord, Store
 from hpvc.topology.model import Topology
@@ -55,9 +56,9 @@ def held_by_plan(plan: Plan, host: str) -> dict[Key, int]:
         if n.host != host or n.hugepages is None:
             continue
         size = n.hugepages.size_kib
-        for c in n.numa:
+        for c, mib in zip(n.numa, node_huge_mib(n), strict=True):
             key = (c.host_node, size)
-            out[key] = out.get(key, 0) + c.memory_mib * 1024 // size
+            out[key] = out.get(key, 0) + mib * 1024 // size
     return out
 
 

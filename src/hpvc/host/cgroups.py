@@ -198,6 +198,19 @@ def ensure_cluster_cgroup(
     return ClusterCgroup(rel, m.version, dirs, excl, tuple(notes))
 
 
+def limit_cluster(
+    cluster: str, memory_mib: int, hugetlb_mib: dict[int, int], root: RootLike = HOST
+) -> list[str]:
+    """Cap ``/hpvc/<cluster>`` (made by ``ensure_cluster_cgroup``) at its nodes'
+    normal memory (``memory_mib``) and hugepages (``hugetlb_mib``: page KiB ->
+    MiB; every other size the host has: none), so that what its nodes use
+    together stays within what the plan gives them whatever each node's own
+    limits say. The limits go with the cgroup (no undo of their own)."""
+    check_name("cluster", cluster)
+    huge = {size: mib << 20 for size, mib in hugetlb_mib.items()}
+    return manager(root).limit_memory(cluster_path(cluster), memory_mib << 20, huge)
+
+
 @undoer("cgroup")
 def _undo_cgroup(args: Args) -> None:
     root, rel = Path(args["root"]), args["path"].strip("/")

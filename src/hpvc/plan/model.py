@@ -62,6 +62,22 @@ class PlannedNode:
     # before the key existed, whose nodes' layers are unlimited.
     disk_mib: int | None = None
 
+    @property
+    def hugepage_mib(self) -> int:
+        """MiB of the node's memory in hugepages: a VM's guest RAM, a container's
+        ``hugepage_memory`` (all of it in a plan of an hpvc before that key)."""
+        hp = self.hugepages
+        return hp.count * hp.size_kib // 1024 if hp else 0
+
+    @property
+    def normal_mib(self) -> int:
+        """The node's memory less its hugepages: a container's memory limit. A
+        container of an older plan has all its memory in pages; it keeps its
+        whole memory as its limit, as it was planned (brought up again, it is
+        planned anew)."""
+        rest = self.memory_mib - self.hugepage_mib
+        return rest if rest > 0 else self.memory_mib
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -9,8 +9,11 @@ partitioning of seed 002:
 - shared: the node floats over the CPUs no vCPU is pinned to.
 - mirror: one guest cell per host NUMA node used, memory split like the
   vCPUs and bound strictly there; none: one guest cell on the home node.
-- hugepages: a cell fits when the node's free pages plus the pages its free
-  memory can still give cover it.
+- memory: a node's memory is normal memory and hugepages (all of a VM's,
+  ``hugepage_memory`` of a container's); each guest cell takes its share of
+  both. A cell fits when the host node's free memory covers its normal memory
+  and the node's free pages plus the pages its remaining free memory can still
+  give cover its hugepages.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Want:
     vcpus: int
     memory_mib: int
     dedicated: bool
+    huge_mib: int = 0  # of memory_mib, backed by hugepages (the rest is normal memory)
 
 
 @dataclass(frozen=True)
@@ -54,20 +58,41 @@ def _pages(mib: int, page_kib: int) -> int:
     return mib * 1024 // page_kib
 
 
-def mem_fits(mem: MemState, mib: int, page_kib: int) -> bool:
+def huge_split(cell_mib: list[int], huge_mib: int, page_kib: int) -> list[int]:
+    """MiB of hugepages in each guest cell: ``huge_mib`` split like the cells'
+    memory, in whole pages (each cell's share is at most its memory)."""
+    if not page_kib or not huge_mib:
+        return [0] * len(cell_mib)
+    return split(huge_mib, cell_mib, page_kib // 1024)
+
+
+def _page(w: Want, r: Rules) -> int:
+    """The page size of the node's hugepages; 0: it has none (all normal memory)."""
+    return r.page_kib if w.huge_mib else 0
+
+
+def mem_fits(mem: MemState, mib: int, huge_mib: int, page_kib: int) -> bool:
+    """``mib`` of a cell, ``huge_mib`` of it hugepages of ``page_kib`` (0: a node
+    without hugepages), fit in this host node."""
+    normal = mib - huge_mib
+    if normal > mem.free_mib:
+        return False
     if not page_kib:
-        return mib <= mem.free_mib
+        return True
     if page_kib not in mem.pages_free:
         return False  # the host has no pool of this size at all
     page_mib = page_kib // 1024
-    return _pages(mib, page_kib) <= mem.pages_free[page_kib] + mem.free_mib // page_mib
+    spare = (mem.free_mib - normal) // page_mib
+    return _pages(huge_mib, page_kib) <= mem.pages_free[page_kib] + spare
 
 
-def _take_mem(h: HostState, mem: MemState, mib: int, page_kib: int, seeded: bool = False) -> None:
+def _take_mem(
+    h: HostState, mem: MemState, mib: int, huge_mib: int, page_kib: int, seeded: bool = False
+) -> None:
+    mem.free_mib -= mib - huge_mib
     if not page_kib:
-        mem.free_mib -= mib
         return
-    need = _pages(mib, page_kib)
+    need = _pages(huge_mib, page_kib)
     from_pool = min(need, mem.pages_free.get(page_kib, 0))
     if page_kib in mem.pages_free:
         mem.pages_free[page_kib] -= from_pool
@@ -152,7 +177,9 @@ def _choose_dedicated(h: HostState, w: Want, r: Rules) -> list[tuple[NodeState, 
     """Pick CPU slots and how many vCPUs each takes, or None."""
     cands = _candidates(h)
     single = [
-        n for n in cands if n.free_cpus >= w.vcpus and mem_fits(n.mem, w.memory_mib, r.page_kib)
+        n
+        for n in cands
+        if n.free_cpus >= w.vcpus and mem_fits(n.mem, w.memory_mib, w.huge_mib, _page(w, r))
     ]
     if single:
         best = min(single, key=lambda n: (_pref(h, n), n.free_cpus - w.vcpus, n.id, n.package))
@@ -188,18 +215,21 @@ def _fill(pool: list[NodeState], need: int) -> list[tuple[NodeState, int]] | Non
     return out if need == 0 else None
 
 
-def _memory_shares(cells: list[Cell], w: Want, r: Rules) -> list[tuple[MemState, int]]:
-    """Memory per guest cell: all on the home node, or split like the vCPUs."""
+def _memory_shares(cells: list[Cell], w: Want, r: Rules) -> list[tuple[MemState, int, int]]:
+    """(host node, MiB, hugepage MiB) per guest cell: all on the home node, or
+    split like the vCPUs."""
     if not r.mirror:
         home = max(cells, key=lambda c: c[1])[0]
-        return [(home, w.memory_mib)]
+        return [(home, w.memory_mib, w.huge_mib)]
     unit = r.page_kib // 1024 if r.page_kib else 1
     shares = split(w.memory_mib, [k for _, k in cells], unit)
-    return [(m, mib) for (m, _), mib in zip(cells, shares, strict=True)]
+    huge = huge_split(shares, w.huge_mib, r.page_kib)
+    return [(m, mib, hm) for (m, _), mib, hm in zip(cells, shares, huge, strict=True)]
 
 
 def _cells_fit(cells: list[Cell], w: Want, r: Rules) -> bool:
-    return all(mem_fits(m, mib, r.page_kib) for m, mib in _memory_shares(cells, w, r))
+    page = _page(w, r)
+    return all(mem_fits(m, mib, hm, page) for m, mib, hm in _memory_shares(cells, w, r))
 
 
 def _commit(
@@ -208,14 +238,14 @@ def _commit(
     """Take the memory; return the cells (host node, MiB) and each slot's cell index."""
     cells = cells_of(chosen)
     shares = _memory_shares(cells, w, r)
-    for m, mib in shares:
-        _take_mem(h, m, mib, r.page_kib)
+    for m, mib, hm in shares:
+        _take_mem(h, m, mib, hm, _page(w, r))
     index = {m.id: i for i, (m, _) in enumerate(cells)}
     slot_cell = [index[n.id] if r.mirror else 0 for n, _ in chosen]
     if r.hpc:
         h.reserved.update(n.package for n, _ in chosen)
     h.placed.append(w.name)
-    return tuple((m.id, mib) for m, mib in shares), slot_cell
+    return tuple((m.id, mib) for m, mib, _ in shares), slot_cell
 
 
 def place_dedicated(h: HostState, w: Want, r: Rules) -> Placement | None:
@@ -243,7 +273,7 @@ def _shared_slots(h: HostState, w: Want, r: Rules) -> list[tuple[NodeState, list
     for n in _candidates(h):
         pool = shared_pool(h, n)
         # Without mirroring all memory sits on one node; with it, it is split later.
-        if pool and (r.mirror or mem_fits(n.mem, w.memory_mib, r.page_kib)):
+        if pool and (r.mirror or mem_fits(n.mem, w.memory_mib, w.huge_mib, _page(w, r))):
             cands.append((n, pool))
     cands.sort(
         key=lambda c: (
@@ -295,6 +325,15 @@ def _unpin(h: HostState, slot: NodeState, cpu: int) -> bool:
     return False
 
 
+def node_huge_mib(node: PlannedNode) -> list[int]:
+    """MiB of hugepages in each guest cell of a planned node (a plan of an older
+    hpvc gives a container node all its memory in pages: its cells' all)."""
+    cells = [c.memory_mib for c in node.numa]
+    if node.hugepages is None:
+        return [0] * len(cells)
+    return huge_split(cells, node.hugepage_mib, node.hugepages.size_kib)
+
+
 def seed(h: HostState, node: PlannedNode, r: Rules) -> None:
     """Account for a node that already runs here (scaling a live cluster).
 
@@ -314,9 +353,11 @@ def seed(h: HostState, node: PlannedNode, r: Rules) -> None:
             if slots:
                 h.shared_load[slots[0]] = h.shared_load.get(slots[0], 0) + len(cell.vcpus)
     mems = {n.id: n.mem for n in h.nodes}
-    for cell in node.numa:
+    huge = node_huge_mib(node)
+    page_kib = node.hugepages.size_kib if node.hugepages else 0
+    for cell, hm in zip(node.numa, huge, strict=True):
         if cell.host_node in mems:
-            _take_mem(h, mems[cell.host_node], cell.memory_mib, r.page_kib, seeded=True)
+            _take_mem(h, mems[cell.host_node], cell.memory_mib, hm, page_kib, seeded=True)
     if r.hpc:
         h.reserved.update(by_cpu[c].package for c in node.cpuset if c in by_cpu)
     h.placed.append(node.name)

@@ -51,6 +51,7 @@ def expand(spec: Spec) -> list[tuple[Want, NodeGroup]]:
                 vcpus=g.vcpus,
                 memory_mib=g.memory,
                 dedicated=spec.pinning_of(g) == "dedicated",
+                huge_mib=spec.hugepage_mib(g),
             )
             out.append((want, g))
     return out
@@ -185,13 +186,15 @@ def _address_indices(spec: Spec, kept: dict[str, PlannedNode], new: list[Want]) 
 
 def _place_all(states: list[HostState], wants: list[Want], rules: Rules) -> dict[int, Placement]:
     """First-fit decreasing over hosts; dedicated nodes before shared ones."""
-    order = sorted(wants, key=lambda w: (not w.dedicated, -w.vcpus, -w.memory_mib, w.index))
+    order = sorted(
+        wants, key=lambda w: (not w.dedicated, -w.vcpus, -w.memory_mib, -w.huge_mib, w.index)
+    )
     placed: dict[int, Placement] = {}
     # Hosts that already refused a node of some shape refuse it again (resources
     # only shrink), so each shape resumes where the previous node of it stopped.
-    resume: dict[tuple[bool, int, int], int] = {}
+    resume: dict[tuple[bool, int, int, int], int] = {}
     for w in order:
-        shape = (w.dedicated, w.vcpus, w.memory_mib)
+        shape = (w.dedicated, w.vcpus, w.memory_mib, w.huge_mib)
         i = resume.get(shape, 0)
         while i < len(states):
             h = states[i]
@@ -233,9 +236,10 @@ def _planned(
         emulator_cpus=_emulator_cpus(h, p, rules) if rules.vm else (),
         numa=cells,
         memory_mib=w.memory_mib,
+        # The pages of the node's hugepage memory (a container's normal memory is the rest).
         hugepages=(
-            HugepageNeed(size_kib=rules.page_kib, count=w.memory_mib * 1024 // rules.page_kib)
-            if rules.page_kib
+            HugepageNeed(size_kib=rules.page_kib, count=w.huge_mib * 1024 // rules.page_kib)
+            if rules.page_kib and w.huge_mib
             else None
         ),
         mac=node_mac(spec.name, spec.network.network, addr),

@@ -11,12 +11,13 @@ def _usable(h: HostState) -> list[NodeState]:
     return [n for n in h.nodes if n.package in h.usable_packages]
 
 
-def _mem_capacity_mib(h: HostState, rules: Rules) -> int:
-    """What the usable NUMA nodes can still give in the spec's page size."""
+def _mem_capacity_mib(h: HostState, rules: Rules, huge: bool = True) -> int:
+    """What the usable NUMA nodes can still give in the spec's page size (normal
+    memory only when the node has no hugepage memory)."""
     total = 0
     mems = {n.id: n.mem for n in _usable(h)}
     for m in mems.values():
-        if not rules.page_kib:
+        if not rules.page_kib or not huge:
             total += m.free_mib
         elif rules.page_kib in m.pages_free:
             page_mib = rules.page_kib // 1024
@@ -59,17 +60,23 @@ def explain(w: Want, states: list[HostState], rules: Rules, wants: list[Want]) -
 
 def _memory_reason(w: Want, states: list[HostState], rules: Rules) -> str:
     size = "1G" if rules.page_kib == 1048576 else "2M"
-    if rules.page_kib and not any(
-        rules.page_kib in n.mem.pages_free for h in states for n in h.nodes
+    if (
+        rules.page_kib
+        and w.huge_mib
+        and not any(rules.page_kib in n.mem.pages_free for h in states for n in h.nodes)
     ):
         return f"no host has a {size} hugepage pool (use another tuning.hugepages size)"
-    best = max(states, key=lambda h: _mem_capacity_mib(h, rules))
-    kind = (
-        f"{'1G' if rules.page_kib == 1048576 else '2M'} hugepages" if rules.page_kib else "memory"
-    )
+    huge = bool(rules.page_kib and w.huge_mib)
+    best = max(states, key=lambda h: _mem_capacity_mib(h, rules, huge))
+    if not huge:
+        kind = "memory"
+    elif w.huge_mib == w.memory_mib:
+        kind = f"{size} hugepages"
+    else:
+        kind = f"memory ({format_mib(w.huge_mib)} of it {size} hugepages)"
     return (
         f"{w.name} needs {format_mib(w.memory_mib)} of {kind} on the NUMA nodes of its"
         f" {w.vcpus} vCPUs; host {best.name!r} can give at most"
-        f" {format_mib(_mem_capacity_mib(best, rules))}{_where(rules)}"
+        f" {format_mib(_mem_capacity_mib(best, rules, huge))}{_where(rules)}"
         f" (free memory plus free pool pages)"
     )

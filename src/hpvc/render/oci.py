@@ -169,7 +169,9 @@ def _devices() -> list[dict[str, Any]]:
 
 
 def _resources(node: PlannedNode, ctx: RenderContext) -> dict[str, Any]:
-    limit = node.memory_mib * 1024 * 1024
+    # Normal memory: the node's memory less its hugepages (limited apart below),
+    # so that normal plus hugepage memory stays within the node's memory.
+    limit = node.normal_mib * 1024 * 1024
     res: dict[str, Any] = {
         "devices": _devices(),
         "memory": {"limit": limit, "swap": limit},  # memory+swap = memory: no swap

@@ -19,6 +19,9 @@ IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 # A node's writable layer (docs/spec.md, `disk`): room for packages, logs and
 # a job's scratch, small enough that a few nodes fit beside the images.
 DISK_DEFAULT_MIB = 4096
+# A container node's normal memory (memory - hugepage_memory) at least: its
+# programs' stacks, heaps and page cache live there, not in hugepages.
+MIN_NORMAL_MIB = 64
 DISK_MIN_MIB = 64
 DISK_MAX_MIB = 16 << 20
 
@@ -80,6 +83,9 @@ class NodeGroup(Strict):
     count: int = Field(default=1, ge=0, le=100000)
     vcpus: int = Field(default=1, ge=1, le=1024)
     memory: MiB = Field(default=1024, ge=64)
+    # Of `memory`, what a container node gets as hugepages (the rest is normal
+    # memory); None: 0 for containers. VM nodes: all of it (guest RAM).
+    hugepage_memory: MiB | None = Field(default=None, ge=0)
     pinning: Literal["dedicated", "shared"] | None = None
     io: IOLimits | None = None
     disk: DiskMiB = DISK_DEFAULT_MIB
@@ -239,6 +245,7 @@ class Spec(Strict):
                     f"nodes[{i}].memory: {g.memory}MiB is not a multiple of the"
                     f" {self.tuning.hugepages} hugepage size"
                 )
+            self._check_hugepage_memory(i, g)
         total = sum(g.count for g in self.nodes)
         hosts = self.network.network.num_addresses - 3  # network, gateway, broadcast
         if total > hosts:
@@ -250,6 +257,43 @@ class Spec(Strict):
             raise ValueError("nodes: every group has count = 0; give at least one node")
         self._check_services()
         return self
+
+    def hugepage_mib(self, g: NodeGroup) -> int:
+        """MiB of a node of ``g`` backed by hugepages: all of a VM's memory (its
+        guest RAM), ``hugepage_memory`` of a container's (default 0); none
+        without hugepages."""
+        if not self.tuning.hugepage_kib:
+            return 0
+        if self.kind == "vm":
+            return g.memory
+        return g.hugepage_memory or 0
+
+    def _check_hugepage_memory(self, i: int, g: NodeGroup) -> None:
+        h = g.hugepage_memory
+        if h is None:
+            return
+        if self.kind == "vm":
+            raise ValueError(
+                f'nodes[{i}].hugepage_memory: applies to kind = "container" only (a VM\'s'
+                " memory is all hugepages); remove it"
+            )
+        page_mib = self.tuning.hugepage_kib // 1024
+        if h and not page_mib:
+            raise ValueError(
+                f'nodes[{i}].hugepage_memory: tuning.hugepages = "none"; set a page size'
+                " or remove hugepage_memory"
+            )
+        if page_mib and h % page_mib:
+            raise ValueError(
+                f"nodes[{i}].hugepage_memory: {h}MiB is not a multiple of the"
+                f" {self.tuning.hugepages} hugepage size"
+            )
+        if g.memory - h < MIN_NORMAL_MIB:
+            raise ValueError(
+                f"nodes[{i}].hugepage_memory: {h}MiB leaves {g.memory - h}MiB of the"
+                f" node's {g.memory}MiB as normal memory; leave at least {MIN_NORMAL_MIB}MiB"
+                " (raise memory or lower hugepage_memory)"
+            )
 
     def _check_services(self) -> None:
         if self.shared.server == "host" and self.shared.size is not None:

@@ -105,6 +105,18 @@ def render_context(env: ClusterEnv) -> RenderContext:
     )
 
 
+def cluster_memory(plan: Plan) -> tuple[int, dict[int, int]]:
+    """(normal MiB, page KiB -> hugepage MiB) of the plan's nodes together: what
+    the cluster's cgroup parent holds them to (a Slurm share: what its host runs)."""
+    normal = sum(n.normal_mib for n in plan.nodes)
+    huge: dict[int, int] = {}
+    for n in plan.nodes:
+        if n.hugepages is not None:
+            size = n.hugepages.size_kib
+            huge[size] = huge.get(size, 0) + n.hugepage_mib
+    return normal, huge
+
+
 def io_warning(env: ClusterEnv, plan: Plan) -> str | None:
     """Nodes with block-I/O limits whose disk (their writable layer, in the state
     directory) is on no block device: the limits cannot apply, say so."""
@@ -182,6 +194,9 @@ class CrunBackend:
         for size in sorted({s for s in sizes if s is not None}):
             layer.template(env.store.root, size)  # made once, before the nodes use it
         arp = remote_arp(env)
+        # Before any node starts (a scale up raises the caps, a scale down has
+        # stopped its nodes): the nodes together hold no more than the plan says.
+        cgroups.limit_cluster(env.name, *cluster_memory(plan))
 
         def one(name: str) -> None:
             progress(f"node {name}")

@@ -134,6 +134,8 @@ class CgroupManager(ABC):
     CONTROLLERS: ClassVar[tuple[str, ...]]  # what hpvc's nodes need (crun's)
     IO_WEIGHT: ClassVar[str]  # the bfq weight file of a cgroup
     HUGETLB_TOTAL: ClassVar[str]  # the line of hugetlb.<size>.numa_stat counting children
+    MEMORY_MAX: ClassVar[str]  # a cgroup's memory limit file
+    HUGETLB_MAX: ClassVar[str]  # the end of its hugetlb.<size>[.rsvd].<end> limit files
 
     def __init__(self, root: RootLike, layout: CgroupLayout) -> None:
         self.root = root
@@ -176,6 +178,27 @@ class CgroupManager(ABC):
         """Make ``/<top>`` (shared by every cluster, never exclusive) and
         ``/<top>/<cluster>`` with ``cpus`` and ``mems`` in every hierarchy crun
         uses; return (exclusive as the kernel holds it, notes for the user)."""
+
+    def limit_memory(self, rel: str, memory: int, hugetlb: dict[int, int]) -> list[str]:
+        """Cap cgroup ``rel``'s normal memory at ``memory`` bytes and its hugepages
+        of each size the host has at ``hugetlb[size KiB]`` bytes (0 for a size not
+        named), faults and reservations both; return what was set."""
+        done: list[str] = []
+        d = self.dir("memory", rel)
+        if d is None or not (d / self.MEMORY_MAX).exists():
+            raise HpvcError(f"memory limit of /{rel.strip('/')}", "no memory controller there")
+        write_text(d / self.MEMORY_MAX, str(memory))
+        done.append(f"{self.MEMORY_MAX} = {memory}")
+        h = self.dir("hugetlb", rel)
+        files = sorted(h.glob(f"hugetlb.*.{self.HUGETLB_MAX}")) if h is not None else []
+        if not files:
+            raise HpvcError(f"hugepage limit of /{rel.strip('/')}", "no hugetlb controller there")
+        for f in files:
+            size = hugetlb_kib(f.name.split(".")[1])
+            if size is not None:
+                write_text(f, str(hugetlb.get(size, 0)))
+                done.append(f"{f.name} = {hugetlb.get(size, 0)}")
+        return done
 
     @abstractmethod
     def enable(self, dirs: Sequence[Path], controllers: Sequence[str]) -> None:

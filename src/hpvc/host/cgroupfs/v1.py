@@ -41,6 +41,8 @@ class V1Manager(CgroupManager):
     CONTROLLERS: ClassVar[tuple[str, ...]] = CONTROLLERS
     IO_WEIGHT: ClassVar[str] = "blkio.bfq.weight"
     HUGETLB_TOTAL: ClassVar[str] = "hierarchical_total="
+    MEMORY_MAX: ClassVar[str] = "memory.limit_in_bytes"
+    HUGETLB_MAX: ClassVar[str] = "limit_in_bytes"
 
     # --- where ---------------------------------------------------------------------
 

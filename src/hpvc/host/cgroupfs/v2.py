@@ -56,6 +56,8 @@ class V2Manager(CgroupManager):
     CONTROLLERS: ClassVar[tuple[str, ...]] = CONTROLLERS
     IO_WEIGHT: ClassVar[str] = "io.bfq.weight"
     HUGETLB_TOTAL: ClassVar[str] = "total="
+    MEMORY_MAX: ClassVar[str] = "memory.max"
+    HUGETLB_MAX: ClassVar[str] = "max"
 
     # --- where ---------------------------------------------------------------------
 
