@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the project uses (tests and runtime). Keep sorted.
 APT_PACKAGES=(
+  busybox-static   # tests' non-Debian images (hpvc image import): a busybox-only rootfs
   cpio             # packs the VM guests' initramfs
   crun             # OCI runtime for container nodes
   debootstrap      # builds the Debian image rootfs
@@ -37,11 +38,13 @@ APT_PACKAGES=(
   libxml2-utils    # xmllint, needed by virt-xml-validate
   nftables         # nft: only a cluster's own hosts may send into its VXLAN network (docs/network.md)
   munge            # munged: the local Slurm test cluster runs its own (scripts/slurm, docs/slurm.md)
+  skopeo           # hpvc image import: copies docker/OCI archives, OCI layouts, Podman images into the store
   slurm-client     # srun, sbatch, sinfo, scancel: submit to the local Slurm test cluster
   slurm-wlm        # slurmctld and slurmd: the local Slurm test cluster (make slurm-up)
   sockperf         # TCP ping-pong latency of `hpvc bench network`
   libslurm-dev     # slurm/spank.h: builds the SPANK plugin in native/spank
   stress-ng        # the competing commodity load of `hpvc bench isolation`
+  umoci            # hpvc image import: unpacks OCI images (whiteouts, hard links, xattrs, paths kept inside)
   python3-venv
 )
 

@@ -54,6 +54,9 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "iperf3": (_tool("iperf3"), False),
     "sockperf": (_tool("sockperf"), False),
     "podman": (_tool("podman"), False),
+    "skopeo": (_tool("skopeo"), False),  # hpvc image import copies images with it
+    "umoci": (_tool("umoci"), False),  # and unpacks them with it
+    "busybox": (_tool("busybox"), False),  # busybox-static: tests' non-Debian images
     "java": (_tool("javac"), False),  # openjdk-17-jdk-headless: Spark's JRE and javac
     "ganesha": (_tool("ganesha.nfsd"), False),  # nfs-ganesha: the clusters' NFS server
     "kvm": (_kvm, True),

@@ -1,4 +1,4 @@
-"""``hpvc image build|ls|rm``: Debian root filesystems for the nodes, cached by content."""
+"""``hpvc image build|import|ls|inspect|rm``: root filesystems for the nodes, stored by content."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -18,19 +19,24 @@ from hpvc.image import (
     Image,
     build_image,
     list_images,
+    oci,
     remove_image,
+    resolve_image,
 )
+from hpvc.image import Store as ImageStore
 from hpvc.image.extras import EXTRAS, preset_extras
 from hpvc.image.model import split_packages
 
 image_app = typer.Typer(
     help=(
-        "Build, list and remove node images.\n\n"
-        "Images are Debian root filesystems made by debootstrap,"
+        "Build, import, list and remove node images.\n\n"
+        "Built images are Debian root filesystems made by debootstrap,"
         " stored by the digest of their recipe (suite, packages, mirror) so an identical"
-        " rebuild is instant.\n\n"
+        " rebuild is instant. Imported images come from OCI/Docker images or root"
+        " filesystems, stored by the digest of their config, their layers shared.\n\n"
         "Examples:\n\n"
         "  hpvc image build hpc\n\n"
+        "  hpvc image import mine docker-archive:mine.tar\n\n"
         "  hpvc image ls\n\n"
         "  hpvc image rm hpc"
     ),
@@ -68,7 +74,33 @@ Examples:
   hpvc image build hpc --mirror http://ftp.de.debian.org/debian --force --json
 """
 
-LS_HELP = """List the images in the store: name, digest, size, creation time, packages.
+IMPORT_HELP = f"""Import SOURCE as the image NAME (or reuse it at once when already stored).
+
+SOURCE is one of {oci.SOURCE_HELP}. skopeo copies the image into the store
+(each layer stored once, shared by every image that has it) and umoci unpacks
+it; a root filesystem becomes a one-layer image. The image's own userland runs
+in its nodes: a container node needs only /bin/sh and sleep in it. Its Env and
+WorkingDir apply to `hpvc exec`. Needs root, skopeo and umoci.
+
+Examples:
+
+  podman save -o mine.tar localhost/mine && hpvc image import mine docker-archive:mine.tar
+
+  hpvc image import mine podman:localhost/mine:latest
+
+  hpvc image import lab oci:/srv/images/lab:v2
+
+  hpvc image import tiny ./rootfs.tar.gz
+"""
+
+INSPECT_HELP = """Show the image NAME: source, digest, size, layers (shared or not), config.
+
+Examples:
+
+  hpvc image inspect mine
+"""
+
+LS_HELP = """List the images in the store: name, digest, size, creation time, contents or source.
 
 Examples:
 
@@ -78,6 +110,9 @@ Examples:
 """
 
 RM_HELP = """Remove the image NAME. Its rootfs is deleted when no other name points to it.
+
+Refused while a cluster that exists (hpvc ls) names the image; an imported
+image's layers are deleted when no other image uses them.
 
 Examples:
 
@@ -166,10 +201,12 @@ def build_cmd(
 
 def _table(images: list[Image]) -> Table:
     t = Table(show_header=True, header_style="bold")
-    for col in ("name", "digest", "size", "created", "packages"):
+    for col in ("name", "digest", "size", "created", "packages / source"):
         t.add_column(col, overflow="fold")
     for i in images:
         contents = ", ".join([*i.packages, *(f"+{e}" for e in i.extras)])
+        if i.imported:
+            contents = f"{i.source} ({len(i.layers)} layers)"
         t.add_row(i.name, i.short_digest, human_size(i.size_bytes), i.created, contents)
     return t
 
@@ -188,12 +225,66 @@ def ls_cmd(
         console.print("no images (build one: hpvc image build hpc)", markup=False)
 
 
+@image_app.command("import", help=IMPORT_HELP)
+def import_cmd(
+    name: str = typer.Argument(..., help="Image name, e.g. mine."),
+    source: str = typer.Argument(..., help="Where the image is, e.g. docker-archive:mine.tar"),
+    store: Path | None = typer.Option(None, "--store", help="Image store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the image as JSON."),
+) -> None:
+    from hpvc.cluster.images import in_use
+    from hpvc.image.importer import import_image
+
+    with _spinner(name) as progress:
+        image = import_image(
+            name, source, store=store, progress=progress, in_use=in_use(images=ImageStore(store))
+        )
+    if as_json:
+        print_json(image.as_dict())
+        return
+    how = "reused" if image.reused else f"imported in {image.build_seconds:.1f} s"
+    console.print(
+        f"image {image.name}: {image.short_digest}, {human_size(image.size_bytes)},"
+        f" {len(image.layers)} layers, {how}",
+        markup=False,
+    )
+    console.print(f"rootfs: {image.rootfs}", markup=False)
+
+
+def describe(image: Image, store: ImageStore) -> dict[str, Any]:
+    """What ``inspect`` shows: the image, and for each layer the other images using it."""
+    doc = image.as_dict()
+    if image.imported:
+        users = store.blob_users()
+        doc["layers"] = [
+            {
+                "digest": d,
+                "size": n,
+                "shared_with": sorted(
+                    {u for u in users.get(d.removeprefix("sha256:"), []) if image.name not in u}
+                ),
+            }
+            for d, n in image.layers
+        ]
+    return doc
+
+
+@image_app.command("inspect", help=INSPECT_HELP)
+def inspect_cmd(
+    name: str = typer.Argument(..., help="Image name."),
+    store: Path | None = typer.Option(None, "--store", help="Image store directory."),
+) -> None:
+    print_json(describe(resolve_image(name, store), ImageStore(store)))
+
+
 @image_app.command("rm", help=RM_HELP)
 def rm_cmd(
     name: str = typer.Argument(..., help="Image name."),
     store: Path | None = typer.Option(None, "--store", help="Image store directory."),
 ) -> None:
-    removed = remove_image(name, store)
+    from hpvc.cluster.images import in_use
+
+    removed = remove_image(name, store, in_use=in_use(images=ImageStore(store)))
     if removed.deleted:
         console.print(f"removed {name} ({removed.digest[:12]}, rootfs deleted)", markup=False)
     else:

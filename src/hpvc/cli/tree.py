@@ -59,7 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scale": ("cluster", "Add or remove nodes while the cluster runs."),
     "restart": ("restart", "Bring back nodes whose container or VM died."),
     "down": ("cluster", "Stop the cluster and remove everything it made on this host."),
-    "image": ("image", "Build, list and remove node images."),
+    "image": ("image", "Build, import, list and remove node images."),
     "bench": (
         "bench",
         "Benchmarks that back hpvc's claims; each writes results.json and report.md.",

@@ -79,9 +79,15 @@ def remove_image(name: str, store: StoreArg = None, *, in_use: InUse = lambda d:
         others = tuple(n for n in s.names_of(digest) if n != name)
         if not others and in_use(digest):
             raise InputError(
-                f"image {name!r}", "in use by a running cluster", "stop the clusters using it first"
+                f"image {name!r}",
+                "in use by a cluster that exists",
+                "take the clusters using it down first (hpvc down)",
             )
         (s.names_dir / name).unlink()
         s.sync_names(digest)
         deleted = s.drop_if_orphan(digest, in_use)
+    if deleted:
+        with s.import_lock_if_free() as free:
+            if free:  # else the import under way prunes when it ends
+                s.prune_blobs()
     return Removed(name=name, digest=digest, deleted=deleted, kept_for=others)

@@ -163,6 +163,28 @@ class Image:
     names: tuple[str, ...] = ()
     reused: bool = field(default=False, compare=False)
     extras: tuple[str, ...] = ()
+    # Imported images (``hpvc image import``, hpvc.image.importer) only: the
+    # SOURCE given, the manifest's digest, the layers' (digest, size), the
+    # config's architecture and the parts of its config a node honours.
+    source: str = ""
+    manifest: str = ""
+    layers: tuple[tuple[str, int], ...] = ()
+    architecture: str = ""
+    config: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def imported(self) -> bool:
+        return bool(self.source)
+
+    @property
+    def env(self) -> tuple[str, ...]:
+        """The image config's Env (empty for built images)."""
+        return tuple(str(kv) for kv in self.config.get("Env", ()))
+
+    @property
+    def workdir(self) -> str:
+        """The image config's WorkingDir, else ``/``."""
+        return str(self.config.get("WorkingDir") or "/")
 
     @property
     def rootfs(self) -> Path:
@@ -175,6 +197,19 @@ class Image:
 
     def metadata(self) -> dict[str, Any]:
         """The content of ``image.json``."""
+        if self.imported:
+            return {
+                "names": list(self.names),
+                "digest": self.digest,
+                "source": self.source,
+                "manifest": self.manifest,
+                "architecture": self.architecture,
+                "layers": [{"digest": d, "size": n} for d, n in self.layers],
+                "config": self.config,
+                "created": self.created,
+                "size_bytes": self.size_bytes,
+                "import_seconds": round(self.build_seconds, 3),
+            }
         return {
             "names": list(self.names),
             "digest": self.digest,
@@ -199,6 +234,25 @@ class Image:
 
     @classmethod
     def from_metadata(cls, name: str, path: Path, doc: dict[str, Any]) -> Image:
+        if doc.get("source"):  # imported (hpvc.image.importer)
+            return cls(
+                name=name,
+                digest=str(doc["digest"]),
+                path=path,
+                suite="",
+                packages=(),
+                mirror="",
+                created=str(doc["created"]),
+                size_bytes=int(doc["size_bytes"]),
+                build_seconds=float(doc.get("import_seconds", 0.0)),
+                debootstrap_version="",
+                names=tuple(doc.get("names", ())),
+                source=str(doc["source"]),
+                manifest=str(doc.get("manifest", "")),
+                layers=tuple((str(x["digest"]), int(x["size"])) for x in doc.get("layers", ())),
+                architecture=str(doc.get("architecture", "")),
+                config=dict(doc.get("config") or {}),
+            )
         return cls(
             name=name,
             digest=str(doc["digest"]),

@@ -8,6 +8,12 @@ Layout under the store root (default ``$HPVC_IMAGE_DIR``, else
     by-digest/<digest>/build.log      debootstrap's output
     by-digest/<digest>.lock           held while <digest> is built (fcntl)
     by-digest/<digest>.tmp-<pid>/     a build in progress; renamed into place when done
+    by-digest/<digest>/oci/           an imported image's OCI layout (index.json; its
+                                      blobs/ is a link to the shared blobs/ below)
+    by-digest/import.tmp-<pid>/       an import in progress (hpvc.image.importer)
+    blobs/sha256/<hex>                imported images' manifests, configs and layers,
+                                      each stored once however many images share it
+    import.lock                       held for a whole import; blobs change under it
     names/<name>                      one line: the digest the name points to
     logs/<digest12>-<time>.log        what a failed build printed, kept for the user
     store.lock                        held while names or digest dirs change
@@ -19,11 +25,13 @@ points to it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +71,7 @@ class Store:
         self.names_dir = self.root / "names"
         self.digests_dir = self.root / "by-digest"
         self.logs_dir = self.root / "logs"
+        self.blobs_dir = self.root / "blobs"
 
     def ensure(self) -> None:
         """Create the store's directories (the store may not exist yet)."""
@@ -87,6 +96,72 @@ class Store:
     def digest_lock(self, digest: str) -> Any:
         """Held for the whole build of ``digest``: a second builder waits, then reuses."""
         return _flock(self.digests_dir / f"{digest}.lock")
+
+    def import_lock(self) -> Any:
+        """Held for a whole import (imports run one at a time: they share blobs/)."""
+        return _flock(self.root / "import.lock")
+
+    @contextmanager
+    def import_lock_if_free(self) -> Iterator[bool]:
+        """The import lock if nobody holds it (yields True), else yields False at once."""
+        fd = os.open(self.root / "import.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def blob(self, digest: str) -> Path:
+        """The shared blob of ``sha256:<hex>`` (or of a bare hex digest)."""
+        return self.blobs_dir / "sha256" / digest.removeprefix("sha256:")
+
+    def blob_users(self) -> dict[str, list[str]]:
+        """Blob hex digest -> names of the imported images using it (manifest,
+        config, layers); an image without a name counts under its digest."""
+        users: dict[str, list[str]] = {}
+        if not self.digests_dir.is_dir():
+            return users
+        for entry in sorted(self.digests_dir.iterdir()):
+            if "." in entry.name or not self.is_complete(entry.name):
+                continue
+            try:
+                doc = self.metadata(entry.name)
+            except (OSError, ValueError):
+                continue
+            if not doc.get("source"):
+                continue
+            owner = ", ".join(doc.get("names") or ()) or entry.name[:12]
+            refs = [doc.get("manifest", ""), f"sha256:{entry.name}"]
+            refs += [str(x["digest"]) for x in doc.get("layers", ())]
+            for ref in refs:
+                if ref:
+                    users.setdefault(ref.removeprefix("sha256:"), []).append(owner)
+        return {blob: sorted(owners) for blob, owners in users.items()}
+
+    def prune_blobs(self) -> int:
+        """Delete blobs no imported image uses and leftovers of interrupted
+        copies; the bytes freed. Caller holds import_lock() (no import under way)."""
+        directory = self.blobs_dir / "sha256"
+        if not directory.is_dir():
+            return 0
+        used = self.blob_users()
+        freed = 0
+        for blob in directory.iterdir():
+            if blob.name not in used:
+                freed += blob.lstat().st_size
+                remove_tree(blob)
+        return freed
+
+    def sweep_imports(self) -> list[Path]:
+        """Remove what interrupted imports left (caller holds import_lock(): all stale)."""
+        swept = sorted(self.digests_dir.glob("import.tmp-*")) if self.digests_dir.is_dir() else []
+        for leftover in swept:
+            remove_tree(leftover, unmount=True)
+        return swept
 
     def is_complete(self, digest: str) -> bool:
         return (self.digest_dir(digest) / "image.json").is_file()
