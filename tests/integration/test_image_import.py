@@ -405,3 +405,60 @@ def test_a_killed_import_leaves_what_the_next_import_sweeps(
     image = import_image("k", source, store=store)
     assert (image.rootfs / "bin/busybox").is_file() and leftovers(store) == []
     assert resolve_image("k", store).digest == image.digest
+
+
+# ---- a container cluster from an imported image ------------------------------
+
+
+def test_container_cluster_from_a_busybox_image(
+    rootfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No bash, no apt, no systemd in the image: the nodes run its busybox, with its Env
+    and WorkingDir in `hpvc exec`; an image without a shell is refused before `up`
+    changes anything."""
+    requires("root", "crun", "ip")
+    from hpvc.cluster import lifecycle, ops
+    from hpvc.store import Store as ClusterStore
+    from tests.integration.test_cluster import clean_up, leftovers
+
+    images = Store(tmp_path / "images")
+    monkeypatch.setenv("HPVC_IMAGE_DIR", str(images.root))
+    write_layout(tmp_path / "l", [busybox_layer(rootfs)], env=["PATH=/bin", "GREETING=hi"])
+    import_image("bbnode", f"oci:{tmp_path / 'l'}:t", store=images)
+    write_layout(tmp_path / "noshell", [layer({"etc/motd": b"no shell here\n"})])
+    import_image("noshell", f"oci:{tmp_path / 'noshell'}:t", store=images)
+
+    state = ClusterStore(tmp_path / "state")
+    name = f"imp{os.getpid() % 10000}"
+
+    def spec(image: str) -> str:
+        p = tmp_path / f"{image}.toml"
+        p.write_text(
+            f'name = "{name}"\nkind = "container"\nimage = "{image}"\n'
+            f'[network]\nsubnet = "10.215.{os.getpid() % 250}.0/24"\n'
+            '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
+            '[[nodes]]\nrole = "compute"\ncount = 2\nvcpus = 1\nmemory = "128MiB"\n'
+        )
+        return str(p)
+
+    try:
+        with pytest.raises(InputError, match=r"has no /bin/sh or sleep"):
+            lifecycle.up(spec("noshell"), state)
+        assert state.names() == [] and leftovers(name) == []
+
+        rec = lifecycle.up(spec("bbnode"), state)
+        assert rec.status == "running"
+        argv = ["sh", "-c", 'echo "$GREETING $(pwd) $(hostname)"; grep -c compute /etc/hosts']
+        capfd.readouterr()
+        assert ops.exec_node(name, "compute1", argv, state) == 0
+        assert capfd.readouterr().out.split() == ["hi", "/tmp", "compute1", "2"]
+
+        out = cli("image", "rm", "bbnode", env={"HPVC_STATE_DIR": str(state.root)})
+        assert out.returncode == 2 and "in use by a cluster" in out.stderr
+        assert resolve_image("bbnode", images).rootfs.is_dir()
+
+        lifecycle.down(name, state)
+        assert leftovers(name) == [] and state.names() == []
+    finally:
+        clean_up(state)
+    remove_image("bbnode", images)

@@ -112,3 +112,19 @@ def test_interrupted_imports_are_swept(tmp_path: Path) -> None:
     (store.digests_dir / "import.tmp-99" / "rootfs").mkdir(parents=True)
     assert [p.name for p in store.sweep_imports()] == ["import.tmp-99"]
     assert list(store.digests_dir.iterdir()) == []
+
+
+def test_what_a_container_node_needs_is_looked_up_inside_the_image(tmp_path: Path) -> None:
+    from hpvc.image.rootfs import in_root, missing_for_node
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "usr").mkdir()
+    (tmp_path / "usr" / "bin").symlink_to("/bin")  # absolute: the image's /bin, not the host's
+    (tmp_path / "bin" / "busybox").write_text("")
+    assert missing_for_node(tmp_path) == ["/bin/sh", "sleep"]
+    (tmp_path / "bin" / "sh").symlink_to("busybox")
+    (tmp_path / "bin" / "sleep").symlink_to("/usr/bin/busybox")
+    assert in_root(tmp_path, "/usr/bin/sleep") == tmp_path / "bin" / "busybox"
+    assert in_root(tmp_path, "/../../etc/passwd") is None  # never above the root
+    assert missing_for_node(tmp_path) == []
+    assert missing_for_node(tmp_path, ("PATH=/opt/bin",)) == ["sleep"]

@@ -101,3 +101,51 @@ def tree_size(path: Path) -> int:
             seen.add(key)
             total += st.st_blocks * 512
     return total + os.lstat(path).st_blocks * 512
+
+
+def in_root(rootfs: Path, path: str) -> Path | None:
+    """``path`` as the image would see it, symlinks resolved inside ``rootfs``
+    (an absolute link is taken from the image's root, never the host's); None
+    when it does not exist there."""
+    parts = list(Path(path.lstrip("/")).parts)
+    current = rootfs
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = current.parent if current != rootfs else rootfs
+            continue
+        nxt = current / part
+        if nxt.is_symlink():
+            hops += 1
+            if hops > 40:
+                return None
+            target = os.readlink(nxt)
+            parts = [*Path(target.lstrip("/")).parts, *parts]
+            if target.startswith("/"):
+                current = rootfs
+            continue
+        if not nxt.exists():
+            return None
+        current = nxt
+    return current
+
+
+# What a container node runs as its init (hpvc.backends.crun.container.INIT):
+# a shell and sleep, nothing else of the image's userland.
+NODE_SHELL = "/bin/sh"
+NODE_COMMANDS = ("sleep",)
+
+
+def missing_for_node(rootfs: Path, env: tuple[str, ...] = ()) -> list[str]:
+    """What a container node needs that the image lacks: its shell, and each
+    command on the image's PATH (its Env's, else the usual one)."""
+    missing = [] if in_root(rootfs, NODE_SHELL) else [NODE_SHELL]
+    path = next((kv[5:] for kv in env if kv.startswith("PATH=")), "")
+    dirs = (path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":")
+    for cmd in NODE_COMMANDS:
+        if not any(d and in_root(rootfs, f"{d}/{cmd}") for d in dirs):
+            missing.append(cmd)
+    return missing

@@ -35,16 +35,17 @@ from hpvc.backends.base import (
 from hpvc.backends.crun import container as ct
 from hpvc.backends.crun import leftovers
 from hpvc.concurrent import each
-from hpvc.errors import HpvcError
+from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
 from hpvc.host import blkio, cgroups, layer, net, tree
 from hpvc.host.orphans import Keep, Orphan
-from hpvc.image import resolve_image
+from hpvc.image import oci, resolve_image
+from hpvc.image.rootfs import missing_for_node
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
 from hpvc.render import files as render_files
-from hpvc.render.context import RenderContext
+from hpvc.render.context import DEFAULT_ENV, RenderContext
 from hpvc.spec import Spec
 from hpvc.units import format_cpulist
 
@@ -86,6 +87,9 @@ def render_context(env: ClusterEnv) -> RenderContext:
         base_dir=str(env.store.root),
         node_rootfs=True,
         command=ct.INIT,
+        # An imported image's Env (hpvc image import): the init's and, as crun
+        # exec inherits it, every `hpvc exec`'s.
+        env=oci.merged_env(resolve_image(plan.image).env, DEFAULT_ENV),
         hugetlbfs=tuple((int(k), v) for k, v in env.rec.hugetlbfs.items()),
         shared_ns_pid=st.holder_pid,
         shared_shm=st.shm,
@@ -153,7 +157,16 @@ class CrunBackend:
         shared.preflight(spec)
 
     def build_image(self, spec: Spec, progress: Progress) -> None:
-        resolve_image(spec.image)  # the rootfs `hpvc image build` made, or exit 2
+        # The rootfs `hpvc image build` made or `hpvc image import` brought, or
+        # exit 2; refused before any host change when it lacks what the init runs.
+        image = resolve_image(spec.image)
+        missing = missing_for_node(image.rootfs, image.env)
+        if missing:
+            raise InputError(
+                f"image {spec.image!r}",
+                f"has no {' or '.join(missing)}, which a container node's init runs",
+                "add them to the image (busybox has both)",
+            )
 
     def prepare(self, env: ClusterEnv, plan: Plan, progress: Progress) -> None:
         """The cluster's cgroup parent, shared memory and the disk scheduler."""
@@ -272,7 +285,11 @@ class CrunBackend:
     def exec_argv(
         self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
     ) -> list[str]:
-        return ct.exec_argv(ct.container_id(plan.cluster, node.name), argv)
+        out = ct.exec_argv(ct.container_id(plan.cluster, node.name), argv)
+        workdir = resolve_image(plan.image).workdir  # an imported image's WorkingDir
+        if workdir != "/":
+            out[2:2] = ["--cwd", workdir]  # after `crun exec`: crun does not take it from config
+        return out
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         return MpiLaunch(
