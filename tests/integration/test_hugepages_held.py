@@ -24,7 +24,11 @@ from tests.integration.test_cluster import image_ready
 from tests.integration.test_cluster import store as store  # the fixture
 
 SIZE = 2048  # KiB
-PAGES = 128  # per node: 256 MiB of 2M pages
+PAGES = 128  # per node: 256 MiB of 2M pages (its hugepage_memory)
+# Each node: its pages plus the normal memory a container node keeps beside them.
+NODE = '[[nodes]]\nrole = "{role}"\ncount = {count}\nvcpus = 1\nmemory = "320MiB"\n' + (
+    f'hugepage_memory = "{PAGES * SIZE // 1024}MiB"\n'
+)
 
 
 def _read(name: str) -> int:
@@ -53,16 +57,13 @@ def pool() -> Iterator[tuple[int, int]]:
 
 def _spec(tmp_path: Path, name: str, subnet: int, computes: int = 0) -> str:
     p = tmp_path / f"{name}.toml"
-    computes_group = (
-        f'[[nodes]]\nrole = "compute"\ncount = {computes}\nvcpus = 1\nmemory = "256MiB"\n'
-        if computes
-        else ""
-    )
+    computes_group = NODE.format(role="compute", count=computes) if computes else ""
     p.write_text(
         f'name = "{name}"\nkind = "container"\n'
         f'[network]\nsubnet = "10.{215 + subnet}.{os.getpid() % 250}.0/24"\n'
         '[tuning]\npinning = "shared"\nhugepages = "2M"\npartition = "commodity"\n'
-        '[[nodes]]\nrole = "head"\nvcpus = 1\nmemory = "256MiB"\n' + computes_group
+        + NODE.format(role="head", count=1)
+        + computes_group
     )
     return str(p)
 

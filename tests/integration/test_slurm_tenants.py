@@ -21,7 +21,7 @@ from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
 HUGE = (
     'name = "big"\nkind = "container"\nimage = "hpc"\n'
     '[tuning]\npinning = "shared"\nhugepages = "2M"\npartition = "commodity"\n'
-    '[[nodes]]\nrole = "compute"\nmemory = "6GiB"\n'
+    '[[nodes]]\nrole = "compute"\nmemory = "6GiB"\nhugepage_memory = "4GiB"\n'
 )
 
 
