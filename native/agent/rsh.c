@@ -6,7 +6,8 @@
  * as ssh does; stdin, stdout, stderr, the exit status and signals are carried
  * through. Open MPI's mpirun uses it as its launch agent inside the guests
  * (OMPI_MCA_plm_rsh_agent), so MPI needs no ssh keys between the nodes. Root
- * only: the agent trusts reserved ports (agent.h).
+ * only: the agent trusts reserved ports, and the job's secret it reads from
+ * /run/hpvc/agent-key (agent.h).
  *
  * NODE is looked up in /etc/hosts (which hpvc-init writes for the whole
  * cluster) and not with getaddrinfo: a static binary cannot load the guest's
@@ -89,6 +90,16 @@ int main(int argc, char **argv)
 	}
 	char *cmd[] = { "/bin/sh", "-c", line, NULL };
 	const char *why = "";
+	unsigned char key[HPVC_AGENT_KEY_MAX];
+	int klen = hpvc_agent_read_key(HPVC_AGENT_KEY_FILE, key);
+	if (klen < 0) {
+		fprintf(stderr, "hpvc-rsh: %s: %s\n", HPVC_AGENT_KEY_FILE, strerror(errno));
+		return 255;
+	}
+	if (hpvc_agent_login(sock, key, (size_t)klen, &why) < 0) {
+		fprintf(stderr, "hpvc-rsh: %s: %s\n", argv[i], why);
+		return 255;
+	}
 	int rc = hpvc_agent_run(sock, cmd, NULL, NULL, STDIN_FILENO, &why);
 	if (rc == -256) {
 		fprintf(stderr, "hpvc-rsh: %s: %s\n", argv[i], why);

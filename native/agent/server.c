@@ -1,7 +1,8 @@
 /* hpvc-agent server, in the guest: started by hpvc-init once eth0 has its
  * address (agent.h says who may connect and the frames).
  *
- * The listener forks one handler per connection. A handler reads the command,
+ * The listener forks one handler per connection. A handler first checks the
+ * client holds the job's secret (auth.c), then reads the command,
  * starts it in a session of its own (stdin, stdout, stderr on pipes, the
  * working directory asked for, else /root), then relays: input frames to the
  * command's stdin, its output to the client, signal frames to its process
@@ -313,11 +314,22 @@ static void __attribute__((noreturn)) relay(struct relay *r)
 	_exit(1);
 }
 
-/* One connection, in its own process: the command, then the relay. */
+/* The job's secret (agent.h), kept in memory only. */
+static unsigned char agent_key[HPVC_AGENT_KEY_MAX];
+static size_t agent_key_len;
+
+/* One connection, in its own process: the client proves it holds the job's
+ * secret (the second fence, after the port), then the command, the relay. */
 static void __attribute__((noreturn)) handle(int sock)
 {
 	static struct command cmd;
 	static struct relay r;
+	int ok = hpvc_agent_challenge(sock, agent_key, agent_key_len);
+	if (ok == 0)
+		hpvc_agent_refuse(sock, agent_key_len ? "the client does not hold the job's agent key"
+					   : "this node has no agent key (it booted without one)");
+	if (ok != 1)
+		_exit(1);
 	read_command(sock, &cmd);
 	start_command(sock, &cmd, &r);
 	relay(&r);
@@ -330,8 +342,11 @@ static int trusted(const struct sockaddr_in *peer, in_addr_t net, in_addr_t mask
 	       (peer->sin_addr.s_addr & mask) == net;
 }
 
-int hpvc_agent_start(const char *ip, int prefix)
+int hpvc_agent_start(const char *ip, int prefix, const unsigned char *key, size_t klen)
 {
+	agent_key_len = key && klen <= sizeof(agent_key) ? klen : 0;
+	if (agent_key_len)
+		memcpy(agent_key, key, agent_key_len);
 	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(HPVC_AGENT_PORT) };
 	if (inet_pton(AF_INET, ip, &me.sin_addr) != 1 || prefix < 0 || prefix > 32)
 		return -1;
@@ -365,11 +380,7 @@ int hpvc_agent_start(const char *ip, int prefix)
 		if (c < 0)
 			continue;
 		if (!trusted(&peer, net, mask)) {
-			static const char no[] =
-				"hpvc-agent: refused: only root on the job's hosts and nodes may connect\n";
-			hpvc_frame_send(c, 'r', no, sizeof(no) - 1);
-			unsigned char end[2] = { 0, 255 };
-			hpvc_frame_send(c, 'x', end, 2);
+			hpvc_agent_refuse(c, "only root on the job's hosts and nodes may connect");
 			close(c);
 			continue;
 		}

@@ -7,7 +7,8 @@
  *                    power off. /sbin/hpvc-init (PID 1 of the guest) mounts the API
  *                    filesystems, sets the hostname, brings up lo and eth0, installs
  *                    root's ssh key, starts the agent that runs Slurm tasks on eth0's
- *                    address (native/agent), starts sshd, reaps zombies; SIGTERM/SIGPWR:
+ *                    address (native/agent) with the job's key (QEMU's fw_cfg entry
+ *                    opt/hpvc/agent-key, kept in /run/hpvc/agent-key), starts sshd, reaps zombies; SIGTERM/SIGPWR:
  *                    power off.
  *
  * Settings come from the kernel command line: hpvc.name=NAME, hpvc.ip=A.B.C.D/N,
@@ -233,18 +234,41 @@ static int configure_eth0(int fd, char *cidr, int mtu)
 	return if_up(fd, &ifr);
 }
 
+/* The job's agent key, from QEMU's fw_cfg entry (never on a command line, which
+ * every user reads), into /run/hpvc/agent-key (root's alone, for hpvc-rsh): its
+ * length, or 0 when the node has none (its agent then refuses everyone). */
+static int agent_key(unsigned char key[HPVC_AGENT_KEY_MAX])
+{
+	static const char fw[] = "/sys/firmware/qemu_fw_cfg/by_name/opt/hpvc/agent-key/raw";
+	int n = hpvc_agent_read_key(fw, key);
+	if (n < 0) {
+		fail("agent key %s: %s; the agent refuses every client", fw, strerror(errno));
+		return 0;
+	}
+	if (mkdir("/run/hpvc", 0700) != 0 && errno != EEXIST)
+		fail("mkdir /run/hpvc: %s", strerror(errno));
+	int fd = open(HPVC_AGENT_KEY_FILE, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || fchmod(fd, 0600) != 0 || write(fd, key, (size_t)n) != n)
+		fail("write %s: %s (hpvc-rsh needs it)", HPVC_AGENT_KEY_FILE, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	return n;
+}
+
 /* The agent (native/agent/server.c) on eth0's address, before the ready line:
  * a node that says it is ready takes tasks. */
 static int start_agent(void)
 {
 	char ip[64];
+	unsigned char key[HPVC_AGENT_KEY_MAX];
 	if (cmdline_get("hpvc.ip", ip, sizeof ip) <= 0)
 		return 0; /* no cluster address: nothing to listen on */
 	char *slash = strchr(ip, '/');
 	if (!slash)
 		return fail("hpvc.ip=%s: want A.B.C.D/N", ip);
 	*slash = '\0';
-	if (hpvc_agent_start(ip, atoi(slash + 1)) < 0)
+	int klen = agent_key(key);
+	if (hpvc_agent_start(ip, atoi(slash + 1), key, (size_t)klen) < 0)
 		return fail("agent on %s port %d: %s", ip, HPVC_AGENT_PORT, strerror(errno));
 	return 0;
 }

@@ -86,6 +86,7 @@ struct hpvc_join {
 	int nenv;
 	int vm;         /* a VM node: tasks run through its agent at ip */
 	char ip[64];
+	char *key;      /* a VM node: the file of its agent's key (root's), or NULL */
 };
 extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
 extern int hpvc_slots; /* local task t joins hpvc_joins[t % hpvc_slots] */

@@ -27,6 +27,7 @@ void hpvc_free_joins(void)
 			free(hpvc_joins[t].cgroups[i]);
 		for (int i = 0; i < hpvc_joins[t].nenv; i++)
 			free(hpvc_joins[t].env[i]);
+		free(hpvc_joins[t].key);
 		memset(&hpvc_joins[t], 0, sizeof(hpvc_joins[t]));
 	}
 }
@@ -108,7 +109,8 @@ int hpvc_proc_start(pid_t pid, unsigned long long *start)
 
 /* Lines: "node S PID START NS NAME" (a container node: namespaces to join) or
  * "vm S PID START IP NAME" (a VM: its QEMU and its agent's address), "cgroup S
- * FILE", "env S K=V" for node
+ * FILE", "env S K=V", "agentkey S FILE" (a VM: the root-only file of its
+ * agent's key) for node
  * slot S (local task t runs in slot t mod the number of slots); START is the
  * node process's start time (field 22 of /proc/PID/stat), so that a PID the
  * kernel gave to another process since is never taken for the node's.
@@ -150,6 +152,13 @@ int hpvc_parse_joins(const char *text)
 				break;
 			}
 			hpvc_joins[t].cgroups[hpvc_joins[t].ncgroups++] = strdup(rest);
+		} else if (strncmp(line, "agentkey ", 9) == 0) {
+			int t = parse_slot(line + 9, &rest);
+			if (t < 0 || rest[0] != '/' || hpvc_joins[t].key != NULL) {
+				rc = -1;
+				break;
+			}
+			hpvc_joins[t].key = strdup(rest);
 		} else if (strncmp(line, "env ", 4) == 0) {
 			int t = parse_slot(line + 4, &rest);
 			if (t < 0 || strchr(rest, '=') == NULL || hpvc_joins[t].nenv >= HPVC_MAX_ENV) {

@@ -59,6 +59,32 @@ static int relay_ports_held(uid_t uid)
 	return n;
 }
 
+/* The agent's second fence: prove the relay holds the job's key (read as
+ * root from the file `hpvc node up` named; it never leaves this host). */
+static int login(int fd, const struct hpvc_join *j)
+{
+	unsigned char key[HPVC_AGENT_KEY_MAX];
+	int klen = j->key ? hpvc_agent_read_key(j->key, key) : -1;
+	if (klen < 0) {
+		close(fd);
+		slurm_error("hpvc: node %s: cannot read its agent key %s: %s", j->node,
+			    j->key ? j->key : "(none given by hpvc node up)",
+			    j->key ? strerror(errno) : "start the step again");
+		return -1;
+	}
+	const char *why = "";
+	int rc = hpvc_agent_login(fd, key, (size_t)klen, &why);
+	memset(key, 0, sizeof(key));
+	if (rc < 0) {
+		close(fd);
+		slurm_error("hpvc: node %s (%s): %s", j->node, j->ip, why);
+		return -1;
+	}
+	vm_sock = fd;
+	snprintf(vm_node, sizeof(vm_node), "%s", j->node);
+	return 0;
+}
+
 /* From a reserved port, as root (the agent's fence). The socket is made with
  * the task's user as its file-system uid, which owns it in /proc/net/tcp:
  * one user's tasks on a host hold at most HPVC_RELAY_PORTS_PER_USER of the
@@ -91,9 +117,7 @@ int hpvc_vm_connect(spank_t sp, const struct hpvc_join *j)
 			    j->node, (unsigned)uid, held - 1, HPVC_RELAY_PORTS_PER_USER);
 		return -1;
 	}
-	vm_sock = fd;
-	snprintf(vm_node, sizeof(vm_node), "%s", j->node);
-	return 0;
+	return login(fd, j);
 }
 
 /* What of the task's environment goes into the guest: Slurm's task variables,

@@ -359,6 +359,17 @@ else
     (umask 077; dd if=/dev/urandom of="$MUNGE_KEY" bs=1024 count=1 status=none)
   fi
   chmod 400 "$MUNGE_KEY"
+  # hpvc's site key for VM agents (docs/slurm.md, "Who may use a guest's agent"):
+  # one file, in every host's state folder, handed out as munge's key is.
+  AGENT_SITE_KEY=$SLURM_DIR/munge/hpvc-agent-site.key
+  if [ ! -s "$AGENT_SITE_KEY" ]; then
+    (umask 077; head -c 32 /dev/urandom >"$AGENT_SITE_KEY")
+  fi
+  for n in "${NODES[@]}"; do
+    d=$(host_state "$n")
+    (umask 077; mkdir -p "$d")
+    install -m 600 "$AGENT_SITE_KEY" "$d/agent-site.key"
+  done
 
   if ! ours_pid "$MUNGE_PID" munged >/dev/null; then
     rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"

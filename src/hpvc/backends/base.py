@@ -86,6 +86,9 @@ class TaskEntry:
     # node's address (a VM has no namespaces on the host to enter).
     relay: bool = False
     env: tuple[str, ...] = ()  # what a relayed task gets besides Slurm's variables
+    # A relayed task: the file, in the cluster's folder, of the key it proves to
+    # the node's agent that it holds (read as root); "" for none.
+    key: str = ""
 
 
 @dataclass

@@ -49,6 +49,8 @@ MODULES: tuple[str, ...] = (
     "failover",
     "net_failover",
     "virtio_net",
+    # /sys/firmware/qemu_fw_cfg: where hpvc-init reads the agent's key (no deps)
+    "qemu_fw_cfg",
 )
 # The NFSv3 client over TCP, in load order (what ``mount -t nfs -o vers=3`` needs;
 # ``nfs`` asks for ``nfsv3`` on its own only where modprobe works: not in a guest).

@@ -56,6 +56,9 @@ class Overlay:
     # This host's own address on the cluster subnet (its bridge's): the gateway
     # on the first host, a per-host address on the others; "" for none.
     bridge_address: str = ""
+    # What every host of the cluster derives its VM agents' key from, with the
+    # site's key (one per job: ``slurm-job-<id>``); "" for none.
+    key_id: str = ""
 
     def arp_entries(self) -> list[tuple[str, str]]:
         """(ip, mac) of every remote node, for the nodes' static ARP tables."""
@@ -72,6 +75,7 @@ class Overlay:
             "port": self.port,
             "mtu": self.mtu,
             "bridge_address": self.bridge_address,
+            "key_id": self.key_id,
             "remotes": [
                 {"host": v.host, "address": v.address, "nodes": [list(n) for n in v.nodes]}
                 for v in self.remotes
@@ -88,6 +92,7 @@ class Overlay:
             port=int(str(d.get("port", VXLAN_PORT))),
             mtu=int(str(d["mtu"])),
             bridge_address=str(d.get("bridge_address", "")),
+            key_id=str(d.get("key_id", "")),
             remotes=tuple(
                 Vtep(
                     host=str(v["host"]),

@@ -27,6 +27,9 @@ KERNEL_ARGS = "console=ttyS0 root=/dev/vda rw no_timer_check"
 IFNAMSIZ = 15  # usable bytes of a Linux interface name
 # The virtio serial of the NFS server VM's backing disk: how its guest finds it.
 SHARED_DISK_SERIAL = "hpvc-shared"
+# The fw_cfg entry that carries a VM's agent key; the guest's hpvc-init reads it
+# (native/guest/init.c).
+AGENT_KEY_FWCFG = "opt/hpvc/agent-key"
 
 
 def tap_name(cluster: str, node: str) -> str:
@@ -88,6 +91,10 @@ class RenderContext:
     # VMs: the uid (and gid) QEMU drops to once it has opened its files, under a
     # seccomp sandbox (hpvc.host.qemu_user gives each cluster its own); None: root.
     qemu_uid: int | None = None
+    # VMs: the root-only file of the cluster's agent key (32 random bytes), which
+    # QEMU hands the guest as fw_cfg entry ``opt/hpvc/agent-key``: never on a
+    # command line (every user reads QEMU's and the guest's); None: no key.
+    agent_key: str | None = None
     # VMs, ``[shared] server = "nfs"``: the raw ext4 image the serving node gets as
     # its second disk (``shared_disk``); None: the default path under ``base_dir``.
     shared_image: str | None = None

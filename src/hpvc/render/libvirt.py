@@ -11,7 +11,7 @@ import uuid
 import xml.etree.ElementTree as ET
 
 from hpvc.plan.model import Plan, PlannedNode
-from hpvc.render.context import SHARED_DISK_SERIAL, RenderContext, tap_name
+from hpvc.render.context import AGENT_KEY_FWCFG, SHARED_DISK_SERIAL, RenderContext, tap_name
 from hpvc.units import format_cpulist
 
 _UUID_NS = uuid.UUID("6f1d4a52-57a8-4c3e-9d0b-4b7e2f6c1a90")
@@ -215,6 +215,15 @@ def _qemu_commandline(dom: ET.Element, ctx: RenderContext) -> None:
     _sub(line, f"{{{QEMU_NS}}}arg", value=device)
 
 
+def _sysinfo(dom: ET.Element, ctx: RenderContext) -> None:
+    """The agent key's file as a fw_cfg entry (libvirt 6.5 and later), as the
+    direct backend's ``-fw_cfg``: the guest reads the key, no command line holds it."""
+    if ctx.agent_key is None:
+        return
+    info = _sub(dom, "sysinfo", type="fwcfg")
+    _sub(info, "entry", name=AGENT_KEY_FWCFG, file=ctx.agent_key)
+
+
 def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
     """The libvirt domain XML of one VM node, pretty-printed and deterministic."""
     dom = ET.Element("domain", {"type": "kvm" if ctx.accel == "kvm" else "qemu"})
@@ -225,6 +234,7 @@ def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
     _cpus(dom, node)
     _numatune(dom, node)
     _os(dom, ctx)
+    _sysinfo(dom, ctx)
     _cpu(dom, node, ctx)
     _clock(dom, ctx)
     _devices(dom, plan, node, ctx)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpvc.plan.model import NumaCell, Plan, PlannedNode
-from hpvc.render.context import SHARED_DISK_SERIAL, RenderContext, tap_name
+from hpvc.render.context import AGENT_KEY_FWCFG, SHARED_DISK_SERIAL, RenderContext, tap_name
 from hpvc.render.libvirt import domain_name, guest_topology
 from hpvc.units import format_cpulist
 
@@ -150,6 +150,13 @@ def sandbox_args(ctx: RenderContext) -> list[str]:
     return ["-runas", f"{ctx.qemu_uid}:{ctx.qemu_uid}", "-sandbox", SANDBOX]
 
 
+def agent_key_args(ctx: RenderContext) -> list[str]:
+    """The agent key's file as a fw_cfg entry: its path on the command line, not the key."""
+    if ctx.agent_key is None:
+        return []
+    return ["-fw_cfg", f"name={AGENT_KEY_FWCFG},file={_v(ctx.agent_key)}"]
+
+
 def _boot_args(ctx: RenderContext) -> list[str]:
     if not ctx.kernel:
         return []
@@ -181,6 +188,7 @@ def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
         *shared_disk_args(plan, node, ctx),
         *ivshmem_args(ctx),
         *_boot_args(ctx),
+        *agent_key_args(ctx),
         "-rtc",
         "base=utc",
         "-qmp",

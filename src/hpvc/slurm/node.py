@@ -84,6 +84,7 @@ class Join:
     cgroup_procs: tuple[str, ...]
     env: tuple[str, ...]
     ip: str = ""  # a node whose tasks relay (VMs): its agent's address
+    key: str = ""  # and the root-only file of the key the relay proves it holds
 
     def lines(self) -> list[str]:
         ns = ",".join(self.namespaces)
@@ -93,6 +94,7 @@ class Join:
             out = [f"node {self.slot} {self.pid} {self.start} {ns} {self.node}"]
         out += [f"cgroup {self.slot} {p}" for p in self.cgroup_procs]
         out += [f"env {self.slot} {kv}" for kv in self.env]
+        out += [f"agentkey {self.slot} {self.key}"] if self.key else []
         return out
 
 
@@ -118,7 +120,9 @@ def joins(
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         if entry.relay:  # the task relays to the agent in the node (a VM's guest)
             env += entry.env
-            out.append(Join(t, node, proc.pid, proc.start, (), (), tuple(env), plan.node(node).ip))
+            key = str(store.cluster_dir(name) / entry.key) if entry.key else ""
+            ip = plan.node(node).ip
+            out.append(Join(t, node, proc.pid, proc.start, (), (), tuple(env), ip, key))
             continue
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool

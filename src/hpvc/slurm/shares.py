@@ -128,6 +128,7 @@ def share_overlay(
         remotes=remotes,
         mtu=node_mtu(mtu, spec.network.mtu),
         bridge_address=host_address(net, index),
+        key_id=f"slurm-job-{job}",  # every host of the job: one VM agent key
     )
 
 

@@ -159,6 +159,10 @@ class QemuBackend:
             ctx = replace(ctx, ivshmem=shm)
         # Every QEMU of the cluster drops to the cluster's own uid, sandboxed.
         ctx = replace(ctx, qemu_uid=qemu_user.claim(env.journal(), env.store.root, plan.cluster))
+        # The agents' key (fw_cfg: read by QEMU as root, before it drops to that uid).
+        overlay = Overlay.from_json(env.rec.overlay) if env.rec.overlay else None
+        key = g.agent_key(env.store, plan.cluster, overlay.key_id if overlay else "")
+        ctx = replace(ctx, agent_key=str(key))
         return guest_shared.context(env, plan, guest, ctx)  # NFS: its initramfs and disk
 
     def start(self, env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> Phases:

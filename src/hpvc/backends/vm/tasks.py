@@ -13,6 +13,10 @@ from __future__ import annotations
 from hpvc.backends.base import TaskEntry
 from hpvc.errors import InputError
 
+# The cluster's agent key, in its folder (``hpvc.backends.vm.guest.agent_key``):
+# the task relay reads it as root and proves to the agent it holds it.
+AGENT_KEY = "agent.key"
+
 # What a task in a VM node gets besides Slurm's variables: Open MPI's mpirun,
 # run in a guest, starts its daemons on the other guests through their agents
 # (hpvc-rsh, not ssh: no keys to hand out) over the cluster network, never
@@ -36,4 +40,4 @@ def task_entry(mpi: str) -> TaskEntry:
             "Slurm's PMI server is on the host, out of the guests' reach",
             "srun --mpi=none, and start MPI with mpirun inside the guests (docs/slurm.md)",
         )
-    return TaskEntry(relay=True, env=TASK_ENV)
+    return TaskEntry(relay=True, env=TASK_ENV, key=AGENT_KEY)
