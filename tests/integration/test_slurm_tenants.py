@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 from hpvc.bench.slurm.cluster import Submitter
+from hpvc.host import cgroups
+from hpvc.host.cgroupfs import manager
 from hpvc.slurm import node
+from hpvc.sysroot import HOST
 from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
 
 HUGE = (
@@ -91,6 +94,27 @@ def test_tasks_leave_slurms_tracking_hierarchies_alone(slurm: Env, spec: Path) -
         if keys & {"freezer", "name=systemd", "devices"}:
             assert "/hpvc/" not in path, (controllers, path)
     assert any("freezer" in c for c in lines) and any("memory" in c for c in lines), lines
+    slurm.wait_clean(job)
+
+
+def test_a_shares_nodes_hold_no_more_memory_together_than_their_spec(
+    slurm: Env, spec: Path
+) -> None:
+    """Issue 25 item 4: the share's parent cgroup caps its nodes' normal memory
+    at the sum of theirs (128 + 2 x 256 MiB) and their hugepages at what the
+    spec gives them (none here: every page size at 0), whatever a node's own
+    limits say."""
+    job = sleeping(slurm, slurm.user, spec, "n1")
+    try:
+        m = manager(HOST)
+        rel = cgroups.cluster_path(f"j{job}-0")
+        mem, huge = m.dir("memory", rel), m.dir("hugetlb", rel)
+        assert mem is not None and huge is not None
+        assert int((mem / m.MEMORY_MAX).read_text()) == (128 + 2 * 256) << 20
+        caps = {f.name: int(f.read_text()) for f in huge.glob(f"hugetlb.*.{m.HUGETLB_MAX}")}
+        assert caps and set(caps.values()) == {0}, caps
+    finally:
+        assert slurm.run("scancel", str(job)).returncode == 0
     slurm.wait_clean(job)
 
 
