@@ -143,7 +143,12 @@ class PrivateLibvirtd:
             'unix_sock_admin_perms = "0700"\nauth_unix_rw = "none"\nauth_unix_ro = "none"\n'
             f'log_outputs = "3:file:{log / "libvirtd.log"}"\n'
         )
-        (etc / "virtlogd.conf").write_text(f'log_outputs = "3:file:{log / "virtlogd.log"}"\n')
+        (etc / "virtlogd.conf").write_text(
+            f'log_outputs = "3:file:{log / "virtlogd.log"}"\n'
+            # What bounds a node's serial log under libvirt (hpvc's max_console
+            # does not reach virtlogd): 1 MiB, one rotated file (docs/libvirt.md).
+            "max_size = 1048576\nmax_backups = 1\n"
+        )
         (etc / "qemu.conf").write_text(
             'user = "root"\ngroup = "root"\n'
             "dynamic_ownership = 0\nremember_owner = 0\n"  # never chown the shared guest cache

@@ -112,6 +112,17 @@ class Vm:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
 
 
+def console_readers(launch: QemuLaunch) -> list[int]:
+    """PIDs of hpvc's console readers (hpvc.host.console_ring) of this launch's log."""
+    return [
+        pid
+        for pid in procfs.pids()
+        if (argv := procfs.cmdline(pid))
+        and "hpvc.host.console_ring" in argv
+        and launch.console_log in argv
+    ]
+
+
 def _link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
@@ -137,6 +148,8 @@ def _assert_gone(env: Vm, launch: QemuLaunch, pid: int) -> None:
     for path in vm_qemu.launch_files(launch.argv).sockets:
         assert not os.path.exists(path)
     assert not os.path.exists(launch.pidfile)
+    assert launch.console_fifo is not None and not os.path.exists(launch.console_fifo)
+    assert console_readers(launch) == []  # the serial console's reader ended too
 
 
 @pytest.mark.parametrize(("pinning", "vcpus"), [("dedicated", 1), ("shared", 2)])
@@ -211,4 +224,4 @@ def test_a_qemu_that_cannot_start_says_why(vm: Vm) -> None:
     ctx = replace(vm.context(plan), disk_images=((plan.nodes[0].name, str(missing)),))
     with pytest.raises(HpvcError, match=r"exited while starting.*missing\.raw"):
         vm.start(plan, ctx)
-    assert [c.kind for c in vm.journal.entries()] == ["bridge", "tap", "qemu"]
+    assert [c.kind for c in vm.journal.entries()] == ["bridge", "tap", "console-ring", "qemu"]

@@ -110,8 +110,9 @@ def test_reader_of_a_fifo_and_its_undo(tmp_path: Path) -> None:
     assert log.read_bytes() == b"hpvc-ready n0\n"
     pid = int(str(_record(journal)["pid"]))
     assert procfs.running(pid)  # its writer still holds the FIFO
-    assert journal.undo_all() == []  # the undo ends it
+    assert journal.undo_all() == []  # the undo ends it and removes the FIFO
     assert not procfs.running(pid)
+    assert not fifo.exists()
     os.close(writer)
 
 

@@ -127,7 +127,21 @@ def test_name_and_files_of_a_rendered_command_line(tmp_path: Path) -> None:
     assert launch.qmp_socket == str(run / "qmp.sock")
     assert files.pidfile == launch.pidfile == str(run / "qemu.pid")
     node_dir = tmp_path / "base" / "clusters" / "demo" / "nodes" / "compute0"
-    assert files.logs == (str(node_dir / "console.log"),)
+    # QEMU logs the serial console to a FIFO in the run folder, which hpvc's
+    # console reader copies into the node's console.log, kept to its cap.
+    assert files.logs == (str(run / "console.fifo"),)
+    assert launch.console_fifo == str(run / "console.fifo")
+    assert launch.console_log == str(node_dir / "console.log")
+
+
+def test_the_serial_console_is_logged_to_the_fifo(tmp_path: Path) -> None:
+    launch = _launch(tmp_path)
+    chardevs = [launch.argv[i + 1] for i, a in enumerate(launch.argv) if a == "-chardev"]
+    (console,) = [c for c in chardevs if c.startswith("socket,id=console0,")]
+    fifo = str(tmp_path / "run,, with comma" / "demo" / "compute0" / "console.fifo")
+    assert f",logfile={fifo}" in console
+    assert "console.log" not in " ".join(launch.argv)  # QEMU never writes the log itself
+    assert "logappend" not in console  # a new start's log starts empty: the reader's choice
 
 
 def test_name_of_wants_exactly_one_name() -> None:

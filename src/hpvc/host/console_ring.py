@@ -26,9 +26,10 @@ read end, or the FIFO); it ends by itself at end of file, when the last writer
 write of its own and a copy costs one read and one write per chunk.
 
 Journal kind ``"console-ring"`` (architecture rule 5), recorded as soon as the
-reader runs: ``{pid, start_time, log}``. Its undo ends that process (SIGTERM,
-then SIGKILL) while the PID still names it; the backends record it before
-the node it serves, so the node is gone first.
+reader runs: ``{pid, start_time, log}``, and ``fifo`` when it reads one. Its
+undo ends that process (SIGTERM, then SIGKILL) while the PID still names it,
+then removes the FIFO (while it is one); the backends record it before the
+node it serves, so the node is gone first.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import contextlib
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -136,8 +138,9 @@ def start(
     finally:
         os.close(read_end)
     _CHILDREN[child.pid] = child
+    where = {"log": str(log)} | ({"fifo": str(fifo)} if fifo is not None else {})
     journal.record("console-ring", pid=child.pid, start_time=procfs.start_time(child.pid),
-                   log=str(log))  # fmt: skip
+                   **where)  # fmt: skip
     return write_end
 
 
@@ -167,7 +170,15 @@ def _gone(pid: int, started: object) -> bool:
 
 @undoer("console-ring", lambda a: f"console reader {a.get('pid')} of {a.get('log')}")
 def _stop(args: Args) -> None:
-    pid, started = int(args["pid"]), args.get("start_time")
+    _end(int(args["pid"]), args.get("start_time"))
+    if "fifo" in args:
+        fifo = Path(args["fifo"])
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISFIFO(fifo.lstat().st_mode):
+                fifo.unlink()
+
+
+def _end(pid: int, started: object) -> None:
     for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
         if _gone(pid, started):
             return

@@ -133,6 +133,11 @@ class RenderContext:
     def console_log(self, cluster: str, node: str) -> str:
         return os.path.join(self.node_dir(cluster, node), "console.log")
 
+    def console_fifo(self, cluster: str, node: str) -> str:
+        """The FIFO QEMU logs a VM's serial console to (its chardev ``logfile=``);
+        hpvc's console reader copies it into ``console_log``, kept to a cap."""
+        return os.path.join(self.node_run_dir(cluster, node), "console.fifo")
+
     def qmp_socket(self, cluster: str, node: str) -> str:
         return os.path.join(self.node_run_dir(cluster, node), "qmp.sock")
 

@@ -35,6 +35,10 @@ class QemuLaunch:
     tap: str
     qmp_socket: str
     pidfile: str
+    # The serial console: QEMU writes it to ``console_fifo``, which hpvc's reader
+    # (hpvc.host.console_ring) copies into ``console_log``, kept to a cap.
+    console_fifo: str | None = None
+    console_log: str | None = None
 
 
 def _v(value: str) -> str:
@@ -86,7 +90,7 @@ def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]
     vhost = "on" if ctx.use_vhost() else "off"
     console = (
         f"socket,id=console0,path={_v(ctx.console_socket(plan.cluster, node.name))}"
-        f",server=on,wait=off,logfile={_v(ctx.console_log(plan.cluster, node.name))},logappend=off"
+        f",server=on,wait=off,logfile={_v(ctx.console_fifo(plan.cluster, node.name))}"
     )
     return [
         # aio=native needs O_DIRECT: cache=none gives it.
@@ -216,4 +220,6 @@ def render_qemu(plan: Plan, node: PlannedNode, ctx: RenderContext) -> QemuLaunch
         tap=tap_name(plan.cluster, node.name),
         qmp_socket=ctx.qmp_socket(plan.cluster, node.name),
         pidfile=ctx.pidfile(plan.cluster, node.name),
+        console_fifo=ctx.console_fifo(plan.cluster, node.name),
+        console_log=ctx.console_log(plan.cluster, node.name),
     )

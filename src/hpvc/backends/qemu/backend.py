@@ -143,7 +143,11 @@ class QemuBackend:
         net.create_tap(j, tap_name(plan.cluster, node.name), plan.network.bridge, plan.network.mtu)
         launch = render_qemu(plan, node, ctx)
         pid = vm_qemu.start_qemu(
-            j, launch, log=env.node_dir(node.name) / "qemu.log", qmp_timeout=qmp_wait_s(node)
+            j,
+            launch,
+            log=env.node_dir(node.name) / "qemu.log",
+            qmp_timeout=qmp_wait_s(node),
+            console_cap=env.rec.console_bytes(),  # the serial console's log, kept to it
         )
         vm_qemu.apply_pinning(launch.qmp_socket, pid, launch.pinning)
         return pid

@@ -15,9 +15,11 @@ the bookkeeping of its threads and sockets; the QMP session is in
 
 architecture rule 5: the undo kinds are ``"tap"`` (delete the interface if it is
 still a tap) and ``"qemu"`` (written before QEMU starts: its ``-name`` value,
-pid file, QMP and other sockets). Stopping asks QMP to ``quit``, then sends
-SIGTERM, then SIGKILL, and signals a PID only while its command line still
-holds the expected ``-name`` (a reused PID is never signalled).
+pid file, QMP and other sockets); before it, the serial console's reader
+(``"console-ring"``, ``hpvc.host.console_ring``), so QEMU is undone first.
+Stopping asks QMP to ``quit``, then sends SIGTERM, then SIGKILL, and signals a
+PID only while its command line still holds the expected ``-name`` (a reused
+PID is never signalled).
 
 The ``/proc`` readers take an injectable ``proc`` root, so the bookkeeping is
 tested with fake task lists. A guest's readiness (its console's ready line) is
@@ -39,7 +41,7 @@ from typing import TypedDict
 
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S, Memdev, memdevs, qmp, vcpu_threads, wait_qmp
 from hpvc.errors import HpvcError
-from hpvc.host import procfs
+from hpvc.host import console_ring, procfs
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.procfs import PROC, ThreadAffinity, find_qemu, is_qemu, task_ids, thread_affinity
 from hpvc.paths import private_dir
@@ -142,18 +144,35 @@ def accel_of(argv: Sequence[str]) -> str | None:
 
 
 def start_qemu(
-    journal: Journal, launch: QemuLaunch, *, log: Path, qmp_timeout: float = QMP_CONNECT_S
+    journal: Journal,
+    launch: QemuLaunch,
+    *,
+    log: Path,
+    qmp_timeout: float = QMP_CONNECT_S,
+    console_cap: int = 16 << 20,
 ) -> int:
-    """Start QEMU detached (own session, stdio to ``log``); return its PID once QMP answers."""
+    """Start QEMU detached (own session, stdio to ``log``); return its PID once QMP answers.
+
+    A launch whose serial console is logged to a FIFO (``console_fifo``) gets
+    hpvc's console reader first: it makes the FIFO (0600, root's: QEMU opens it
+    before it drops to its cluster's uid) and holds it open for reading, so
+    QEMU's open for writing does not wait, and keeps ``console_log`` to
+    ``console_cap`` bytes. A new start's log starts empty, as QEMU's own
+    ``logappend=off`` did (a restart makes the node's folder anew in any case).
+    """
     name = name_of(launch.argv)
     what = f"QEMU {name.split(',')[0]}"
     already = find_qemu(name)
     if already:
         raise HpvcError(what, f"already running as PID {already[0]}", "run 'hpvc down' first")
     files = launch_files(launch.argv)
-    for path in (*files.sockets, *files.logs, launch.pidfile, str(log)):
+    console = [launch.console_log] if launch.console_log is not None else []
+    for path in (*files.sockets, *files.logs, *console, launch.pidfile, str(log)):
         private_dir(Path(path).parent)  # in hpvc's state: root's alone
     sockets = list(dict.fromkeys([launch.qmp_socket, *files.sockets]))
+    if launch.console_fifo is not None and launch.console_log is not None:
+        fifo, ring = Path(launch.console_fifo), Path(launch.console_log)
+        console_ring.start(journal, ring, console_cap, fifo=fifo)  # undone after QEMU
     journal.record(
         "qemu", name=name, pidfile=launch.pidfile, qmp=launch.qmp_socket, sockets=sockets
     )
