@@ -62,6 +62,22 @@ def image_dir() -> Path:
     return Path(env) if env else state_dir() / IMAGES
 
 
+def open_to_others(path: Path, st: os.stat_result) -> bool:
+    """May others than the owner enter ``path`` by its mode? The group bits of a
+    file with an access ACL are its mask, not the owning group's: who else
+    may enter is then said by the ACL's entries, which only the owner (root)
+    writes (``hpvc.host.qemu_access`` gives a QEMU's uid traversal so)."""
+    if st.st_mode & 0o007:
+        return True
+    if not st.st_mode & 0o070:
+        return False
+    try:
+        os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+    except OSError:
+        return True  # no ACL: the group bits are the group's
+    return False
+
+
 def private_dir(path: Path, *, tighten: bool = False) -> Path:
     """``path`` as a folder only its owner (root) can enter; missing parents
     are made the same way. ``tighten``: a folder of hpvc's own that an older
@@ -75,7 +91,7 @@ def private_dir(path: Path, *, tighten: bool = False) -> Path:
             os.mkdir(path, PRIVATE)
     except FileExistsError:
         st = os.stat(path)  # follows a link, as mkdir -p would
-        if tighten and st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        if tighten and open_to_others(path, st) and st.st_uid == os.geteuid():
             os.chmod(path, PRIVATE)
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is not a directory")

@@ -250,6 +250,7 @@ def test_a_dead_libvirt_domain_comes_back(
     )
     try:
         lifecycle.up(str(spec), store)
+        uid = assert_confined(f"guest=hpvc-{name}-", 1)  # libvirt's QEMU: the cluster's uid
         dead = kill_node(store, name, "compute0")
         done = restart(name, ["compute0"], store)
         assert [(d.node, d.was, d.restarted, d.state) for d in done] == [
@@ -257,6 +258,7 @@ def test_a_dead_libvirt_domain_comes_back(
         ]
         assert domain_names(libvirtd) == [f"hpvc-{name}-compute0"]
         assert ops.node_pid(name, "compute0", store) != dead
+        assert_confined(f"guest=hpvc-{name}-", 1, uid)
         st = ops.status(name, store)["nodes"][0]
         assert [v["cpus"] for v in st["vm"]["vcpus"]] == [st["planned"]["cpus"]]
         answers_then_goes(libvirtd, store, name, capfd)

@@ -37,7 +37,7 @@ from hpvc.backends.vm import console
 from hpvc.backends.vm.guest import ssh_argv, ssh_key
 from hpvc.cluster import lifecycle, ops
 from hpvc.errors import DoesNotFit, HpvcError, InputError, MissingDependency
-from hpvc.host import net, procfs
+from hpvc.host import net, procfs, qemu_access, qemu_user
 from hpvc.host.journal import Journal
 from hpvc.image import resolve_image
 from hpvc.image.guest import GuestArtifacts, build_guest, kernel_cmdline, node_disk
@@ -49,7 +49,7 @@ from hpvc.store import Store
 from hpvc.topology import read_topology
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready
-from tests.integration.test_vm_cluster import vm_leftovers, vm_spec
+from tests.integration.test_vm_cluster import assert_confined, vm_leftovers, vm_spec
 
 pytestmark = pytest.mark.integration
 
@@ -403,6 +403,18 @@ def answers_then_goes(
     assert vm_leftovers(name, store) == []
 
 
+def acl_holders(top: Path, uid: int) -> list[Path]:
+    """``top`` and the files under it whose ACL has an entry for ``uid``."""
+    found = []
+    for path in [top, *top.rglob("*")]:
+        if (
+            not path.is_symlink()
+            and qemu_access.user_perm(qemu_access.read_acl(path), uid) is not None
+        ):
+            found.append(path)
+    return found
+
+
 def teardown_all(store: Store) -> None:
     """Whatever a failed test left in ``store``: every cluster, then host-wide changes."""
     for n in {p.name for p in (store.root / "clusters").glob("*")}:
@@ -563,6 +575,13 @@ def test_cluster_up_status_exec_down_through_libvirt(
         for n in st["nodes"]:  # libvirt applied the plan's pinning from <cputune>
             assert n["state"] == "running"
             assert [v["cpus"] for v in n["vm"]["vcpus"]] == [n["planned"]["cpus"]]
+        # Every QEMU runs as the cluster's own uid (its DAC label), under seccomp,
+        # and owns no file: its access is ACL entries, gone with the cluster.
+        uid = assert_confined(f"guest=hpvc-{name}-", 2)
+        assert uid == qemu_user.find(store.root, name)
+        assert [p for p in store.root.rglob("*") if p.lstat().st_uid == uid] == []
+        assert acl_holders(store.root, uid) != []
         answers_then_goes(libvirtd, store, name, capfd)
+        assert acl_holders(store.root, uid) == []
     finally:
         teardown_all(store)

@@ -45,7 +45,7 @@ from pathlib import Path
 from hpvc.errors import HpvcError, InputError
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.locks import file_lock
-from hpvc.paths import private_dir
+from hpvc.paths import open_to_others, private_dir
 
 MiB = 1 << 20
 DEFAULT_MIB = 64  # a power of two: QEMU aborts on a BAR size that is not
@@ -109,7 +109,8 @@ def _private(path: Path) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+    mine = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return mine and not open_to_others(path, st)  # an ACL: QEMUs' traversal
 
 
 def region_dir(state_root: Path, shm_dir: Path) -> Path:

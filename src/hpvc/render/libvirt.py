@@ -224,6 +224,20 @@ def _sysinfo(dom: ET.Element, ctx: RenderContext) -> None:
     _sub(info, "entry", name=AGENT_KEY_FWCFG, file=ctx.agent_key)
 
 
+def _seclabel(dom: ET.Element, ctx: RenderContext) -> None:
+    """QEMU as the cluster's uid from its start (libvirt's DAC label), chowning
+    nothing (``relabel='no'``): hpvc lets that uid open the domain's files
+    itself (``hpvc.host.qemu_access``). libvirt then adds its own ``-sandbox``
+    (qemu.conf's ``seccomp_sandbox``, on by default); with no label, QEMU runs
+    as qemu.conf's ``user``."""
+    if ctx.qemu_uid is None:
+        return
+    if ctx.qemu_uid <= 0:
+        raise ValueError(f"QEMU's uid must not be root's: {ctx.qemu_uid}")
+    label = _sub(dom, "seclabel", type="static", model="dac", relabel="no")
+    _sub(label, "label", f"+{ctx.qemu_uid}:+{ctx.qemu_uid}")
+
+
 def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
     """The libvirt domain XML of one VM node, pretty-printed and deterministic."""
     dom = ET.Element("domain", {"type": "kvm" if ctx.accel == "kvm" else "qemu"})
@@ -238,6 +252,7 @@ def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
     _cpu(dom, node, ctx)
     _clock(dom, ctx)
     _devices(dom, plan, node, ctx)
+    _seclabel(dom, ctx)
     _qemu_commandline(dom, ctx)
     ET.indent(dom, space="  ")
     return ET.tostring(dom, encoding="unicode") + "\n"

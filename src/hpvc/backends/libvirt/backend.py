@@ -17,7 +17,9 @@ from typing import Any, ClassVar
 from hpvc.backends.base import Capabilities, ClusterEnv
 from hpvc.backends.libvirt import domain as vm_libvirt
 from hpvc.backends.libvirt import leftovers
+from hpvc.backends.libvirt.domain_xml import qemu_opens
 from hpvc.backends.qemu.backend import QemuBackend, vm_state
+from hpvc.host import qemu_access
 from hpvc.host.orphans import Keep, Orphan
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
@@ -54,6 +56,8 @@ class LibvirtBackend(QemuBackend):
         private_dir(Path(ctx.node_run_dir(plan.cluster, node.name)))
         xml = render_domain_xml(plan, node, ctx)
         (env.node_dir(node.name) / "domain.xml").write_text(xml)
+        if ctx.qemu_uid is not None:
+            self._let_qemu_open(env, node, ctx, xml, ctx.qemu_uid)
         conn = vm_libvirt.connect(self._uri(env))
         try:
             return vm_libvirt.start_domain(
@@ -61,6 +65,30 @@ class LibvirtBackend(QemuBackend):
             )
         finally:
             conn.close()
+
+    def _let_qemu_open(
+        self, env: ClusterEnv, node: PlannedNode, ctx: RenderContext, xml: str, uid: int
+    ) -> None:
+        """ACL entries for ``uid`` (the domain's DAC label) on what its QEMU opens:
+        the node's own files journaled with the node, the rest (the folders above
+        the node's, the guest cache, the ivshmem region, /dev/kvm) with the cluster."""
+        lock = env.store.root / qemu_access.LOCK_NAME
+        node_dir = Path(os.path.realpath(env.node_dir(node.name)))
+        files = [(Path(p), perms) for p, perms in qemu_opens(xml)]
+        for path, perms in list(files):
+            if perms == "rw" and path.suffix == ".qcow2":
+                files += [(b, "r") for b in qemu_access.backing_chain(path)]
+        if ctx.accel == "kvm":
+            files.append((Path("/dev/kvm"), "rw"))
+        for path, perms in files:
+            if Path(os.path.realpath(path)).is_relative_to(node_dir):
+                qemu_access.traverse(env.journal(), uid, node_dir.parent, lock=lock)
+                qemu_access.grant(env.node_journal(node.name), uid, path, perms, lock=lock)
+            else:
+                qemu_access.grant(env.journal(), uid, path, perms, lock=lock)
+        if node.hugepages is not None:  # libvirt makes the domain's folder in the mount
+            pages = Path(ctx.hugetlbfs_path(node.hugepages.size_kib))
+            qemu_access.traverse(env.journal(), uid, pages, lock=lock)
 
     def live_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int | None:
         """The domain's QEMU from libvirt's pid file or /proc (libvirtd need not answer)."""

@@ -95,3 +95,53 @@ def numa_tune(params: dict[str, Any], xml: str) -> NumaTune:
         nodeset=str(params.get("numa_nodeset", "")),
         cells=cells,
     )
+
+
+_QEMU_NS = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+
+
+def _qemu_option(value: str, key: str) -> str | None:
+    """``key=...`` of a QEMU option string (a doubled comma is a comma)."""
+    parts: list[str] = [""]
+    i = 0
+    while i < len(value):
+        if value[i] == "," and value[i + 1 : i + 2] == ",":
+            parts[-1] += ","
+            i += 2
+        else:
+            if value[i] == ",":
+                parts.append("")
+            else:
+                parts[-1] += value[i]
+            i += 1
+    for part in parts:
+        if part.startswith(f"{key}="):
+            return part[len(key) + 1 :]
+    return None
+
+
+def qemu_opens(xml: str) -> list[tuple[str, str]]:
+    """The host files a domain's QEMU opens itself, as (path, "r" or "rw"): kernel,
+    initramfs, file disks (a qcow2's backing files not included), fw_cfg entries'
+    files and ``mem-path`` of memory backends on ``<qemu:commandline>``. What
+    libvirt opens and passes (tap, serial log, monitor) is not listed."""
+    dom = ET.fromstring(xml)
+    found: list[tuple[str, str]] = []
+    for tag in ("os/kernel", "os/initrd"):
+        el = dom.find(tag)
+        if el is not None and el.text:
+            found.append((el.text.strip(), "r"))
+    for disk in dom.findall("devices/disk"):
+        source = disk.find("source")
+        if disk.get("type") != "file" or source is None or not source.get("file"):
+            continue
+        readonly = disk.find("readonly") is not None or disk.get("device") == "cdrom"
+        found.append((source.get("file", ""), "r" if readonly else "rw"))
+    for entry in dom.findall("sysinfo/entry"):
+        if entry.get("file"):
+            found.append((entry.get("file", ""), "r"))
+    for arg in dom.findall(f"{_QEMU_NS}commandline/{_QEMU_NS}arg"):
+        path = _qemu_option(arg.get("value", ""), "mem-path")
+        if path:
+            found.append((path, "rw"))
+    return list(dict.fromkeys(found))
