@@ -184,6 +184,25 @@ AGENT_PROBE = (
     "print(s.recv(200).decode(errors='replace'))\n"
 )
 
+# Root holds N sockets from reserved ports to a guest's agent made, as the
+# relays make theirs, with the user as file-system uid (their owner in
+# /proc/net/tcp); it says "held N", then keeps them until its stdin closes.
+RELAY_HOLDER = (
+    "import ctypes, socket, sys\n"
+    "ip, uid, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+    "ctypes.CDLL(None).setfsuid(uid)\n"
+    "held, port = [], 1023\n"
+    "while len(held) < n and port >= 512:\n"
+    "    s = socket.socket()\n"
+    "    try:\n"
+    "        s.bind(('', port)); s.connect((ip, 7117)); held.append(s)\n"
+    "    except OSError:\n"
+    "        s.close()\n"
+    "    port -= 1\n"
+    "print('held', len(held), flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
 
 def test_scancel_stops_a_command_in_a_guest_and_only_the_owner_enters(
     slurm: Env, vm_spec: Path
@@ -231,6 +250,25 @@ def test_scancel_stops_a_command_in_a_guest_and_only_the_owner_enters(
             "srun", f"--jobid={job}", "--overlap", f"--hpvc={vm_spec}", "-N1", "-n1", "hostname"
         )  # fmt: skip
         assert mine.returncode == 0 and mine.stdout.split() == ["compute0"], mine.stderr
+        # The owner's relays on a host hold at most 128 reserved ports (issue 25,
+        # item 10): with 128 more held as theirs, the next task is refused in one line.
+        hold = slurm.cluster.on(
+            first, ["python3", "-c", RELAY_HOLDER, ip, str(slurm.user.uid), "128"]
+        )
+        holder = subprocess.Popen(
+            hold, env=slurm.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held 128\n"
+            full = slurm.run(
+                "srun", f"--jobid={job}", "--overlap", f"--hpvc={vm_spec}", "-N1", "-n1",
+                f"--nodelist={first}", "hostname",
+            )  # fmt: skip
+            assert full.returncode != 0 and "compute0" not in full.stdout, full.stdout
+            assert f"user {slurm.user.uid} already holds" in full.stderr, full.stderr
+            assert "task relays to VM nodes on this host" in full.stderr, full.stderr
+        finally:
+            holder.communicate("", timeout=30)
         # Another user: refused by Slurm, by the agent, and by hpvc.
         theirs_spec = slurm.home(slurm.other) / "vm.toml"
         theirs_spec.write_text(VM_SPEC)
