@@ -90,6 +90,30 @@ def vm_spec(tmp_path: Path, name: str, computes: int = 2) -> str:
     return str(p)
 
 
+def assert_agent_key_reached_the_guests(
+    name: str, store: Store, capfd: pytest.CaptureFixture[str], src: str, dst: str
+) -> None:
+    """The cluster's agent key reached its guests by fw_cfg (root's file in each):
+    guest ``src`` runs a command on ``dst`` through its agent (hpvc-rsh), and no
+    QEMU command line holds the key, only the fw_cfg entry naming its file."""
+    key = (store.cluster_dir(name) / "agent.key").read_bytes()
+    capfd.readouterr()
+    rsh = ["sh", "-c", f"stat -c %a /run/hpvc/agent-key; hpvc-rsh {dst} hostname"]
+    assert ops.exec_node(name, src, rsh, store) == 0
+    assert capfd.readouterr().out.split() == ["600", dst]
+    seen = 0
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"qemu-system" in argv.split(b"\0")[0] and f"hpvc-{name}-".encode() in argv:
+            seen += 1
+            assert b"name=opt/hpvc/agent-key,file=" in argv
+            assert key not in argv and key.hex().encode() not in argv
+    assert seen > 0
+
+
 def test_vm_up_exec_run_status_down(
     store: Store,
     tmp_path: Path,
@@ -152,6 +176,7 @@ def test_vm_up_exec_run_status_down(
         ops.exec_node(name, "compute1", ["hpvc-shm", "read", "0", str(6 + len(name))], store) == 0
     )
     assert capfd.readouterr().out.strip() == f"hello-{name}"
+    assert_agent_key_reached_the_guests(name, store, capfd, "compute0", "compute1")
     lifecycle.down(name, store)
     assert vm_leftovers(name, store) == []
     assert qemu_user.find(store.root, name) is None  # the uid is given back

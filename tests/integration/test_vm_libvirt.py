@@ -49,7 +49,12 @@ from hpvc.store import Store
 from hpvc.topology import read_topology
 from tests.helpers import requires
 from tests.integration.test_cluster import image_ready
-from tests.integration.test_vm_cluster import assert_confined, vm_leftovers, vm_spec
+from tests.integration.test_vm_cluster import (
+    assert_agent_key_reached_the_guests,
+    assert_confined,
+    vm_leftovers,
+    vm_spec,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -581,6 +586,7 @@ def test_cluster_up_status_exec_down_through_libvirt(
         assert uid == qemu_user.find(store.root, name)
         assert [p for p in store.root.rglob("*") if p.lstat().st_uid == uid] == []
         assert acl_holders(store.root, uid) != []
+        assert_agent_key_reached_the_guests(name, store, capfd, "head0", "compute0")
         answers_then_goes(libvirtd, store, name, capfd)
         assert acl_holders(store.root, uid) == []
     finally:
