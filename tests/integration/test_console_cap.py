@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hpvc.cluster import lifecycle, ops
-from hpvc.host import procfs
+from hpvc.host import console_ring, procfs
 from hpvc.spec import read_spec
 from hpvc.store import Store
 from tests.helpers import requires
@@ -24,12 +24,12 @@ NET = f"10.227.{os.getpid() % 250}"
 
 
 def readers_of(node_dir: Path) -> list[int]:
-    """PIDs of console readers (hpvc.host.console_ring) writing into ``node_dir``."""
+    """PIDs of console readers (hpvc.host.console_reader) writing into ``node_dir``."""
     log = str(node_dir / "console.log")
     return [
         pid
         for pid in procfs.pids()
-        if (argv := procfs.cmdline(pid)) and "hpvc.host.console_ring" in argv and log in argv
+        if (argv := procfs.cmdline(pid)) and str(console_ring.READER) in argv and log in argv
     ]
 
 

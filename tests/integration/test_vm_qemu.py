@@ -21,7 +21,7 @@ import pytest
 
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.errors import DoesNotFit, HpvcError
-from hpvc.host import hugepages, net, procfs
+from hpvc.host import console_ring, hugepages, net, procfs
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, plan_cluster
 from hpvc.render.context import RenderContext
@@ -113,12 +113,12 @@ class Vm:
 
 
 def console_readers(launch: QemuLaunch) -> list[int]:
-    """PIDs of hpvc's console readers (hpvc.host.console_ring) of this launch's log."""
+    """PIDs of hpvc's console readers (hpvc.host.console_reader) of this launch's log."""
     return [
         pid
         for pid in procfs.pids()
         if (argv := procfs.cmdline(pid))
-        and "hpvc.host.console_ring" in argv
+        and str(console_ring.READER) in argv
         and launch.console_log in argv
     ]
 

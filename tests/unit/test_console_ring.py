@@ -13,7 +13,7 @@ import pytest
 
 from hpvc.backends.vm.console import _LogFollower
 from hpvc.host import console_ring, procfs
-from hpvc.host.console_ring import RingLog
+from hpvc.host.console_reader import RingLog
 from hpvc.host.journal import Journal
 from hpvc.slurm import policy
 from hpvc.spec.limits import DEFAULT, Limits, read_site

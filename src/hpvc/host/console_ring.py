@@ -19,7 +19,9 @@ that matter (readiness, the last words before a crash). Rotating by rename
 keeps whole files that a reader following ``console.log`` by path sees start
 over (``hpvc.backends.vm.console`` reads the rest of ``console.log.1`` then).
 
-The reader is ``python -m hpvc.host.console_ring CAP LOG [append]``, in a
+The reader is ``python -S -I console_reader.py CAP LOG [append]``
+(``hpvc.host.console_reader``, standard library only, so it starts in
+milliseconds), in a
 session of its own (like the QEMU it serves), reading its stdin (the pipe's
 read end, or the FIFO); it ends by itself at end of file, when the last writer
 (the container's processes, QEMU) is gone. The node never blocks on a file
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import stat
 import subprocess
@@ -47,61 +48,8 @@ from pathlib import Path
 from hpvc.host import procfs
 from hpvc.host.journal import Args, Journal, undoer
 
-CHUNK = 1 << 16
-ROTATED = ".1"  # the older half: console.log.1
+READER = Path(__file__).with_name("console_reader.py")  # stdlib only: starts fast
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # readers this process started, to reap
-
-
-class RingLog:
-    """A file that never grows past ``cap`` bytes: when a write would take it
-    past, it becomes ``<path>.1`` and a new file starts. Between them they hold
-    the newest bytes written, at most twice ``cap``."""
-
-    def __init__(self, path: Path, cap: int, append: bool = False) -> None:
-        if cap < 1:
-            raise ValueError(f"a console log's cap must be positive: {cap}")
-        self.path, self.cap = path, cap
-        keep = os.O_APPEND if append else os.O_TRUNC  # a node's restart adds to its log
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | keep | os.O_CLOEXEC, 0o600)
-        self.size = os.fstat(self._fd).st_size
-
-    def write(self, data: bytes) -> None:
-        if len(data) > self.cap:  # only its last cap bytes can be kept
-            data = data[-self.cap :]
-        if self.size + len(data) > self.cap:
-            self._rotate()
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        self.size += len(data)
-
-    def _rotate(self) -> None:
-        os.replace(self.path, self.path.with_name(self.path.name + ROTATED))
-        os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self.size = 0
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-def copy(source: int, log: RingLog) -> None:
-    """Copy ``source`` (a descriptor, made non-blocking) into ``log`` until end of
-    file. poll() first: a FIFO no writer has opened yet reads as end of file,
-    but polls as nothing to read, until its writer (QEMU) comes and goes."""
-    os.set_blocking(source, False)
-    poller = select.poll()
-    poller.register(source, select.POLLIN)
-    while True:
-        poller.poll()
-        try:
-            data = os.read(source, CHUNK)
-        except (BlockingIOError, InterruptedError):
-            continue
-        if not data:
-            return
-        log.write(data)
 
 
 def start(
@@ -122,7 +70,7 @@ def start(
         read_end, write_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), None
     else:
         read_end, write_end = os.pipe()
-    argv = [sys.executable, "-m", "hpvc.host.console_ring", str(cap), str(log)]
+    argv = [sys.executable, "-S", "-I", str(READER), str(cap), str(log)]
     try:
         child = subprocess.Popen(
             [*argv, *(["append"] if append else [])],
@@ -189,18 +137,3 @@ def _end(pid: int, started: object) -> None:
             if _gone(pid, started):
                 return
             time.sleep(0.02)
-
-
-def main(argv: list[str]) -> int:
-    """``CAP LOG [append]``: copy stdin (a pipe or FIFO) into LOG, kept to CAP bytes."""
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
-    cap, log = int(argv[0]), Path(argv[1])
-    ring = RingLog(log, cap, append=argv[2:] == ["append"])
-    copy(0, ring)
-    ring.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
