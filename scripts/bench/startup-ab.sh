@@ -5,6 +5,7 @@
 # swapped every round. Prints min/median/max per side for up/down of each size
 # and for the quick commands, and B/A of the medians.
 #   usage: scripts/bench/startup-ab.sh A_CHECKOUT [ROUNDS] [OUT]
+# HPVC_AB_ARGS adds options to every run (e.g. "--resident").
 # Each checkout needs its own .venv (make setup). Run as root.
 set -euo pipefail
 a=${1:?usage: $0 A_CHECKOUT [ROUNDS] [OUT]}
@@ -17,8 +18,9 @@ for r in $(seq 1 "$rounds"); do
   for side in $order; do
     dir=$a; [ "$side" = B ] && dir=$b
     echo "round $r/$rounds: $side ($dir)" >&2
+    # shellcheck disable=SC2086  # HPVC_AB_ARGS is a list of options
     "$dir/.venv/bin/hpvc" bench startup --nodes 1,4,8 --repeat 1 --no-peer \
-      --out "$out/$side-$r" >/dev/null
+      ${HPVC_AB_ARGS:-} --out "$out/$side-$r" >/dev/null
   done
 done
 "$b/.venv/bin/python" - "$out" "$rounds" <<'PY'
