@@ -407,6 +407,18 @@ def test_a_killed_import_leaves_what_the_next_import_sweeps(
     assert resolve_image("k", store).digest == image.digest
 
 
+def test_gc_removes_what_a_killed_import_left(rootfs: Path, tmp_path: Path, store: Store) -> None:
+    from hpvc.cluster import gc
+
+    write_layout(tmp_path / "l", [busybox_layer(rootfs)])
+    env = {"HPVC_IMAGE_DIR": str(store.root), "HPVC_FAIL_AT": "crash:import:copied"}
+    assert cli("image", "import", "k", f"oci:{tmp_path / 'l'}:t", env=env).returncode == 70
+    (left,) = store.digests_dir.glob("import.tmp-*")
+    found, errors = gc._interrupted_imports(store, dry_run=False)
+    assert [o.name for o in found] == [str(left)] and errors == []
+    assert leftovers(store) == [] and list(store.blobs_dir.glob("sha256/*")) == []
+
+
 # ---- a container cluster from an imported image ------------------------------
 
 
@@ -453,8 +465,11 @@ def test_container_cluster_from_a_busybox_image(
         assert ops.exec_node(name, "compute1", argv, state) == 0
         assert capfd.readouterr().out.split() == ["hi", "/tmp", "compute1", "2"]
 
+        digest = resolve_image("bbnode", images).digest  # what the record and status say
+        assert rec.image_digests() == {digest: ["compute0", "compute1"]}
+        assert ops.status(name, state)["image_digests"] == rec.image_digests()
         out = cli("image", "rm", "bbnode", env={"HPVC_STATE_DIR": str(state.root)})
-        assert out.returncode == 2 and "in use by a cluster" in out.stderr
+        assert out.returncode == 2 and f"in use by cluster {name}" in out.stderr
         assert resolve_image("bbnode", images).rootfs.is_dir()
 
         lifecycle.down(name, state)

@@ -171,8 +171,22 @@ def show_status(st: dict[str, Any]) -> None:
     _notes(st)
 
 
+def image_text(name: str, digests: dict[str, list[str]]) -> str:
+    """``mine 0123456789ab``; ``mine 0123456789ab on c-0, c-1; fedcba987654 on c-2``
+    where nodes run different digests of it (hpvc.store.ClusterRecord.image_digests)."""
+    if not digests:
+        return f"{name} (digest not recorded)"
+    if len(digests) == 1:
+        return f"{name} {next(iter(digests))[:12]}"
+    return f"{name} " + "; ".join(f"{d[:12]} on {', '.join(n)}" for d, n in digests.items())
+
+
 def _notes(st: dict[str, Any]) -> None:
-    """What the table alone would hide: limits that cannot apply, an up that was killed."""
+    """What the table alone would hide: the image (by digest), limits that cannot
+    apply, an up that was killed."""
+    if st.get("image"):
+        text = image_text(st["image"], st.get("image_digests") or {})
+        console.print(f"image: {text}", markup=False)
     if st.get("io_warning"):
         console.print(f"warning: {st['io_warning']}", style="yellow", markup=False)
     if st.get("note"):
@@ -249,12 +263,14 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -
     from rich.table import Table
 
     t = Table(title="clusters")
-    for col in ("name", "status", "kind", "nodes", "vCPUs", "subnet", "age"):
+    for col in ("name", "status", "kind", "nodes", "vCPUs", "subnet", "image", "age"):
         t.add_column(col)
     for r in rows:
         age = f"{time.time() - r['created']:.0f}s"
         state = f"{r['status']} (interrupted)" if r.get("interrupted") else r["status"]
-        t.add_row(r["name"], state, r["kind"], str(r["nodes"]), str(r["vcpus"]), r["subnet"], age)
+        image = image_text(r["image"], r["image_digests"])
+        t.add_row(r["name"], state, r["kind"], str(r["nodes"]), str(r["vcpus"]), r["subnet"],
+                  image, age)  # fmt: skip
     console.print(t if rows else "no clusters")
 
 
@@ -334,7 +350,8 @@ def gc_cmd(
     Containers, network namespaces, bridges, veths and taps, cgroups, QEMU
     processes, libvirt domains and mounts named by hpvc for a cluster that has
     no record in the state directory (e.g. after the state directory was
-    deleted by hand). Running clusters are never touched.
+    deleted by hand); without --prefix, also the image store's interrupted
+    imports. Running clusters and running imports are never touched.
 
     Examples:
 

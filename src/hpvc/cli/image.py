@@ -111,8 +111,9 @@ Examples:
 
 RM_HELP = """Remove the image NAME. Its rootfs is deleted when no other name points to it.
 
-Refused while a cluster that exists (hpvc ls) names the image; an imported
-image's layers are deleted when no other image uses them.
+Refused, naming the clusters, while a cluster that exists (hpvc ls) has
+nodes made from the image's digest; an imported image's layers are deleted
+when no other image uses them.
 
 Examples:
 

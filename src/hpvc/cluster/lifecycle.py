@@ -7,6 +7,9 @@ the hosts file), the rest through its backend (``hpvc.backends.base``). Any
 failure undoes everything; a crash leaves journals that ``down`` replays, with
 no backend code. ``HPVC_FAIL_AT`` (tests only, ``hpvc.faults``) injects a
 failure after a named step.
+
+Long because up and scale share their booking, rollback and record keeping
+(pages, holdings, image digests) here; teardown and subnets live apart.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, ClusterEnv
-from hpvc.cluster import pages
+from hpvc.cluster import images, pages
 from hpvc.cluster.subnets import claim_subnet
 from hpvc.cluster.teardown import down as down
 from hpvc.cluster.teardown import teardown as teardown
@@ -267,6 +270,7 @@ def _book(
             backend=backend.name,
             pages=pages.to_record(pages.held_by_plan(plan, host)),
         )
+        images.record(rec, [n.name for n in plan.nodes])  # which image, by digest
         store.save(rec)
     return rec, plan
 
@@ -303,6 +307,7 @@ def _scale_locked(
             h: _union(rec.holdings.get(h), new_holdings.get(h))
             for h in set(rec.holdings) | set(new_holdings)
         }
+        images.record(rec, sorted({n.name for n in plan.nodes} - {n.name for n in old.nodes}))
         _disk_full_is_one_line(name, store, store.save, rec)  # nothing changed yet
     backend, env = open_env(store, rec)
     try:
@@ -322,6 +327,7 @@ def _scale_locked(
     rec.plan = plan.to_json()
     rec.holdings = holdings_of(plan, {host: topo.cpu_package()})
     rec.pages = pages.to_record(now_held)
+    images.record(rec, [])  # the nodes this scale removed forgotten
     rec.status = "running"
     _disk_full_is_one_line(name, store, env.save)
     return rec

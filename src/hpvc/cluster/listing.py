@@ -52,6 +52,8 @@ def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
                 "nodes": len(plan.nodes),
                 "vcpus": sum(len(n.vcpus) for n in plan.nodes),
                 "subnet": plan.network.subnet,
+                "image": rec.image_name(),
+                "image_digests": rec.image_digests(),  # digest -> its nodes
                 "created": rec.created,
             }
         )

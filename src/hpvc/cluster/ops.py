@@ -107,6 +107,7 @@ def status(name: str, store: Store | None = None) -> dict[str, Any]:
         **under_way(store, rec),
         "kind": plan.kind,
         "image": plan.image,
+        "image_digests": rec.image_digests(),  # digest -> its nodes (hpvc.cluster.images)
         "bridge": plan.network.bridge,
         "subnet": plan.network.subnet,
         "mtu": plan.network.mtu,

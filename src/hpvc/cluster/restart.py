@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
+from hpvc.cluster import images
 from hpvc.cluster.lifecycle import open_env, start_services, stopped_by
 from hpvc.cluster.teardown import waiting
 from hpvc.coordinator import after_change
@@ -115,6 +116,7 @@ def _bring_back(
     for n in names:
         progress(f"node {n} is {was[n]}: restarting")
     backend.stop(env, plan, names, quiet)  # what is left of them (no line per undo)
+    images.record(env.rec, names)  # they start from what the image's name points to now
     env.save()  # the dead nodes' PIDs are gone from the backend's state
     try:
         backend.start(env, plan, names, progress)  # its phases go: the record keeps up's

@@ -124,6 +124,30 @@ def thread_names(pid: int, proc: Path = PROC) -> dict[int, str]:
     return out
 
 
+def flock_holders(path: Path, proc: Path = PROC) -> set[int]:
+    """The PIDs ``/proc/locks`` says hold a flock on the file ``path`` (empty
+    when none, or when the file or the table cannot be read). The device is
+    matched by its major and minor numbers, the file by its inode."""
+    try:
+        st = os.stat(path)
+        table = (proc / "locks").read_text()
+    except (OSError, UnicodeDecodeError):
+        return set()
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    out: set[int] = set()
+    for line in table.splitlines():
+        fields = line.split()
+        if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
+            continue  # a waiter ("->") holds nothing
+        try:
+            major, minor, inode = fields[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == want:
+                out.add(int(fields[4]))
+        except ValueError:
+            continue
+    return out
+
+
 def read_pidfile(path: Path) -> int | None:
     """The PID a pid file holds; None when it is missing or not a number."""
     try:

@@ -64,9 +64,10 @@ class Removed:
 def remove_image(name: str, store: StoreArg = None, *, in_use: InUse = lambda d: False) -> Removed:
     """Remove ``name``; delete its rootfs when no other name points to the same digest.
 
-    ``in_use(digest)`` (passed by the cluster layer) vetoes deleting a rootfs
-    that a running node mounts: removing the last name of such an image is
-    refused. Removing one of several names of a shared digest is always allowed.
+    ``in_use(digest)`` (passed by the cluster layer: the clusters whose records
+    hold the digest) vetoes deleting a rootfs that a node mounts: removing the
+    last name of such an image is refused, naming those clusters. Removing one
+    of several names of a shared digest is always allowed.
     """
     s = as_store(store)
     check_name(name)
@@ -77,10 +78,14 @@ def remove_image(name: str, store: StoreArg = None, *, in_use: InUse = lambda d:
         if digest is None:
             raise _not_found(name)
         others = tuple(n for n in s.names_of(digest) if n != name)
-        if not others and in_use(digest):
+        users = in_use(digest) if not others else False
+        if users:
+            which = "a cluster that exists"
+            if not isinstance(users, bool):
+                which = f"cluster{'s' if len(users) > 1 else ''} {', '.join(sorted(users))}"
             raise InputError(
-                f"image {name!r}",
-                "in use by a cluster that exists",
+                f"image {name!r} ({digest[:12]})",
+                f"in use by {which}",
                 "take the clusters using it down first (hpvc down)",
             )
         (s.names_dir / name).unlink()

@@ -30,19 +30,22 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hpvc.errors import HpvcError, InputError
+from hpvc.host import procfs
 from hpvc.host.probe import mounts_under
 from hpvc.image.model import Image, check_name
 from hpvc.locks import file_lock
 from hpvc.paths import image_dir
 from hpvc.sysroot import HOST, RootLike
 
-InUse = Callable[[str], bool]
+# in_use(digest): the clusters using an image's digest (hpvc.cluster.images), or
+# a bool; falsy when none does.
+InUse = Callable[[str], "Collection[str] | bool"]
 
 
 def default_store() -> Path:
@@ -163,6 +166,26 @@ class Store:
             remove_tree(leftover, unmount=True)
         return swept
 
+    def interrupted_imports(self, *, remove: bool) -> list[Path]:
+        """The folders of imports that no longer run (``hpvc gc``), removed unless
+        not ``remove``. With the import lock free no import runs, so all are;
+        while an import holds it, a folder is kept when its PID runs and is (as
+        far as ``/proc/locks`` says) the lock's holder: a running import is never
+        touched. Unused blobs are pruned too when no import runs."""
+        if not self.digests_dir.is_dir() or not (self.root / "import.lock").exists():
+            return []
+        with self.import_lock_if_free() as free:
+            folders = sorted(self.digests_dir.glob("import.tmp-*"))
+            if not free:
+                holders = procfs.flock_holders(self.root / "import.lock")
+                folders = [p for p in folders if not _runs_import(p, holders)]
+            if remove:
+                for leftover in folders:
+                    remove_tree(leftover, unmount=True)
+                if free and folders:
+                    self.prune_blobs()
+        return folders
+
     def is_complete(self, digest: str) -> bool:
         return (self.digest_dir(digest) / "image.json").is_file()
 
@@ -222,6 +245,15 @@ class Store:
 
     def load(self, name: str, digest: str) -> Image:
         return Image.from_metadata(name, self.digest_dir(digest), self.metadata(digest))
+
+
+def _runs_import(folder: Path, holders: set[int]) -> bool:
+    """Is ``import.tmp-<pid>`` the folder of a running import (its PID alive and,
+    when the import lock's holders are known, one of them)?"""
+    pid = folder.name.rsplit("-", 1)[-1]
+    if not pid.isdigit() or not procfs.running(int(pid)):
+        return False
+    return not holders or int(pid) in holders
 
 
 def remove_tree(path: Path, *, unmount: bool = False, root: RootLike = HOST) -> None:

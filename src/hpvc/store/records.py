@@ -90,6 +90,24 @@ class ClusterRecord:
     # the rotated file (hpvc.host.console_ring): a Slurm share's is the plugin's
     # max_console; None: the site's (/etc/hpvc/limits.toml) when a node starts.
     console_mib: int | None = None
+    # Which image each node runs: node -> the image store's digest its spec's
+    # image name pointed to when the node was made (hpvc.cluster.images.record):
+    # an imported image's config digest, a built image's recipe digest. Empty in
+    # records written before it was kept, and for nodes whose image was not found.
+    images: dict[str, str] = field(default_factory=dict)
+
+    def image_name(self) -> str:
+        """The image the spec names (``hpc`` when it names none)."""
+        return str(self.spec.get("image", "hpc"))
+
+    def image_digests(self) -> dict[str, list[str]]:
+        """Digest -> the nodes running it, sorted by digest (one entry when all
+        nodes run one; empty when the record does not say)."""
+        out: dict[str, list[str]] = {}
+        for node, digest in sorted(self.images.items()):
+            if digest:
+                out.setdefault(digest, []).append(node)
+        return dict(sorted(out.items()))
 
     def console_bytes(self) -> int:
         """What the host keeps of each node's console log, in bytes."""
