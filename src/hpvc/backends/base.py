@@ -67,7 +67,7 @@ Phases = dict[str, float]
 
 @dataclass(frozen=True)
 class MpiLaunch:
-    """How ``hpvc run`` starts a rank inside a node: the rank script (bash,
+    """How ``hpvc run`` starts a rank inside a node: the rank script (POSIX sh,
     written beside the ranks file; it reads line OMPI_COMM_WORLD_RANK+1) and
     what that file holds for each node."""
 

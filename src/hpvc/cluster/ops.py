@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
+from hpvc.cluster import hydra
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.listing import under_way
 from hpvc.errors import HpvcError, InputError, MissingDependency, require_root
 from hpvc.host import cgroupfs, hugepages, procfs, vxlan
+from hpvc.image import resolve_image
+from hpvc.image.mpi import MPICH, ImageMpi, find_mpi
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
@@ -231,6 +234,26 @@ def mpirun_argv(env: ClusterEnv, n: int, argv: list[str], shared_memory: bool) -
     return [*out, str(env.dir / "rankexec"), *argv]
 
 
+def image_mpi(image: str) -> ImageMpi:
+    """The MPI in the nodes' image (``hpvc.image.mpi``), looked for in the image's own
+    root; InputError, before anything runs, when it has no MPI launcher."""
+    img = resolve_image(image)
+    mpi = find_mpi(img.rootfs, img.env)
+    if mpi is None:
+        raise InputError(
+            f"image {image!r}",
+            "has no MPI launcher (mpiexec or mpirun of MPICH or Open MPI) on its PATH",
+            "install MPICH or Open MPI in the image",
+        )
+    return mpi
+
+
+def node_counts(plan: Plan, n: int) -> list[tuple[PlannedNode, int]]:
+    """How many of ``n`` ranks each MPI node runs (``rank_layout``'s order), busy ones only."""
+    layout = rank_layout(plan, n, {x.name: x.name for x in plan.nodes})
+    return [(x, layout.count(x.name)) for x in mpi_nodes(plan) if x.name in layout]
+
+
 def no_compute_notice(plan: Plan) -> str | None:
     """What ``run`` says when the cluster has no compute node: its ranks then
     run on every node there is (``mpi_nodes``), the head's included."""
@@ -272,12 +295,23 @@ def run(
             f"bring them back: hpvc restart {name}",
         )
     plan = rec.the_plan()
+    mpi = image_mpi(plan.image)
+    total = sum(len(x.vcpus) for x in mpi_nodes(plan))
+    rank_layout(plan, n or total, {x.name: x.name for x in plan.nodes})  # -n fits, or refused
+    progress(f"mpi: {mpi.describe(plan.image)}")
     notice = no_compute_notice(plan)
     if notice is not None:
         progress(notice)
     backend, env = open_env(store, rec)
+    if mpi.kind == MPICH:  # the image's hydra, in the nodes (hpvc.cluster.hydra)
+        return hydra.run(
+            lambda node, a: backend.exec_argv(env, plan, node, a),
+            mpi.launcher,
+            node_counts(plan, n or total),
+            argv,
+            capture,
+        )
     launch = backend.mpi_launch(env, plan)
-    total = sum(len(x.vcpus) for x in mpi_nodes(plan))
     layout = rank_layout(plan, n or total, launch.targets)
     (env.dir / "ranks").write_text("".join(c + "\n" for c in layout))
     script = env.dir / "rankexec"

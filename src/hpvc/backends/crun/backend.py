@@ -51,17 +51,29 @@ from hpvc.units import format_cpulist
 
 SHM_MIB = 1024
 
-RANK_SCRIPT = """#!/bin/bash
+# POSIX sh, no bash: the job's variables go in as --env, then the node, then the
+# command (rotated behind them); PATH is the image's own (its Env's, else the usual).
+RANK_SCRIPT = """#!/bin/sh
 # hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its node (see ranks beside this file).
 set -e
 here=$(dirname "$0")
 node=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
-args=()
-while IFS= read -r -d '' kv; do
-  case "$kv" in OMPI_*|PMIX_*|OPAL_*|ORTE_*|HPVC_*) args+=(--env "$kv");; esac
-done < <(env -0)
-exec {crun} exec "${{args[@]}}" --env PATH=/usr/local/bin:/usr/bin:/bin "$node" "$@"
+n=$#
+IFS='
+'
+for kv in $(env | grep -E '^(OMPI|PMIX|OPAL|ORTE|HPVC)_[A-Za-z0-9_]*='); do
+  set -- "$@" --env "$kv"
+done
+unset IFS
+set -- "$@" --env {path} "$node"
+while [ "$n" -gt 0 ]; do
+  set -- "$@" "$1"
+  shift
+  n=$((n - 1))
+done
+exec {crun} exec "$@"
 """
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass
@@ -292,8 +304,10 @@ class CrunBackend:
         return out
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
+        image_env = resolve_image(plan.image).env
+        path = next((kv for kv in image_env if kv.startswith("PATH=")), f"PATH={DEFAULT_PATH}")
         return MpiLaunch(
-            script=RANK_SCRIPT.format(crun=shlex.quote(ct.runtime())),
+            script=RANK_SCRIPT.format(crun=shlex.quote(ct.runtime()), path=shlex.quote(path)),
             targets={n.name: ct.container_id(plan.cluster, n.name) for n in plan.nodes},
         )
 

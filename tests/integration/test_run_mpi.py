@@ -1,0 +1,121 @@
+"""``hpvc run`` with the image's own MPI, for real: an MPICH image and an Open MPI one.
+
+The MPICH image is built here by hpvc's own builder (Debian minbase and the
+``mpich`` package alone: no Open MPI, no bash beyond minbase's, cached after
+the first build on a machine); the Open MPI one is the default ``hpc``.
+Both run as two-node container clusters with ``locality = "shm"`` (the
+default: co-resident nodes share IPC, PID namespace and /dev/shm).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpvc.cluster import lifecycle, ops
+from hpvc.errors import HpvcError
+from hpvc.store import Store
+from tests.helpers import ROOT, requires
+from tests.integration.test_cluster import cli_env, image_ready, spec_file, store
+
+__all__ = ["store"]  # the fixture, shared with test_cluster
+
+MPICH_IMAGE = "mpich"
+MPICH_PACKAGES = ["mpich", "procps", "iproute2"]
+
+
+def mpich_ready() -> None:
+    from hpvc.image import build_image, resolve_image
+    from hpvc.image.mpi import MPICH, find_mpi
+
+    requires("debootstrap")
+    try:
+        image = resolve_image(MPICH_IMAGE)
+        found = find_mpi(image.rootfs, image.env)
+        if found is not None and found.kind == MPICH:
+            return
+    except HpvcError:
+        pass
+    build_image(MPICH_IMAGE, MPICH_PACKAGES)  # ~30 s the first time, cached afterwards
+
+
+def hpvc_run(store: Store, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpvc", "run", name, *argv],
+        env=cli_env(store),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_mpich_image_runs_its_own_hydra(store: Store, tmp_path: Path) -> None:
+    mpich_ready()
+    name = f"mh{os.getpid() % 10000}"
+    spec = spec_file(tmp_path, name, extra="")
+    text = (
+        Path(spec)
+        .read_text()
+        .replace('kind = "container"\n', 'kind = "container"\nimage = "mpich"\n')
+    )
+    Path(spec).write_text(text)
+    lifecycle.up(spec, store)
+    # no Open MPI anywhere in the image: what runs is MPICH's
+    assert ops.exec_node(name, "compute0", ["sh", "-c", "! command -v ompi_info"], store) == 0
+
+    r = hpvc_run(store, name, "-n", "2", "--", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert "mpi: MPICH 4." in r.stderr and "(image mpich" in r.stderr
+    assert sorted(r.stdout.split()) == ["compute0", "compute1"]
+
+    # every rank is an MPI process of one job: hydra's PMI gave each its rank and size
+    script = 'echo "$PMI_RANK/$PMI_SIZE $(hostname)"'
+    done = ops.run(name, ["sh", "-c", script], 2, store, capture=True)
+    assert not isinstance(done, int) and done.returncode == 0, done
+    assert sorted(done.stdout.splitlines()) == ["0/2 compute0", "1/2 compute1"]
+
+    # a failing rank fails the job
+    bad = ops.run(name, ["sh", "-c", "exit 3"], 2, store, capture=True)
+    assert not isinstance(bad, int) and bad.returncode != 0
+
+    # co-resident nodes still share /dev/shm (locality = "shm"): what one writes the other sees
+    assert ops.exec_node(name, "compute0", ["sh", "-c", "echo hi > /dev/shm/hpvc-t"], store) == 0
+    seen = ops.run(name, ["cat", "/dev/shm/hpvc-t"], 2, store, capture=True)
+    assert not isinstance(seen, int) and seen.stdout.split() == ["hi", "hi"]
+    lifecycle.down(name, store)
+
+
+def test_open_mpi_image_says_so(store: Store, tmp_path: Path) -> None:
+    image_ready()
+    name = f"mo{os.getpid() % 10000}"
+    lifecycle.up(spec_file(tmp_path, name), store)
+    r = hpvc_run(store, name, "-n", "2", "--", "hostname")
+    assert r.returncode == 0, r.stderr
+    assert "mpi: Open MPI 4." in r.stderr and "(image hpc" in r.stderr
+    assert sorted(r.stdout.split()) == ["compute0", "compute1"]
+    lifecycle.down(name, store)
+
+
+@pytest.mark.parametrize("locality", ["none"])
+def test_mpich_without_locality(store: Store, tmp_path: Path, locality: str) -> None:
+    """Fully isolated nodes: MPICH runs over the bridge alone."""
+    mpich_ready()
+    name = f"mn{os.getpid() % 10000}"
+    spec = spec_file(tmp_path, name)
+    text = (
+        Path(spec)
+        .read_text()
+        .replace('kind = "container"\n', 'kind = "container"\nimage = "mpich"\n')
+    )
+    text = text.replace("[tuning]\n", f'[tuning]\nlocality = "{locality}"\n')
+    Path(spec).write_text(text)
+    lifecycle.up(spec, store)
+    done = ops.run(name, ["hostname"], 2, store, capture=True)
+    assert not isinstance(done, int) and sorted(done.stdout.split()) == ["compute0", "compute1"]
+    lifecycle.down(name, store)
