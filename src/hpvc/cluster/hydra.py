@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any
 
 from hpvc.errors import HpvcError
 from hpvc.plan import PlannedNode
@@ -90,15 +90,25 @@ def run(
             out, err = "", ""
             main.wait()
     finally:
-        if main.poll() is None:
-            main.kill()
-            main.wait()
+        # Interrupted, or the job over: what is left is asked to end first (crun exec
+        # hands the signal on to the process in the node), then killed.
+        _end(main, 0)
         for p in proxies:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            _end(p, 10)
     if capture:
         return subprocess.CompletedProcess(cmd, main.returncode, out, err or "")
     return main.returncode
+
+
+def _end(proc: subprocess.Popen[Any], grace: float) -> None:
+    """Wait ``grace`` seconds for ``proc``, then SIGTERM, then SIGKILL."""
+    try:
+        proc.wait(timeout=grace)
+        return
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
