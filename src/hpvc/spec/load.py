@@ -94,6 +94,13 @@ def read_spec(path: str | Path, limits: Limits | None = None) -> tuple[Spec, dic
         raw = p.read_bytes()
     except FileNotFoundError:
         raise SpecError(str(p), "", "file not found", "check the path") from None
+    except IsADirectoryError:
+        raise SpecError(
+            str(p),
+            "",
+            "is a directory, not a spec file",
+            "give the path of a cluster spec .toml file",
+        ) from None
     except OSError as e:
         raise SpecError(str(p), "", f"cannot read: {e.strerror}", "check the permissions") from None
     try:
