@@ -110,7 +110,7 @@ def plan_cmd(
     hosts: str | None = typer.Option(
         None,
         "--hosts",
-        help="Inventory TOML of hosts ([[hosts]] name, topology, count, fabric, fabric_mtu).",
+        help="Inventory TOML of hosts (\\[\\[hosts]] name, topology, count, fabric, fabric_mtu).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:

@@ -11,7 +11,7 @@ from hpvc.cluster import ops, spark
 from hpvc.cluster import spark_jobs as jobs
 
 spark_app = typer.Typer(
-    help="Run Spark applications on a Spark virtual cluster (spec [spark], docs/spark.md).",
+    help="Run Spark applications on a Spark virtual cluster (spec \\[spark], docs/spark.md).",
     no_args_is_help=True,
 )
 

@@ -70,7 +70,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "spark": (
         "spark",
-        "Run Spark applications on a Spark virtual cluster (spec [spark], docs/spark.md).",
+        "Run Spark applications on a Spark virtual cluster (spec \\[spark], docs/spark.md).",
     ),
     "serve": ("serve", "Keep hpvc loaded on this host: commands start from a warm fork."),
     "io": (
