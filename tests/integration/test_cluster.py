@@ -124,6 +124,10 @@ def test_up_exec_status_run_scale_down(
         assert n["limits"]["memory_limit"] == 256 * 2**20
     assert ops.exec_node(name, "compute0", ["sh", "-c", "grep -c compute /etc/hosts"], store) == 0
     assert capfd.readouterr().out.strip() == "2"
+    assert ops.exec_node(name, "compute0", ["nosuchcmd"], store) == 127  # as shells say
+    assert ops.exec_node(name, "compute0", ["/etc/hosts"], store) == 126
+    assert ops.exec_node(name, "compute0", ["sh", "-c", "exit 255"], store) == 255
+    capfd.readouterr()
     assert ops.run(name, ["hostname"], 2, store) == 0
     assert sorted(capfd.readouterr().out.split()) == ["compute0", "compute1"]
     done = ops.run(name, ["hostname"], 1, store, capture=True)

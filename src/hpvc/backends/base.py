@@ -192,6 +192,13 @@ class Backend(Protocol):
         """The host command that runs ``argv`` inside ``node``, stdio passed through."""
         ...
 
+    def exec_status(
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int
+    ) -> int:
+        """The exit code ``hpvc exec`` reports for the runtime's ``rc``: a shell's
+        127 (not found) and 126 (not executable) where the runtime has its own."""
+        ...
+
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         """How ``hpvc run`` reaches the nodes' ranks."""
         ...

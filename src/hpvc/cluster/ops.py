@@ -170,7 +170,11 @@ def exec_node(name: str, node: str, argv: list[str], store: Store | None = None)
     """Run a command inside one node, stdio attached; return its exit code."""
     if not argv:
         raise InputError("hpvc exec", "no command given", "hpvc exec NAME NODE -- CMD")
-    return subprocess.run(exec_argv(name, node, argv, store), check=False).returncode
+    rc = subprocess.run(exec_argv(name, node, argv, store), check=False).returncode
+    if rc == 0:
+        return rc
+    backend, env, plan = _open(name, store)
+    return backend.exec_status(env, plan, _node(plan, name, node), argv, rc)
 
 
 # The cgroup v1 hierarchies whose limits make a node (hpvc writes them); a

@@ -74,6 +74,11 @@ def thread_affinity(pid: int, tid: int, proc: Path = PROC) -> ThreadAffinity:
     return ThreadAffinity(tid=tid, name=thread_name(pid, tid, proc), cpus=cpus)
 
 
+def root(pid: int, proc: Path = PROC) -> Path:
+    """The process's root directory, as the host reaches it (a container's rootfs)."""
+    return proc / str(pid) / "root"
+
+
 def start_time(pid: int, proc: Path = PROC) -> str | None:
     """A process's start time in clock ticks (field 22 of stat): with the PID,
     it names one process even after the PID is reused. None when it is gone."""

@@ -37,7 +37,7 @@ from hpvc.backends.crun import leftovers
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
-from hpvc.host import blkio, cgroups, layer, net, tree
+from hpvc.host import blkio, cgroups, layer, net, procfs, tree
 from hpvc.host.orphans import Keep, Orphan
 from hpvc.image import oci, resolve_image
 from hpvc.image.rootfs import missing_for_node
@@ -302,6 +302,23 @@ class CrunBackend:
         if workdir != "/":
             out[2:2] = ["--cwd", workdir]  # after `crun exec`: crun does not take it from config
         return out
+
+    def exec_status(
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int
+    ) -> int:
+        """crun exec exits 255 when the command is missing or not executable:
+        report 127/126 as shells and ``docker exec`` do (looked up in the
+        node's root, on the image's PATH)."""
+        if rc != 255 or not argv:
+            return rc
+        try:
+            pid = ct.container_pid(ct.container_id(plan.cluster, node.name))
+        except HpvcError:
+            return rc
+        image_env = resolve_image(plan.image).env
+        path = next((kv[5:] for kv in image_env if kv.startswith("PATH=")), DEFAULT_PATH)
+        mapped = ct.command_status(procfs.root(pid), argv[0], path)
+        return rc if mapped is None else mapped
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         image_env = resolve_image(plan.image).env

@@ -310,6 +310,25 @@ def exec_argv(cid: str, argv: list[str], env: list[str] | None = None) -> list[s
     return [*out, cid, *argv]
 
 
+def command_status(root: Path, argv0: str, path: str) -> int | None:
+    """What a shell would exit with for ``argv0`` in the filesystem at ``root``:
+    127 when there is no such command (on ``path``), 126 when it is not an
+    executable file, None when it is one (crun exec says 255 for both)."""
+    if "/" in argv0:
+        candidates = [argv0 if argv0.startswith("/") else f"/{argv0}"]
+    else:
+        candidates = [f"{d or '.'}/{argv0}" for d in path.split(":")]
+    found = False
+    for c in candidates:
+        host = root / c.lstrip("/")
+        if not os.path.lexists(host):
+            continue
+        found = True
+        if host.is_file() and os.access(host, os.X_OK):
+            return None
+    return 126 if found else 127
+
+
 def update_cpus(cid: str, cpus: str) -> None:
     """Move a running node to another CPU set (a floating node around new pins)."""
     _run([runtime(), "update", "--cpuset-cpus", cpus, cid], f"container {cid}")

@@ -299,6 +299,11 @@ class QemuBackend:
     ) -> list[str]:
         return g.ssh_argv(env.dir, node.ip, argv)
 
+    def exec_status(
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int
+    ) -> int:
+        return rc  # ssh passes the guest shell's 127/126 through
+
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         return MpiLaunch(
             script=VM_RANK_SCRIPT.format(opts=shlex.join(g.SSH_OPTS)),
