@@ -166,3 +166,16 @@ def test_a_record_is_saved_into_the_reserve_when_the_disk_is_full(
     with pytest.raises(OSError) as e:  # no reserve left: the error as it was
         store.save(rec)
     assert e.value.errno == errno.ENOSPC
+
+
+def test_undo_progress_says_what_was_undone_not_the_raw_args(tmp_path: Path) -> None:
+    """`hpvc scale` down printed `undo qemu {'name': ..., 'pidfile': ...}` (issue 32, item 5)."""
+    j = Journal(tmp_path / "j.jsonl")
+    j.record("test-step", n="a")
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    j.record("test-rmdir", path=str(folder), mode=0o700, extra={"x": 1})
+    said: list[str] = []
+    assert j.undo_all(said.append) == []
+    assert said == [f"undo test-rmdir {folder}", "undo step a"]
+    assert not any("{" in line for line in said)

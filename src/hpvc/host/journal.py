@@ -74,7 +74,10 @@ class Change:
             with contextlib.suppress(Exception):
                 return describe(self.args)
         key = next((k for k in _NAMING if isinstance(self.args.get(k), str)), None)
-        return f"{self.kind} {self.args[key] if key else self.args}"
+        if key:
+            return f"{self.kind} {self.args[key]}"
+        named = " ".join(f"{k} {v}" for k, v in self.args.items() if isinstance(v, str | int))
+        return f"{self.kind} {named}".rstrip()
 
 
 # Modules that registered undoers under another name in an older hpvc: a
@@ -220,7 +223,7 @@ def _undo_one(change: Change, log: Progress) -> str | None:
     if fn is None:
         return f"{change.what()} (no undo for {change.kind!r}: hpvc too old for this state?)"
     try:
-        log(f"undo {change.kind} {change.args}")
+        log(f"undo {change.what()}")
         fn(change.args)
     except Exception as e:  # reported, kept for the next run
         what = change.what()
