@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpvc.errors import InputError, SpecError
+from hpvc.errors import InputError, SpecError, TopologyError
 from hpvc.sysroot import HOST, RootLike
 from hpvc.topology.model import Topology
 
@@ -42,6 +42,7 @@ class _Entry:
     name: str
     root: Path
     fabric: Fabric | None
+    key: str = ""  # where in the inventory the root was given: hosts[i]
 
 
 def _read(root: RootLike) -> Topology:
@@ -50,12 +51,26 @@ def _read(root: RootLike) -> Topology:
     return read_topology(root)
 
 
+def _read_from(root: Path, what: str, fix: str) -> Topology:
+    """The topology at ``root``; one that cannot be read is said as ``what`` (the
+    option or inventory key it came from) with ``fix`` in place of the reader's
+    own advice about ``hpvc topology --root``."""
+    try:
+        return _read(root)
+    except TopologyError as e:
+        raise TopologyError(what, e.why, fix if "--root" in e.fix else e.fix) from None
+
+
 def local_hosts(topology_root: str | None) -> list[tuple[str, Topology]]:
     """This machine (root '/'), or one snapshot named after its directory."""
     if topology_root is None:
         return [(socket.gethostname() or "localhost", _read(HOST))]
     root = Path(topology_root)
-    return [(root.resolve().name or "host", _read(root))]
+    fix = (
+        "pass --topology-root a folder holding sys/ and proc/, such as a snapshot"
+        " extracted from tests/data/topologies/, or leave it out for this host"
+    )
+    return [(root.resolve().name or "host", _read_from(root, "--topology-root", fix))]
 
 
 def _fabric(path: Path, key: str, h: dict[str, Any], count: int) -> list[Fabric | None]:
@@ -128,7 +143,7 @@ def _entries(path: Path, data: dict[str, Any]) -> list[_Entry]:
                         "give every host its own address",
                     )
                 owner[fabric.address] = name
-            out.append(_Entry(name, root, fabric))
+            out.append(_Entry(name, root, fabric, key))
     return out
 
 
@@ -148,7 +163,12 @@ def read_inventory(path: str | Path) -> Inventory:
     for entry in entries:
         key = entry.root.resolve()
         if key not in cache:
-            cache[key] = _read(entry.root)
+            cache[key] = _read_from(
+                entry.root,
+                f"{p}: {entry.key}.topology",
+                "give a folder holding sys/ and proc/; a relative path is relative"
+                " to the inventory file",
+            )
         hosts.append((entry.name, cache[key]))
     fabric = {x.name: x.fabric for x in entries if x.fabric is not None}
     return Inventory(hosts=tuple(hosts), fabric=fabric)
