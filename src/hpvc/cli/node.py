@@ -65,7 +65,9 @@ Examples:
 
 @node_app.command("check", help=CHECK_HELP)
 def check_cmd(
-    spec: Path = typer.Argument(..., help="The cluster spec (TOML)."),
+    spec: Path = typer.Argument(
+        ..., readable=False, help="The cluster spec (TOML)."
+    ),  # unreadable: one line from check_spec, not a usage box
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     hosts: int = typer.Option(0, min=0, help="The job's node count, once it is known."),
     mem_mib: int = typer.Option(
@@ -109,7 +111,9 @@ def up_cmd(
     mem_mib: int = typer.Option(
         0, "--mem-mib", min=0, help="The job's memory on this host in MiB (S_JOB_ALLOC_MEM)."
     ),
-    spec: Path | None = typer.Option(None, help="Spec file (default: $HPVC_SPEC_B64)."),
+    spec: Path | None = typer.Option(
+        None, readable=False, help="Spec file (default: $HPVC_SPEC_B64)."
+    ),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
 ) -> None:

@@ -314,6 +314,10 @@ def check_spec(path: Path, site: Site, hosts: int = 0, mem_mib: int = 0) -> tupl
     """``check``, and the parsed spec."""
     try:
         text = path.read_text()
+    except PermissionError as e:
+        why = e.strerror or str(e)
+        fix = f"let the submitting user read it, e.g. chmod a+r {path}"
+        raise InputError(f"--hpvc={path}", why, fix) from None
     except OSError as e:
         why = e.strerror or str(e)
         raise InputError(f"--hpvc={path}", why, "give a readable spec file") from None
