@@ -7,8 +7,10 @@ kernel) so ``hpvc ls`` reads records and locks only and starts at once
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from hpvc.host import procfs
 from hpvc.locks import holder
 from hpvc.store import ClusterRecord, Store
 
@@ -34,6 +36,30 @@ def under_way(store: Store, rec: ClusterRecord) -> dict[str, Any]:
     }
 
 
+def stopped_nodes(rec: ClusterRecord, crun_root: Path = procfs.CRUN_ROOT) -> list[str]:
+    """The nodes of a running cluster whose process is gone, as ``hpvc status``
+    finds them, from the record's PIDs and crun's state files (no commands run)."""
+    if rec.status != "running":
+        return []
+    plan = rec.the_plan()
+    pids = rec.backend_state.get("pids") or {}  # a VM backend's QEMUs
+
+    def alive(node: str) -> bool:
+        pid = pids.get(node)
+        if pid and procfs.running(pid):
+            return True
+        return procfs.container_init(f"hpvc-{plan.cluster}-{node}", crun_root) is not None
+
+    return [n.name for n in plan.nodes if not alive(n.name)]
+
+
+def list_status(rec: ClusterRecord, stopped: list[str]) -> str:
+    """The record's status, or ``stopped``/``degraded`` when nodes died under it."""
+    if not stopped:
+        return rec.status
+    return "stopped" if len(stopped) == len(rec.the_plan().nodes) else "degraded"
+
+
 def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
     """One row per cluster on this host, from the records (no kernel reads)."""
     store = store or Store()
@@ -43,10 +69,12 @@ def list_clusters(store: Store | None = None) -> list[dict[str, Any]]:
         if rec is None:
             continue
         plan = rec.the_plan()
+        stopped = stopped_nodes(rec)
         out.append(
             {
                 "name": name,
-                "status": rec.status,
+                "status": list_status(rec, stopped),
+                "stopped_nodes": stopped,
                 "interrupted": under_way(store, rec)["interrupted"],
                 "kind": plan.kind,
                 "nodes": len(plan.nodes),

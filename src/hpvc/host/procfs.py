@@ -9,6 +9,7 @@ empty list or an empty name.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from pathlib import Path
 from typing import TypedDict
@@ -72,6 +73,25 @@ def thread_affinity(pid: int, tid: int, proc: Path = PROC) -> ThreadAffinity:
     except OSError:
         cpus = []
     return ThreadAffinity(tid=tid, name=thread_name(pid, tid, proc), cpus=cpus)
+
+
+CRUN_ROOT = Path("/run/crun")  # crun's state folder for root: <id>/status
+
+
+def container_init(cid: str, crun_root: Path = CRUN_ROOT, proc: Path = PROC) -> int | None:
+    """The PID of a crun container's init while it still runs (the PID crun
+    wrote and the start time it wrote with it), else None. Reads files only."""
+    try:
+        status = json.loads((crun_root / cid / "status").read_text())
+        pid = int(status["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not running(pid, proc):
+        return None
+    started = status.get("process-start-time")
+    if started is not None and start_time(pid, proc) not in (None, str(started)):
+        return None  # the PID was reused
+    return pid
 
 
 def root(pid: int, proc: Path = PROC) -> Path:
