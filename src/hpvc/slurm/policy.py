@@ -178,7 +178,9 @@ def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
         raise InputError(
             f"{origin}: kind = {spec.kind!r}",
             "this site runs Slurm jobs only in " + ", ".join(site.kinds) + " nodes",
-            'kind = "container"',
+            f'kind = "{site.kinds[0]}", or the site allows it: kinds='
+            + ",".join((*site.kinds, spec.kind))
+            + " in plugstack.conf",
         )
     if spec.image not in site.images:
         raise InputError(
