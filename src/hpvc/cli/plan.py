@@ -27,7 +27,7 @@ Examples:
 
   hpvc plan examples/small.toml
 
-  hpvc plan examples/cluster.toml --topology-root /tmp/t/64amd64-4s2n4ca2co --json
+  hpvc plan examples/cluster.toml --topology-root build/topologies/64amd64-4s2n4ca2co --json
 
   hpvc plan examples/cluster.toml --hosts examples/hosts.toml
 """

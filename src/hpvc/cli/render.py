@@ -32,7 +32,7 @@ Examples:
 
   hpvc render examples/vm-cluster.toml --out build/vm --accel tcg --kernel /boot/vmlinuz
 
-  hpvc render examples/cluster.toml --out build/amd --topology-root /tmp/t/64amd64-4s2n4ca2co
+  hpvc render examples/cluster.toml -o build/amd --topology-root build/topologies/64amd64-4s2n4ca2co
 
   hpvc render examples/cluster.toml --out build/wide --hosts examples/hosts.toml
 """

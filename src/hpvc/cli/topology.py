@@ -26,7 +26,7 @@ HELP = (
     "  hpvc topology\n\n"
     "  hpvc topology --json\n\n"
     "  hpvc topology --whole-system\n\n"
-    "  hpvc topology --root /tmp/t/16amd64-8n2c   # an extracted hwloc snapshot"
+    "  hpvc topology --root build/topologies/16amd64-8n2c   # an extracted snapshot (README)"
 )
 
 
