@@ -337,8 +337,19 @@ def test_list_and_resolve(tmp_path: Path, store: Store) -> None:
     names = [(i.name, i.short_digest) for i in list_images(store)]
     assert names == [("a-hpc", DEFAULT_DIGEST[:12]), ("b-tools", names[1][1])]
     assert resolve_image("b-tools", store).packages == ("strace",)
-    with pytest.raises(InputError, match=r"not found \(build it: hpvc image build nope\)"):
+    with pytest.raises(InputError) as e:
         resolve_image("nope", store)
+    assert e.value.why == "not found (images here: a-hpc, b-tools)"
+    assert "hpvc image build nope" not in str(e.value)  # that would make a new image
+    # A typo names the closest image (issue 32, item 6); a recipe is still built by name.
+    with pytest.raises(InputError) as e:
+        resolve_image("b-tool", store)
+    assert e.value.fix.startswith("did you mean 'b-tools'? see hpvc image ls")
+    with pytest.raises(InputError) as e:
+        resolve_image("hpcc", store)
+    assert "did you mean 'hpc'?" in str(e.value) and "recipes to build: hpc, spark" in str(e.value)
+    with pytest.raises(InputError, match=r"not found \(build it: hpvc image build spark\)"):
+        resolve_image("spark", store)
 
 
 def test_remove_keeps_a_shared_digest_until_its_last_name(tmp_path: Path, store: Store) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,28 @@ def as_store(store: StoreArg) -> Store:
     return store if isinstance(store, Store) else Store(store)
 
 
-def _not_found(name: str) -> InputError:
-    return InputError(f"image {name!r}", "not found", f"build it: hpvc image build {name}")
+def _not_found(name: str, store: Store) -> InputError:
+    """No image ``name``: a recipe hpvc has (``hpc``, ``spark``) is built by its
+    name; any other name is most likely a typo, so name the images there are and
+    the closest one rather than offer a build that makes a new image."""
+    from hpvc.image.extras import PRESETS
+    from hpvc.image.model import DEFAULT_NAME
+
+    recipes = sorted({DEFAULT_NAME, *PRESETS})
+    if name in recipes:
+        return InputError(f"image {name!r}", "not found", f"build it: hpvc image build {name}")
+    try:
+        stored = sorted(store.all_names())
+    except OSError:
+        stored = []
+    close = difflib.get_close_matches(name, sorted({*stored, *recipes}), n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    there = ", ".join(stored) if stored else "none"
+    return InputError(
+        f"image {name!r}",
+        f"not found (images here: {there})",
+        f"{guess}see hpvc image ls; recipes to build: {', '.join(recipes)}",
+    )
 
 
 def list_images(store: StoreArg = None) -> list[Image]:
@@ -42,7 +63,7 @@ def resolve_image(name: str, store: StoreArg = None) -> Image:
     s = as_store(store)
     digest = s.read_name(check_name(name))
     if digest is None or not s.is_complete(digest):
-        raise _not_found(name)
+        raise _not_found(name, s)
     try:
         return s.load(name, digest)
     except (OSError, ValueError, KeyError) as e:
@@ -72,11 +93,11 @@ def remove_image(name: str, store: StoreArg = None, *, in_use: InUse = lambda d:
     s = as_store(store)
     check_name(name)
     if not s.root.is_dir():
-        raise _not_found(name)
+        raise _not_found(name, s)
     with s.lock():
         digest = s.read_name(name)
         if digest is None:
-            raise _not_found(name)
+            raise _not_found(name, s)
         others = tuple(n for n in s.names_of(digest) if n != name)
         users = in_use(digest) if not others else False
         if users:
