@@ -367,13 +367,22 @@ def _rescaled(spec: dict[str, Any], changes: dict[str, int]) -> dict[str, Any]:
     for role, count in changes.items():
         mine = [g for g in groups if g["role"] == role]
         if not mine:
-            raise InputError(f"scale {role}={count}", f"the spec has no {role!r} nodes", "")
+            roles = ", ".join(dict.fromkeys(str(g["role"]) for g in groups))
+            raise InputError(
+                f"scale {role}={count}",
+                f"the spec has no {role!r} nodes",
+                f"scale one of its roles: {roles}",
+            )
         if count < 0:
-            raise InputError(f"scale {role}={count}", "a count cannot be negative", "")
+            raise InputError(
+                f"scale {role}={count}", "a count cannot be negative", f"give {role}=0 or more"
+            )
         others = sum(int(g["count"]) for g in mine[:-1])
         if count < others:
             raise InputError(
-                f"scale {role}={count}", f"the first groups of {role} hold {others} nodes", ""
+                f"scale {role}={count}",
+                f"the first groups of {role} hold {others} nodes (only the last one scales)",
+                f"give {role}={others} or more",
             )
         mine[-1]["count"] = count - others
     return {**spec, "nodes": groups}
