@@ -117,3 +117,25 @@ def test_cli_does_not_fit_exit_2(
         " '8em64t-2s2ca2c' has 8 free in sockets it may hold whole (partition hpc)"
         " (the cluster needs 12 dedicated CPUs in all) (shrink the spec or add hosts)"
     )
+
+
+def test_a_cluster_short_of_cpus_as_a_whole_says_so_first(
+    snapshots: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each node fits alone (head 4, computes 3 each) but not all of them: the
+    error gives the cluster's total and how to shrink it (issue 32, item 14c)."""
+    spec = tmp_path / "wide.toml"
+    spec.write_text(
+        'name = "wide"\n[tuning]\nhugepages = "none"\npartition = "commodity"\n'
+        '[[nodes]]\nrole = "head"\nvcpus = 4\nmemory = "256MiB"\n'
+        '[[nodes]]\nrole = "compute"\ncount = 2\nvcpus = 3\nmemory = "256MiB"\n'
+    )
+    with pytest.raises(SystemExit) as e:
+        main(["plan", str(spec), "--topology-root", str(snapshots["8em64t-2s2ca2c"])])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "hpvc: cluster does not fit: the cluster needs 10 dedicated CPUs (one per vCPU), host"
+        " '8em64t-2s2ca2c' has 8 free to pin"
+        ' (give it at most 8 vCPUs in all, or pinning = "shared" under [tuning])'
+    )

@@ -30,7 +30,7 @@ from hpvc.plan.model import (
 )
 from hpvc.plan.network import plan_network
 from hpvc.plan.place import Placement, Rules, Want, place_dedicated, place_shared, seed
-from hpvc.plan.shortage import explain
+from hpvc.plan.shortage import does_not_fit
 from hpvc.spec.model import NodeGroup, Spec
 from hpvc.topology.inventory import Fabric
 from hpvc.topology.model import Topology
@@ -204,7 +204,7 @@ def _place_all(states: list[HostState], wants: list[Want], rules: Rules) -> dict
                 break
             i += 1
         if i == len(states):
-            raise DoesNotFit(explain(w, states, rules, wants))
+            raise does_not_fit(w, states, rules, wants)
         resume[shape] = i
     return placed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hpvc.errors import DoesNotFit
 from hpvc.plan.hoststate import HostState, NodeState
 from hpvc.plan.place import Rules, Want, shared_pool
 from hpvc.units import format_mib
@@ -28,6 +29,30 @@ def _mem_capacity_mib(h: HostState, rules: Rules, huge: bool = True) -> int:
 
 def _where(rules: Rules) -> str:
     return " in sockets it may hold whole (partition hpc)" if rules.hpc else ""
+
+
+def _pinnable(h: HostState, wants: list[Want]) -> int:
+    """The CPUs ``h`` could pin for this cluster before planning began."""
+    placed = set(h.placed)
+    return h.free_dedicated + sum(x.vcpus for x in wants if x.dedicated and x.name in placed)
+
+
+def does_not_fit(w: Want, states: list[HostState], rules: Rules, wants: list[Want]) -> DoesNotFit:
+    """The error for node ``w`` fitting nowhere: the whole cluster's CPU shortfall
+    first when there is one (what to change), else what ``w`` lacks."""
+    total = sum(x.vcpus for x in wants if x.dedicated)
+    cap = sum(_pinnable(h, wants) for h in states)
+    alone = w.vcpus <= max(_pinnable(h, wants) for h in states)  # else w itself is the problem
+    if w.dedicated and total > cap and alone:
+        hosts = (
+            f"host {states[0].name!r} has" if len(states) == 1 else f"its {len(states)} hosts have"
+        )
+        return DoesNotFit(
+            f"the cluster needs {total} dedicated CPUs (one per vCPU), {hosts} {cap}"
+            f" free to pin{_where(rules)}",
+            f'give it at most {cap} vCPUs in all, or pinning = "shared" under [tuning]',
+        )
+    return DoesNotFit(explain(w, states, rules, wants))
 
 
 def explain(w: Want, states: list[HostState], rules: Rules, wants: list[Want]) -> str:
