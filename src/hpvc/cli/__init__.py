@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 # Nothing more is imported here: a command that runs on the resident hpvc
 # (hpvc.resident) needs only the client, and its start is all it costs.
@@ -57,6 +58,41 @@ def main(argv: list[str] | None = None) -> None:
     run_here(args)
 
 
+def _invoke(app: Any, args: list[str], prog_name: str) -> None:
+    """Run a Typer app, a command-line mistake as one line (``hpvc: render:
+    Missing option '--out' (see hpvc render --help)``), exit 2; an exit code the
+    command chose is passed on (SystemExit always, as Typer's standalone mode)."""
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    from typer.exceptions import Abort
+
+    from hpvc.cli.common import err_console
+
+    try:
+        rc = app(args=args, prog_name=prog_name, standalone_mode=False)
+    except NoArgsIsHelpError:
+        app(args=args, prog_name=prog_name)  # a group alone: its help, as Typer shows it
+        return
+    except UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else prog_name
+        words = where.removeprefix("hpvc").strip() or (args[0] if args else "hpvc")
+        problem = " ".join(e.format_message().split()).rstrip(".")
+        err_console.print(
+            f"hpvc: {words}: {problem} (see {where} --help)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(e.exit_code)
+    except ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    # As Typer's standalone mode: always SystemExit, 0 unless the command chose a code.
+    sys.exit(rc if isinstance(rc, int) and not isinstance(rc, bool) else 0)
+
+
 def run_here(args: list[str]) -> None:
     """Run the CLI in this process, turning HpvcError into one line and an exit code.
 
@@ -70,11 +106,11 @@ def run_here(args: list[str]) -> None:
         if args[:1] == ["node"]:
             from hpvc.cli.node import node_app
 
-            node_app(args=args[1:], prog_name="hpvc node")
+            _invoke(node_app, args[1:], "hpvc node")
             return
         from hpvc.cli.tree import app
 
-        app(args=args, prog_name="hpvc")
+        _invoke(app, args, "hpvc")
     except HpvcError as e:
         if state.debug:
             raise
