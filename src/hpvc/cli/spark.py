@@ -63,6 +63,7 @@ def submit_cmd(
     plan = jobs.spark_plan(name)
     app_path, app_cls = jobs.resolve_app(app, cls)
     assert plan.spark is not None
+    jobs.check_app(name, plan, app_path)
     err_console.print(
         f"[dim]spark: master {plan.spark.url}, UI {plan.spark.ui}, logs and event logs in"
         f" {spark.spark_dir(plan)} (host: {jobs.host_spark_dir(name)})[/dim]"

@@ -40,6 +40,21 @@ def resolve_app(app: str, cls: str | None) -> tuple[str, str | None]:
     return app, cls
 
 
+def check_app(name: str, plan: Plan, app: str) -> None:
+    """A local application file (an absolute path) must exist on the master node
+    before spark-submit runs: else one line with the fix, not Spark's log."""
+    if not app.startswith("/") or plan.spark is None:
+        return
+    argv = ops.exec_argv(name, plan.spark.master, ["test", "-r", app])
+    if subprocess.run(argv, capture_output=True, check=False).returncode != 0:
+        raise InputError(
+            f"spark submit {app}",
+            f"no readable file {app} on node {plan.spark.master}",
+            f"copy it into the cluster's shared directory ({DEFAULT_SHARED.path} on the nodes) and"
+            f" give that path, or run the image's TeraSort: hpvc spark submit {name} terasort",
+        )
+
+
 def parse_conf(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
