@@ -28,8 +28,10 @@ from hpvc.errors import InputError
 from hpvc.host import nfs_backing, nfs_mount, nfs_server
 from hpvc.image import resolve_image
 from hpvc.image.extras import SPARK_EXTRA
+from hpvc.image.rootfs import in_root
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SharedPlan
+from hpvc.spark.model import IMAGE_JAVA_HOME, IMAGE_SPARK_HOME
 from hpvc.spec import Spec
 
 MOUNT_TIMEOUT_S = 30.0  # a node waits this long for the server (another host may be slower)
@@ -44,12 +46,20 @@ def preflight(spec: Spec) -> None:
         nfs_mount.client_binary()
     if spec.spark is not None:
         image = resolve_image(spec.image)
-        if SPARK_EXTRA not in image.extras:
+        missing = [] if SPARK_EXTRA in image.extras else spark_missing(image.rootfs)
+        if missing:
             raise InputError(
                 f"image {spec.image!r}",
-                "has no Spark, which the spec's [spark] needs",
+                f"has no {' or '.join(missing)}, which the spec's [spark] runs",
                 'hpvc image build spark, and image = "spark" in the spec',
             )
+
+
+def spark_missing(rootfs: Path) -> list[str]:
+    """What the Spark daemons run that ``rootfs`` lacks (an imported image may
+    bring its own Java and Spark at the places hpvc's recipe puts them)."""
+    needs = (f"{IMAGE_JAVA_HOME}/bin/java", f"{IMAGE_SPARK_HOME}/bin/spark-class")
+    return [p for p in needs if in_root(rootfs, p) is None]
 
 
 def shared_of(plan: Plan) -> SharedPlan:

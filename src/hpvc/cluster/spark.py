@@ -33,7 +33,7 @@ from hpvc.spark import model
 from hpvc.spec import spark as sizing
 
 SPARK_HOME = model.IMAGE_SPARK_HOME
-JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"
+JAVA_HOME = model.IMAGE_JAVA_HOME
 SCRATCH = "/var/lib/spark"  # node-local: the node's own disk
 WAIT_S = 180.0  # JVMs start slowly on small hosts (and under TCG)
 

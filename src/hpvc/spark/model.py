@@ -19,6 +19,7 @@ MAIN_CLASS = "hpvc.terasort.TeraSort"
 RECORD_BYTES = 100
 # Where the pieces are in the spark image.
 IMAGE_SPARK_HOME = "/opt/spark"
+IMAGE_JAVA_HOME = "/usr/lib/jvm/java-17-openjdk-amd64"  # Debian's openjdk-17 in the image
 IMAGE_JAR = "/opt/hpvc/terasort.jar"
 
 
