@@ -134,7 +134,9 @@ def test_cli_build_spark_picks_the_preset(
     fake_extra: list[Path],
 ) -> None:
     seen: list[dict[str, Any]] = []
-    real = functools.partial(build_image, debootstrap_path=Fake(tmp_path).path, require_root=False)
+    real = functools.partial(
+        build_image, debootstrap_path=Fake(tmp_path).path, require_root=False, check_suite=None
+    )
 
     def recording(name: str, packages: list[str] | None, **kw: Any) -> Any:
         seen.append({"name": name, "packages": packages, "extras": list(kw["extras"])})

@@ -16,6 +16,7 @@ from hpvc.cli.common import console, err_console, print_json
 from hpvc.image import (
     DEFAULT_MIRROR,
     DEFAULT_PACKAGES,
+    DEFAULT_SUITE,
     Image,
     build_image,
     list_images,
@@ -26,6 +27,7 @@ from hpvc.image import (
 from hpvc.image import Store as ImageStore
 from hpvc.image.extras import EXTRAS, preset_extras
 from hpvc.image.model import split_packages
+from hpvc.image.rootfs import os_name
 
 image_app = typer.Typer(
     help=(
@@ -45,11 +47,18 @@ image_app = typer.Typer(
 
 BUILD_HELP = f"""Build the image NAME (or reuse an identical build at once) and point NAME at it.
 
-The rootfs is `debootstrap --variant=minbase` of Debian bookworm with the
+The rootfs is `debootstrap --variant=minbase` of Debian {DEFAULT_SUITE} with the
 default packages ({",".join(DEFAULT_PACKAGES)}) plus any given with
 --packages. Needs root and debootstrap; downloads are cached in
 /var/cache/hpvc/debootstrap. The store is $HPVC_IMAGE_DIR, else
 /var/lib/hpvc/images.
+
+--suite builds another Debian release (bullseye, trixie, ...): one the mirror
+serves, this host's debootstrap has a script for and its debian-archive-keyring
+can verify; any other is refused before anything is written, naming those
+that build. The default packages are {DEFAULT_SUITE}'s names: a suite that
+lacks one (bullseye has no hpcc, trixie no libopenmpi3) stops within seconds,
+naming it, with the --no-defaults --packages line that leaves it out.
 
 Extras are pinned software installed after debootstrap
 ({", ".join(f"{e.name}: {e.about}" for e in EXTRAS.values())}). The name
@@ -70,6 +79,8 @@ Examples:
   hpvc image build tools --packages strace,gdb
 
   hpvc image build bare --packages busybox --no-defaults
+
+  hpvc image build old --suite bullseye --no-defaults --packages mpich,procps
 
   hpvc image build hpc --mirror http://ftp.de.debian.org/debian --force --json
 """
@@ -93,14 +104,16 @@ Examples:
   hpvc image import tiny ./rootfs.tar.gz
 """
 
-INSPECT_HELP = """Show the image NAME: source, digest, size, layers (shared or not), config.
+INSPECT_HELP = """Show the image NAME: suite or source, os, digest, size, layers, config.
+
+The os is the image's own os-release PRETTY_NAME, e.g. Debian GNU/Linux 11 (bullseye).
 
 Examples:
 
   hpvc image inspect mine
 """
 
-LS_HELP = """List the images in the store: name, digest, size, creation time, contents or source.
+LS_HELP = """List the images in the store: name, digest, os, size, created, contents or source.
 
 Examples:
 
@@ -174,6 +187,9 @@ def build_cmd(
     extras: str | None = typer.Option(
         None, "--extras", help="Pinned extras, comma-separated. Example: spark-3.5.3"
     ),
+    suite: str = typer.Option(
+        DEFAULT_SUITE, "--suite", help="Debian release to build. Example: bullseye"
+    ),
     mirror: str = typer.Option(DEFAULT_MIRROR, "--mirror", help="Debian mirror URL."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if an identical image exists."),
     store: Path | None = typer.Option(None, "--store", help="Image store directory."),
@@ -185,30 +201,41 @@ def build_cmd(
             _packages(packages, no_defaults),
             store=store,
             mirror=mirror,
+            suite=suite,
             force=force,
             progress=progress,
             extras=[*preset_extras(name), *split_packages(extras or "")],
         )
     if as_json:
-        print_json(image.as_dict())
+        print_json(_with_os(image))
         return
     how = "reused" if image.reused else f"built in {image.build_seconds:.0f} s"
     console.print(
         f"image {image.name}: {image.short_digest}, {human_size(image.size_bytes)}, {how}",
         markup=False,
     )
+    console.print(f"os: {_os(image)}", markup=False)
     console.print(f"rootfs: {image.rootfs}", markup=False)
+
+
+def _os(image: Image) -> str:
+    """What the image runs: its os-release's PRETTY_NAME, else its suite."""
+    return os_name(image.rootfs) or image.suite or "unknown"
+
+
+def _with_os(image: Image) -> dict[str, Any]:
+    return {**image.as_dict(), "os": _os(image)}
 
 
 def _table(images: list[Image]) -> Table:
     t = Table(show_header=True, header_style="bold")
-    for col in ("name", "digest", "size", "created", "packages / source"):
+    for col in ("name", "digest", "os", "size", "created", "packages / source"):
         t.add_column(col, overflow="fold")
     for i in images:
         contents = ", ".join([*i.packages, *(f"+{e}" for e in i.extras)])
         if i.imported:
             contents = f"{i.source} ({len(i.layers)} layers)"
-        t.add_row(i.name, i.short_digest, human_size(i.size_bytes), i.created, contents)
+        t.add_row(i.name, i.short_digest, _os(i), human_size(i.size_bytes), i.created, contents)
     return t
 
 
@@ -219,7 +246,7 @@ def ls_cmd(
 ) -> None:
     images = list_images(store)
     if as_json:
-        print_json([i.as_dict() for i in images])
+        print_json([_with_os(i) for i in images])
     elif images:
         console.print(_table(images))
     else:
@@ -254,7 +281,7 @@ def import_cmd(
 
 def describe(image: Image, store: ImageStore) -> dict[str, Any]:
     """What ``inspect`` shows: the image, and for each layer the other images using it."""
-    doc = image.as_dict()
+    doc = _with_os(image)
     if image.imported:
         users = store.blob_users()
         doc["layers"] = [

@@ -15,7 +15,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from hpvc.errors import InputError, MissingDependency
-from hpvc.image import debootstrap, rootfs
+from hpvc.image import debootstrap, rootfs, suites
 from hpvc.image.catalog import StoreArg, as_store
 from hpvc.image.extras import lookup, with_extras
 from hpvc.image.model import DEFAULT_SUITE, Image, ImageSpec, check_name
@@ -147,6 +147,8 @@ def _populate(job: _Job, tmp: Path) -> None:
         job.progress(f"debootstrap {spec.suite} from {spec.mirror}")
         rc, tail = debootstrap.run(cmd, tmp / "build.log", job.progress)
     if rc != 0:
+        if missing := suites.missing_debs(tail):
+            raise suites.missing_packages(job.name, spec, missing)
         raise debootstrap.failure(job.name, rc, tail, target, job.store.logs_dir, job.digest)
     for extra in lookup(spec.extras):
         job.progress(f"extra {extra.name}: installing")
@@ -227,6 +229,7 @@ def build_image(
     require_root: bool = True,
     in_use: InUse = lambda d: False,
     extras: Iterable[str] = (),
+    check_suite: Callable[[ImageSpec], None] | None = suites.check,
 ) -> Image:
     """Build (or reuse) the image for this recipe and point ``name`` at it.
 
@@ -237,6 +240,10 @@ def build_image(
     ``debootstrap_path`` and ``require_root`` exist for tests (a fake debootstrap).
     ``extras`` (``hpvc.image.extras``, e.g. ``spark-3.5.3``) are installed after
     debootstrap; the Debian packages they need join ``packages``.
+    ``check_suite`` refuses, before anything is written, a suite this host
+    cannot build from the mirror (``hpvc.image.suites.check``; None for tests
+    with a fake debootstrap). Packages the suite lacks are one InputError
+    naming them, seconds into debootstrap (``suites.missing_packages``).
     """
     chosen = tuple(extras)
     spec = ImageSpec.make(with_extras(packages, chosen), suite, mirror or "", chosen)
@@ -246,6 +253,8 @@ def build_image(
         progress(f"reusing {image.short_digest}")
         return image
     exe = find_debootstrap(debootstrap_path, require_root=require_root)
+    if check_suite is not None:
+        check_suite(spec)
     store_.ensure()
     job = _Job(
         name, spec, store_, exe, None if cache_dir is None else Path(cache_dir), progress, in_use

@@ -49,7 +49,7 @@ NFS_SERVER_PACKAGES: tuple[str, ...] = ("nfs-ganesha", "nfs-ganesha-vfs", "rpcbi
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
-_SUITE_RE = re.compile(r"[a-z][a-z0-9-]*")
+_SUITE_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
 _MIRROR_RE = re.compile(r"(https?|file)://[^\s,'\"]+")
 _EXTRA_RE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,62}")
 
@@ -63,6 +63,11 @@ def check_name(name: str) -> str:
             "use lower-case letters, digits, '.', '_' and '-', up to 63 characters, e.g. hpc",
         )
     return name
+
+
+def is_suite_name(suite: str) -> bool:
+    """Whether ``suite`` is spelled like a Debian suite (``bookworm``, ``trixie``)."""
+    return bool(_SUITE_RE.fullmatch(suite))
 
 
 def normalize_packages(packages: Iterable[str]) -> tuple[str, ...]:
@@ -119,8 +124,12 @@ class ImageSpec:
         extras: Iterable[str] = (),
     ) -> ImageSpec:
         """Validated and normalized: packages sorted and unique, no trailing '/' on the mirror."""
-        if not _SUITE_RE.fullmatch(suite):
-            raise InputError(f"suite {suite!r}", "not a Debian suite name", "e.g. bookworm")
+        if not is_suite_name(suite):
+            raise InputError(
+                f"suite {suite!r}",
+                "not a Debian suite name",
+                "lower-case letters, digits and '-', e.g. --suite bookworm or --suite trixie",
+            )
         url = (mirror or DEFAULT_MIRROR).rstrip("/")
         if not _MIRROR_RE.fullmatch(url):
             raise InputError(

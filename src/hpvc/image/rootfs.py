@@ -149,3 +149,19 @@ def missing_for_node(rootfs: Path, env: tuple[str, ...] = ()) -> list[str]:
         if not any(d and in_root(rootfs, f"{d}/{cmd}") for d in dirs):
             missing.append(cmd)
     return missing
+
+
+def os_name(rootfs: Path) -> str:
+    """The image's own ``PRETTY_NAME`` (``Debian GNU/Linux 11 (bullseye)``) from its
+    os-release, read inside ``rootfs``; empty when it has none or it cannot be read."""
+    try:
+        found = (in_root(rootfs, rel) for rel in ("/etc/os-release", "/usr/lib/os-release"))
+        path = next((p for p in found if p is not None and p.is_file()), None)
+        text = "" if path is None else path.read_text(errors="replace")[:65536]
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "PRETTY_NAME":
+            return value.strip().strip("\"'")
+    return ""
