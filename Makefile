@@ -33,6 +33,7 @@ bench: setup
 	$(HPVC) bench network --out bench/results/network
 	$(HPVC) bench spark --out bench/results/spark
 	$(HPVC) bench coordinator --out bench/results/coordinator
+	$(HPVC) bench images --out bench/results/images
 
 # Local Slurm test cluster (docs/slurm.md); the last line printed is the
 # `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.

@@ -1,0 +1,1 @@
+"""Image import against Podman, tar and umoci (``hpvc bench images``)."""
