@@ -24,6 +24,7 @@ APT_PACKAGES=(
   iproute2         # ip, bridge: inspected by tests
   iputils-ping     # ping: tests check reachability and the MTU (-M do) across hosts
   libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
+  libmpich-dev     # mpicc.mpich: programs for MPICH images (tests, bench locality --mpi mpich)
   openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
   openssh-client   # ssh into VM guests (keys made per cluster)
   podman           # the peer of `hpvc bench startup` (Podman containers started beside hpvc's)

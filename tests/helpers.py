@@ -47,6 +47,7 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "qemu": (_tool("qemu-system-x86_64"), False),
     "debootstrap": (_tool("debootstrap"), False),
     "mpi": (_tool("mpirun.openmpi"), False),
+    "mpicc.mpich": (_tool("mpicc.mpich"), False),  # libmpich-dev: MPICH test programs
     "fio": (_tool("fio"), False),
     "ip": (_tool("ip"), False),
     "nft": (_tool("nft"), False),

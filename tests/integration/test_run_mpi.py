@@ -4,7 +4,10 @@ The MPICH image is built here by hpvc's own builder (Debian minbase and the
 ``mpich`` package alone: no Open MPI, no bash beyond minbase's, cached after
 the first build on a machine); the Open MPI one is the default ``hpc``.
 Both run as two-node container clusters with ``locality = "shm"`` (the
-default: co-resident nodes share IPC, PID namespace and /dev/shm).
+default: co-resident nodes share IPC, PID namespace and /dev/shm), where
+MPICH's ranks run under hpvc's PMI (``hpvc.cluster.pmi``) and share memory
+across the two nodes; MPICH with ``locality = "none"`` runs under the image's
+hydra and shares none.
 """
 
 from __future__ import annotations
@@ -55,7 +58,43 @@ def hpvc_run(store: Store, name: str, *argv: str) -> subprocess.CompletedProcess
     )
 
 
-def test_mpich_image_runs_its_own_hydra(store: Store, tmp_path: Path) -> None:
+SPLIT_C = """
+#include <mpi.h>
+#include <stdio.h>
+
+int main(int argc, char **argv)
+{
+    MPI_Comm local;
+    int rank, size;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &size);
+    printf("%d:%d\\n", rank, size);
+    MPI_Comm_free(&local);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def shared_sizes(store: Store, name: str) -> list[str]:
+    """``rank:size`` of each rank's MPI_COMM_TYPE_SHARED communicator: the ranks
+    MPICH counts as sharing memory with it. The program is built on the host
+    against the host's MPICH (libmpich-dev, the same 4.0.2 as the image's) and
+    run from the cluster's /shared."""
+    requires("mpicc.mpich")
+    shared = Path(ops.status(name, store)["shared_dir"]["host"])
+    (shared / "split.c").write_text(SPLIT_C)
+    cc = ["mpicc.mpich", "-O2", "-o", str(shared / "split"), str(shared / "split.c")]
+    subprocess.run(cc, check=True, capture_output=True)
+    done = ops.run(name, ["/shared/split"], 2, store, capture=True)
+    assert not isinstance(done, int) and done.returncode == 0, done
+    return sorted(done.stdout.split())
+
+
+def test_mpich_image_runs_its_own_mpich(store: Store, tmp_path: Path) -> None:
     mpich_ready()
     name = f"mh{os.getpid() % 10000}"
     spec = spec_file(tmp_path, name, extra="")
@@ -74,7 +113,7 @@ def test_mpich_image_runs_its_own_hydra(store: Store, tmp_path: Path) -> None:
     assert "mpi: MPICH 4." in r.stderr and "(image mpich" in r.stderr
     assert sorted(r.stdout.split()) == ["compute0", "compute1"]
 
-    # every rank is an MPI process of one job: hydra's PMI gave each its rank and size
+    # every rank is an MPI process of one job: its PMI (hpvc's here) gave each its rank and size
     script = 'echo "$PMI_RANK/$PMI_SIZE $(hostname)"'
     done = ops.run(name, ["sh", "-c", script], 2, store, capture=True)
     assert not isinstance(done, int) and done.returncode == 0, done
@@ -88,6 +127,9 @@ def test_mpich_image_runs_its_own_hydra(store: Store, tmp_path: Path) -> None:
     assert ops.exec_node(name, "compute0", ["sh", "-c", "echo hi > /dev/shm/hpvc-t"], store) == 0
     seen = ops.run(name, ["cat", "/dev/shm/hpvc-t"], 2, store, capture=True)
     assert not isinstance(seen, int) and seen.stdout.split() == ["hi", "hi"]
+
+    # MPICH itself counts the two co-resident nodes as one host: its ranks share memory
+    assert shared_sizes(store, name) == ["0:2", "1:2"]
     lifecycle.down(name, store)
 
 
@@ -118,4 +160,6 @@ def test_mpich_without_locality(store: Store, tmp_path: Path, locality: str) -> 
     lifecycle.up(spec, store)
     done = ops.run(name, ["hostname"], 2, store, capture=True)
     assert not isinstance(done, int) and sorted(done.stdout.split()) == ["compute0", "compute1"]
+    # ... and shares no memory: each rank alone on its host
+    assert shared_sizes(store, name) == ["0:1", "1:1"]
     lifecycle.down(name, store)

@@ -68,8 +68,9 @@ Phases = dict[str, float]
 @dataclass(frozen=True)
 class MpiLaunch:
     """How ``hpvc run`` starts a rank inside a node: the rank script (POSIX sh,
-    written beside the ranks file; it reads line OMPI_COMM_WORLD_RANK+1) and
-    what that file holds for each node."""
+    written beside the ranks file; it reads line OMPI_COMM_WORLD_RANK+1 and hands
+    the rank the launcher's ``OMPI_*``/``PMIX_*`` variables, or hpvc's ``PMI_*``
+    for MPICH, ``hpvc.cluster.pmi``) and what that file holds for each node."""
 
     script: str
     targets: dict[str, str]  # node name -> its line in the ranks file

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
-from hpvc.cluster import hydra
+from hpvc.cluster import hydra, pmi
 from hpvc.cluster.lifecycle import open_env
 from hpvc.cluster.listing import under_way
 from hpvc.errors import HpvcError, InputError, MissingDependency, require_root
@@ -307,6 +307,13 @@ def run(
     if notice is not None:
         progress(notice)
     backend, env = open_env(store, rec)
+    # whether co-resident nodes share memory: the backend says (architecture rule 3)
+    shm = backend.capabilities.shared_memory
+    shm = shm and rec.spec.get("tuning", {}).get("locality", "shm") == "shm"
+    if mpi.kind == MPICH and shm:  # co-resident nodes one host to MPICH (hpvc.cluster.pmi)
+        launch = backend.mpi_launch(env, plan)
+        counts = node_counts(plan, n or total)
+        return pmi.run(launch, env.dir, counts, argv, plan.network.gateway, capture)
     if mpi.kind == MPICH:  # the image's hydra, in the nodes (hpvc.cluster.hydra)
         return hydra.run(
             lambda node, a: backend.exec_argv(env, plan, node, a),
@@ -321,8 +328,6 @@ def run(
     script = env.dir / "rankexec"
     script.write_text(launch.script)
     script.chmod(0o755)
-    shm = backend.capabilities.shared_memory
-    shm = shm and rec.spec.get("tuning", {}).get("locality", "shm") == "shm"
     cmd = mpirun_argv(env, len(layout), argv, shm)
     child_env = {
         **os.environ,

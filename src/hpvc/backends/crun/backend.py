@@ -61,7 +61,7 @@ node=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
 n=$#
 IFS='
 '
-for kv in $(env | grep -E '^(OMPI|PMIX|OPAL|ORTE|HPVC)_[A-Za-z0-9_]*='); do
+for kv in $(env | grep -E '^(OMPI|PMIX|PMI|OPAL|ORTE|HPVC)_[A-Za-z0-9_]*='); do
   set -- "$@" --env "$kv"
 done
 unset IFS
