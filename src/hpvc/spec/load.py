@@ -37,7 +37,7 @@ def _first_error(path: str, err: ValidationError) -> SpecError:
     if e["type"] == "missing":
         return SpecError(path, key, "required key is missing", f"add it; {_FIX}")
     if e["type"] == "literal_error":
-        return SpecError(path, key, f"got {e.get('input')!r}, {msg.lower()}", _FIX)
+        return SpecError(path, key, f"got {e.get('input')!r}, {msg[:1].lower()}{msg[1:]}", _FIX)
     if (
         not key
         and ": " in msg
