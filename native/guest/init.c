@@ -8,15 +8,17 @@
  *                    filesystems, sets the hostname, brings up lo and eth0, installs
  *                    root's ssh key, starts the agent that runs Slurm tasks on eth0's
  *                    address (native/agent) with the job's key (QEMU's fw_cfg entry
- *                    opt/hpvc/agent-key, kept in /run/hpvc/agent-key), starts sshd, reaps zombies; SIGTERM/SIGPWR:
- *                    power off.
+ *                    opt/hpvc/agent-key, kept in /run/hpvc/agent-key), starts sshd when the
+ *                    image has one (/usr/sbin/sshd), reaps zombies; SIGTERM/SIGPWR: power off.
  *
  * Settings come from the kernel command line: hpvc.name=NAME, hpvc.ip=A.B.C.D/N,
  * hpvc.mtu=N, hpvc.key=BASE64 (the authorized_keys line in standard base64, so its
  * comment may hold spaces), hpvc.peers=BASE64 (the cluster's name, then "IP MAC NAME"
  * per node, a line each: /etc/hosts and permanent ARP entries, before sshd starts). Errors are "hpvc-init: ..." lines on the console. Once sshd
- * accepts connections on 127.0.0.1:22 (or gave up) exactly one line follows:
- * "hpvc-ready NAME" if every step succeeded, else "hpvc-failed NAME".
+ * accepts connections on 127.0.0.1:22 (or gave up), or, in an image without sshd (an
+ * imported one: hpvc then reaches the node through the agent alone), once the agent
+ * listens, exactly one line follows: "hpvc-ready NAME" if every step succeeded, else
+ * "hpvc-failed NAME".
  *
  * Long because it is the guest's whole boot, read top to bottom in the order it
  * runs: both roles are one static binary and share its helpers (the command
@@ -53,6 +55,7 @@
 #define ROOT_WAIT_MS 30000
 #define SSHD_WAIT_MS 60000
 #define HOST_KEY "/etc/ssh/ssh_host_ed25519_key"
+#define SSHD "/usr/sbin/sshd"
 
 static int failed; /* a step went wrong: announce hpvc-failed instead of hpvc-ready */
 
@@ -306,12 +309,13 @@ static long b64_decode(const char *in, unsigned char *out, size_t cap)
 	return (long)n;
 }
 
-/* /root/.ssh/authorized_keys (mode 600, directory 700) from hpvc.key=. */
+/* /root/.ssh/authorized_keys (mode 600, directory 700) from hpvc.key=, for sshd
+ * (an image without one gets no /root/.ssh). */
 static int install_key(void)
 {
 	char b64[2048];
 	unsigned char key[1600];
-	int found = cmdline_get("hpvc.key", b64, sizeof b64);
+	int found = access(SSHD, X_OK) == 0 ? cmdline_get("hpvc.key", b64, sizeof b64) : 0;
 	if (found <= 0)
 		return found < 0 ? fail("hpvc.key= is too long") : 0;
 	long n = b64_decode(b64, key, sizeof key - 1);
@@ -413,13 +417,19 @@ static pid_t spawn(char *const argv[])
 }
 
 /* sshd -D -e with an ed25519 host key made on the node's first boot (the base disk has
- * none: nodes never share one; not ssh-keygen -A, whose RSA key takes 6-14 s under TCG). */
+ * none: nodes never share one; not ssh-keygen -A, whose RSA key takes 6-14 s under TCG).
+ * 0 when the image has no sshd: not a failure, the agent is then the way in. */
 static pid_t start_sshd(void)
 {
 	static char *const keygen[] = { "/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "",
 					"-f", HOST_KEY, NULL };
-	static char *const sshd[] = { "/usr/sbin/sshd", "-D", "-e", "-o", "HostKey=" HOST_KEY, NULL };
+	static char *const sshd[] = { SSHD, "-D", "-e", "-o", "HostKey=" HOST_KEY, NULL };
 	int status = -1;
+	if (access(SSHD, X_OK) != 0) {
+		dprintf(STDERR_FILENO, "hpvc-init: no " SSHD " in the image: commands reach this node"
+				       " through its agent only\n");
+		return 0;
+	}
 	if (access(HOST_KEY, F_OK) != 0) {
 		pid_t pid = spawn(keygen);
 		if (pid < 0 || waitpid(pid, &status, 0) != pid || status != 0)
@@ -456,7 +466,8 @@ static void shut_down(void)
 	reboot(RB_POWER_OFF);
 }
 
-/* Wait for sshd, announce the outcome once, then reap zombies until told to stop. */
+/* Wait for sshd (none: 0, the agent already listens), announce the outcome once,
+ * then reap zombies until told to stop. */
 static void serve(const char *name, pid_t sshd, const sigset_t *signals)
 {
 	struct timespec tick = { 0, TICK_MS * 1000000L };
@@ -467,7 +478,7 @@ static void serve(const char *name, pid_t sshd, const sigset_t *signals)
 		for (pid_t pid; (pid = waitpid(-1, &status, WNOHANG)) > 0;)
 			if (pid == sshd) sshd = fail("sshd exited (wait status %d)", status);
 		if (announced) continue;
-		int up = sshd > 0 && sshd_accepts();
+		int up = sshd == 0 || (sshd > 0 && sshd_accepts());
 		if (!up && sshd > 0 && (waited += TICK_MS) < SSHD_WAIT_MS) continue;
 		if (!up) fail("sshd does not accept connections on 127.0.0.1:22");
 		dprintf(STDOUT_FILENO, "%s %s\n", failed ? "hpvc-failed" : "hpvc-ready", name);

@@ -12,7 +12,7 @@ import pytest
 
 import hpvc.backends.vm.guest  # noqa: F401  (registers the undo of "node-run-dir")
 from hpvc.backends.libvirt.backend import LibvirtBackend
-from hpvc.backends.qemu.backend import QemuBackend
+from hpvc.backends.qemu.backend import QemuBackend, VmState
 from hpvc.host.journal import Journal
 
 
@@ -27,6 +27,12 @@ class _Plan:
     nodes: tuple[_Node, ...]
 
 
+@dataclass(frozen=True)
+class _Env:
+    name: str
+    state: VmState
+
+
 @pytest.mark.parametrize("backend", [QemuBackend, LibvirtBackend])
 def test_vm_ranks_get_job_data_over_tcp_not_the_hosts_shared_memory(
     backend: type[QemuBackend],
@@ -34,7 +40,8 @@ def test_vm_ranks_get_job_data_over_tcp_not_the_hosts_shared_memory(
     """mpirun's PMIx server on the host must not hand guests its shared-memory
     dstore (ds21/ds12): they cannot map it, and every rank printed a gds lock error."""
     plan: Any = _Plan((_Node("compute0", "10.0.0.3"),))
-    launch = backend().mpi_launch(cast(Any, None), plan)
+    env = cast(Any, _Env("c", VmState()))  # a guest image with sshd: no agent_rsh
+    launch = backend().mpi_launch(env, plan)
     assert launch.env == {"PMIX_MCA_gds": "hash"}
     assert launch.targets == {"compute0": "10.0.0.3"}
 

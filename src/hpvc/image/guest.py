@@ -16,7 +16,8 @@ their Makefile, builder format)::
 
 Each node boots from its own ``node_disk`` (a raw copy or a qcow2 overlay of
 the base) with ``kernel_cmdline(name, ip, mtu, pubkey)``. hpvc-init prints
-``hpvc-ready <name>`` on the serial console once sshd accepts connections, or
+``hpvc-ready <name>`` on the serial console once sshd accepts connections (an
+image without sshd: once the agent listens), or
 ``hpvc-failed <name>`` after ``hpvc-init: ...`` lines saying what went wrong.
 QEMU should run with ``-no-reboot``: the command line has ``panic=-1``, so a
 guest that cannot boot ends QEMU instead of hanging.
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 # Bump when the builder changes what ends up in a guest artifact.
-GUEST_FORMAT = 1
+GUEST_FORMAT = 2  # 2: mount points an imported image lacks (guest_disk.MOUNT_POINTS)
 CMDLINE_MAX = 2048  # the kernel's COMMAND_LINE_SIZE on x86, including the final NUL
 NATIVE_DIR = Path(__file__).resolve().parents[3] / "native" / "guest"
 if not NATIVE_DIR.is_dir():  # an installed copy (scripts/slurm/install.sh puts them here)

@@ -6,7 +6,9 @@ directory, adds ``/sbin/hpvc-init`` (and ``/usr/local/sbin/hpvc-shm``, the tool 
 the ivshmem region co-resident VMs share, and ``/usr/local/sbin/hpvc-rsh``, which
 runs a command on another node through its agent) there as new files, removes the image's ssh
 host keys from the farm (unlinking a link leaves the image untouched) so that
-every node makes its own on first boot, and hands the farm to
+every node makes its own on first boot, adds the mount points hpvc-init needs
+that the image lacks (an imported image may have no ``/dev`` or ``/proc``:
+``MOUNT_POINTS``, made in the farm only), and hands the farm to
 ``mkfs.ext4 -d``. ``node_disk`` gives each node a writable disk over the base:
 a sparse raw copy or a qcow2 overlay backed by it.
 """
@@ -29,6 +31,8 @@ LABEL = "hpvc-root"
 INIT_PATH = "sbin/hpvc-init"
 SHM_TOOL_PATH = "usr/local/sbin/hpvc-shm"
 RSH_TOOL_PATH = "usr/local/sbin/hpvc-rsh"  # a command on another node, through its agent
+# What the initramfs moves /dev onto and hpvc-init mounts or writes in (/etc/hosts).
+MOUNT_POINTS = ("dev", "proc", "sys", "run", "tmp", "etc")
 DiskMode = Literal["raw", "qcow2"]
 DISK_MODES: tuple[DiskMode, ...] = ("raw", "qcow2")
 
@@ -89,6 +93,14 @@ def _add_init(farm: Path, init: Path, rel: str = INIT_PATH, mkdir: bool = False)
     os.chmod(dest, 0o755)
 
 
+def _add_mount_points(farm: Path) -> None:
+    for rel in MOUNT_POINTS:
+        path = farm / rel
+        if not path.exists() and not path.is_symlink():
+            path.mkdir()
+            os.chmod(path, 0o1777 if rel == "tmp" else 0o755)
+
+
 def _drop_host_keys(farm: Path) -> None:
     ssh = in_tree(farm, "etc/ssh")
     if ssh.is_dir():
@@ -113,7 +125,8 @@ def make_base_disk(
     size = disk_size(tree_size(rootfs))
     try:
         _run(["cp", "-al", str(rootfs), str(farm)], "guest disk", "coreutils")
-        _add_init(farm, init)
+        _add_mount_points(farm)
+        _add_init(farm, init, mkdir=True)  # an image without /sbin gets one in the farm
         if shm_tool is not None:
             _add_init(farm, shm_tool, SHM_TOOL_PATH, mkdir=True)
         if rsh_tool is not None:

@@ -30,7 +30,7 @@ from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import guest_shared, tasks
-from hpvc.errors import HpvcError, MissingDependency
+from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
 from hpvc.host import net, procfs, qemu_user
 from hpvc.host.accel import accelerator
@@ -82,6 +82,11 @@ class VmState(State):
     ivshmem: list[Any] | None = None  # [path, MiB] shared by co-resident guests
     boot_seconds: dict[str, float] = field(default_factory=dict)
     libvirt_uri: str | None = None  # the libvirt backend's connection
+    # An image without sshd: the host's hpvc-rsh (its guest build's) that reaches
+    # the guests' agents, and the image's Env and WorkingDir for ``exec``; "" : ssh.
+    agent_rsh: str = ""
+    image_env: list[str] = field(default_factory=list)
+    image_workdir: str = ""
 
 
 def vm_state(env: ClusterEnv) -> VmState:
@@ -125,9 +130,14 @@ class QemuBackend:
         return found
 
     def prepare(self, env: ClusterEnv, plan: Plan, progress: Progress) -> None:
-        """The cluster's ssh key, and the accelerator its guests run on."""
+        """The cluster's ssh key, the accelerator its guests run on, and how hpvc
+        reaches them: ssh, or their agents where the image has no sshd."""
         st = vm_state(env)
         g.ssh_key(env.dir)
+        image = resolve_image(plan.image)
+        if not g.has_sshd(image):
+            st.agent_rsh = str(self._guest(plan.image, progress).disk.with_name("hpvc-rsh"))
+            st.image_env, st.image_workdir = list(image.env), image.workdir
         env.store.run_dir(env.name)  # QMP and console sockets: root's alone
         # The warning (TCG) is shown once, by status (``summary``), under the
         # nodes' table `up` and `scale` print; their boot line names the accelerator.
@@ -195,7 +205,7 @@ class QemuBackend:
         st.boot_seconds.update(waited)
         if over_ssh:
             progress(f"configuring {len(over_ssh)} guest(s) over ssh (too many nodes to boot with)")
-            g.configure(env.store, plan, over_ssh)
+            g.configure(env.store, plan, over_ssh, st.agent_rsh)
         t3 = time.perf_counter()
         shared_s = guest_shared.start(env, plan, names, progress)
         # start: disks, taps, QEMU, pinning; boot: to every hpvc-ready line (the
@@ -216,7 +226,7 @@ class QemuBackend:
         """Guests that stay get the new /etc/hosts and ARP entries over ssh."""
         staying = [n.name for n in plan.nodes if n.name in {o.name for o in old.nodes}]
         if staying and {n.name for n in old.nodes} != {n.name for n in plan.nodes}:
-            g.configure(env.store, plan, staying)
+            g.configure(env.store, plan, staying, vm_state(env).agent_rsh)
 
     def repin(self, env: ClusterEnv, old: Plan, plan: Plan) -> None:
         """Running VMs whose floating set or emulator CPUs changed get them live."""
@@ -297,14 +307,25 @@ class QemuBackend:
     def exec_argv(
         self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
     ) -> list[str]:
+        st = vm_state(env)
+        if st.agent_rsh:  # no sshd in the image: through the guest's agent
+            return g.agent_argv(
+                st.agent_rsh, env.dir, node.ip, argv, st.image_env, st.image_workdir
+            )
         return g.ssh_argv(env.dir, node.ip, argv)
 
     def exec_status(
         self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int
     ) -> int:
-        return rc  # ssh passes the guest shell's 127/126 through
+        return rc  # ssh passes the guest shell's 127/126 through, the agent its own
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
+        if vm_state(env).agent_rsh:  # the rank script below is ssh's
+            raise InputError(
+                f"hpvc run with Open MPI in VM cluster {env.name}",
+                f"image {plan.image!r} has no sshd ({g.SSHD}), which starts its ranks",
+                "use an image with openssh-server (/usr/sbin/sshd) for Open MPI jobs",
+            )
         return MpiLaunch(
             script=VM_RANK_SCRIPT.format(opts=shlex.join(g.SSH_OPTS)),
             targets={n.name: n.ip for n in plan.nodes},

@@ -9,6 +9,11 @@ guest init's ``hpvc-ready`` line, and /etc/hosts plus static ARP pushed over
 ssh with the key hpvc makes for the cluster only to guests whose command
 line could not carry them, and to running guests when a scale changes the
 nodes. Co-resident guests share an ivshmem region.
+
+An image without sshd (an imported one, docs/vms.md): its guests are reached
+through the agent hpvc-init starts in each (``agent_argv``: the guest build's
+static ``hpvc-rsh``, run on the host as root with the cluster's agent key),
+for ``hpvc exec`` and the configuration pushes alike (``guest_argv``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from hpvc.image.guest import (
     node_disk,
     peers_text,
 )
+from hpvc.image.model import Image
+from hpvc.image.rootfs import in_root
 from hpvc.paths import RUN, private_dir
 from hpvc.plan import Plan, PlannedNode
 from hpvc.render import files as render_files
@@ -52,6 +59,16 @@ SSH_OPTS = (
     "-o", "BatchMode=yes",
     "-o", "ConnectTimeout=10",
 )  # fmt: skip
+
+
+SSHD = "/usr/sbin/sshd"  # what hpvc-init starts where the image has it (native/guest/init.c)
+
+
+def has_sshd(image: Image) -> bool:
+    """Whether hpvc-init starts sshd in ``image``'s guests; without it the agent
+    is the only way in (``agent_argv``)."""
+    found = in_root(image.rootfs, SSHD)
+    return found is not None and found.is_file()
 
 
 def ssh_key(cluster_dir: Path) -> Path:
@@ -118,6 +135,31 @@ def ssh_argv(
     remote = shlex.join([*(["env", *env] if env else []), *argv])
     key = cluster_dir / "id_ed25519"
     return ["ssh", "-i", str(key), *SSH_OPTS, f"root@{ip}", remote]
+
+
+def agent_argv(
+    rsh: str,
+    cluster_dir: Path,
+    ip: str,
+    argv: list[str],
+    env: Sequence[str] = (),
+    cwd: str = "",
+) -> list[str]:
+    """Run ``argv`` as it is (no shell) in a guest through its agent: ``rsh`` is
+    the guest build's static hpvc-rsh, run here as root (the agent trusts a
+    reserved port on the cluster's subnet, the bridge's address) with the
+    cluster's agent key; ``env`` (KEY=VALUE) and ``cwd`` are the command's."""
+    out = [rsh, "-a", "-k", str(cluster_dir / AGENT_KEY)]
+    for kv in env:
+        out += ["-e", kv]
+    out += ["-C", cwd] if cwd else []
+    return [*out, "--", ip, *argv]
+
+
+def guest_argv(cluster_dir: Path, ip: str, argv: list[str], rsh: str = "") -> list[str]:
+    """``argv`` in a guest: over ssh, or through its agent where ``rsh`` is
+    given (the cluster's image has no sshd)."""
+    return agent_argv(rsh, cluster_dir, ip, argv) if rsh else ssh_argv(cluster_dir, ip, argv)
 
 
 def vm_context(
@@ -222,10 +264,12 @@ def wait_all(
     return waited
 
 
-def configure(store: Store, plan: Plan, names: list[str]) -> None:
+def configure(store: Store, plan: Plan, names: list[str], rsh: str = "") -> None:
     """/etc/hosts and permanent ARP entries of every node, in the given guests.
 
-    One ssh per guest, all at once: under TCG a handshake costs about a second.
+    One ssh per guest, all at once: under TCG a handshake costs about a second
+    (through the agents instead where ``rsh`` is given: ``guest_argv``; the
+    image's own ``sh``, ``cat`` and ``ip`` run it).
     """
     cdir = store.cluster_dir(plan.cluster)
     hosts = render_files.hosts(plan)
@@ -239,7 +283,7 @@ def configure(store: Store, plan: Plan, names: list[str]) -> None:
     for attempt in range(3):  # a guest busy booting its neighbours may miss an ARP
         procs = {
             name: subprocess.Popen(
-                ssh_argv(cdir, plan.node(name).ip, ["sh", "-c", script]),
+                guest_argv(cdir, plan.node(name).ip, ["sh", "-c", script], rsh),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -48,6 +48,7 @@ from hpvc.image import resolve_image
 from hpvc.image.extras import preset_extras, with_extras
 from hpvc.image.guest import GuestArtifacts
 from hpvc.image.model import DEFAULT_PACKAGES, NFS_SERVER_PACKAGES, Image
+from hpvc.image.rootfs import in_root
 from hpvc.plan import Plan
 from hpvc.plan.services import VM_SHARED_MIB, SharedPlan
 from hpvc.progress import Progress
@@ -68,11 +69,27 @@ def nfs_of(plan: Plan) -> SharedPlan | None:
     return sh if sh is not None and sh.server == "nfs" else None
 
 
+# What the guests run for an NFS shared directory, looked for in an imported
+# image's own root (a built one says it by its packages): the scripts go over ssh.
+NFS_IN_IMAGE = (g.SSHD, "/usr/bin/ganesha.nfsd", "/usr/sbin/rpcbind")
+
+
 def preflight(spec: Spec) -> None:
     """A VM image without the NFS server is refused before any change (exit 2)."""
     if spec.shared.server != "nfs":
         return
     image = resolve_image(spec.image)
+    if image.imported:
+        absent = [p for p in NFS_IN_IMAGE if in_root(image.rootfs, p) is None]
+        if absent:
+            raise InputError(
+                f"image {spec.image!r}",
+                f'has no {", ".join(absent)}, which shared.server = "nfs" needs in a VM'
+                " cluster (hpvc sets it up over ssh)",
+                "import an image with openssh-server, nfs-ganesha-vfs and rpcbind, or leave"
+                " out shared.server",
+            )
+        return
     missing = [p for p in NFS_SERVER_PACKAGES if p not in image.packages]
     if missing:
         raise InputError(
