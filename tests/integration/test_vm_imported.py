@@ -9,8 +9,10 @@ their agents (the image has no sshd) and runs the image's own busybox with its
 Env and WorkingDir; status and ls name the image's digest for each node; the
 image's files are the same after ``down`` as before ``up``. A shared directory
 over NFS, which needs sshd and Ganesha in the image, is refused in one line
-before anything changes. Then hpvc-rsh's argv mode, which ``exec`` uses, against
-the agent on the host (no VM). About 40 s here (2 cores, TCG).
+before anything changes. The same image boots as a one-node cluster of the
+libvirt backend (a private libvirtd, as tests/integration/test_vm_libvirt.py
+starts). Then hpvc-rsh's argv mode, which ``exec`` uses, against the agent on
+the host (no VM). About 40 s here (2 cores, TCG).
 """
 
 from __future__ import annotations
@@ -76,14 +78,16 @@ def image(tmp_path: Path) -> Iterator[str]:
         remove_image(name, images)
 
 
-def _spec(tmp: Path, name: str, image: str, extra: str = "") -> Path:
+def _spec(
+    tmp: Path, name: str, image: str, extra: str = "", *, count: int = 2, head: str = ""
+) -> Path:
     p = tmp / f"{name}.toml"
     p.write_text(
-        f'name = "{name}"\nkind = "vm"\nimage = "{image}"\n'
+        f'name = "{name}"\nkind = "vm"\n{head}image = "{image}"\n'
         f'[network]\nsubnet = "10.229.{PID % 250}.0/24"\n'
         '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
         f"{extra}"
-        '[[nodes]]\nrole = "compute"\ncount = 2\nvcpus = 1\nmemory = "256MiB"\n'
+        f'[[nodes]]\nrole = "compute"\ncount = {count}\nvcpus = 1\nmemory = "256MiB"\n'
     )
     return p
 
@@ -135,6 +139,32 @@ def test_a_vm_cluster_from_an_image_without_sshd(image: str, tmp_path: Path) -> 
     assert vm_leftovers(name, store) == []
     assert snapshot(img.rootfs) == before
     assert (img.rootfs / "etc" / "hpvc-marker").read_text() == MARKER
+
+
+def test_a_libvirt_node_from_an_image_without_sshd(
+    image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.integration.test_vm_libvirt import domain_names, running_libvirtd
+
+    store = Store(tmp_path / "state")
+    name = f"vl{PID % 10000}"
+    spec = _spec(tmp_path, name, image, count=1, head='backend = "libvirt"\n')
+    with running_libvirtd(tmp_path / "libvirtd") as daemon:
+        monkeypatch.setenv("HPVC_LIBVIRT_URI", daemon.uri)
+        try:
+            r = hpvc(store, "up", str(spec))
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert domain_names(daemon) == [f"hpvc-{name}-compute0"]
+            r = hpvc(store, "exec", name, "compute0", "--", "cat", "/etc/hpvc-marker")
+            assert (r.returncode, r.stdout) == (0, MARKER), r.stderr
+            r = hpvc(store, "down", name)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert domain_names(daemon) == []
+        finally:
+            for left in {p.name for p in (store.root / "clusters").glob("*")}:
+                lifecycle.teardown(store, left)
+            store.host_journal().undo_all()
+    assert vm_leftovers(name, store) == []
 
 
 def test_hpvc_rsh_runs_an_argv_as_it_is_with_env_and_directory(tmp_path: Path) -> None:
