@@ -18,7 +18,7 @@
 #define HPVC_SPEC_PATH_ENV "HPVC_SPEC"
 #define HPVC_MAX_TASKS 1024
 #define HPVC_MAX_CGROUPS 32
-#define HPVC_MAX_ENV 24
+#define HPVC_MAX_ENV 64 /* hpvc's own and an imported image's Env (48 at most) */
 #define HPVC_MAX_SITE 8
 
 /* plugstack.conf arguments (args.c) */
@@ -62,6 +62,7 @@ int hpvc_local_post_opt(spank_t sp, const struct hpvc_config *cfg);   /* local.c
 int hpvc_local_user_init(spank_t sp, const struct hpvc_config *cfg);  /* local.c */
 int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg); /* remote.c */
 int hpvc_task_join(spank_t sp);                                        /* task.c */
+void hpvc_task_chdir(void); /* task.c: task_init, as the user: the image's WorkingDir */
 int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.c */
 
 /* VM nodes (vm.c): connect to the node's agent as root (task_init_privileged),
@@ -87,6 +88,8 @@ struct hpvc_join {
 	int vm;         /* a VM node: tasks run through its agent at ip */
 	char ip[64];
 	char *key;      /* a VM node: the file of its agent's key (root's), or NULL */
+	char *workdir;  /* where a task starts when the node lacks the job's directory
+			 * (an imported image's WorkingDir), or NULL: "/" */
 };
 extern struct hpvc_join hpvc_joins[HPVC_MAX_TASKS];
 extern int hpvc_slots; /* local task t joins hpvc_joins[t % hpvc_slots] */

@@ -28,6 +28,7 @@ void hpvc_free_joins(void)
 		for (int i = 0; i < hpvc_joins[t].nenv; i++)
 			free(hpvc_joins[t].env[i]);
 		free(hpvc_joins[t].key);
+		free(hpvc_joins[t].workdir);
 		memset(&hpvc_joins[t], 0, sizeof(hpvc_joins[t]));
 	}
 }
@@ -110,7 +111,7 @@ int hpvc_proc_start(pid_t pid, unsigned long long *start)
 /* Lines: "node S PID START NS NAME" (a container node: namespaces to join) or
  * "vm S PID START IP NAME" (a VM: its QEMU and its agent's address), "cgroup S
  * FILE", "env S K=V", "agentkey S FILE" (a VM: the root-only file of its
- * agent's key) for node
+ * agent's key), "cwd S DIR" (an imported image's WorkingDir) for node
  * slot S (local task t runs in slot t mod the number of slots); START is the
  * node process's start time (field 22 of /proc/PID/stat), so that a PID the
  * kernel gave to another process since is never taken for the node's.
@@ -159,6 +160,13 @@ int hpvc_parse_joins(const char *text)
 				break;
 			}
 			hpvc_joins[t].key = strdup(rest);
+		} else if (strncmp(line, "cwd ", 4) == 0) {
+			int t = parse_slot(line + 4, &rest);
+			if (t < 0 || rest[0] != '/' || hpvc_joins[t].workdir != NULL) {
+				rc = -1;
+				break;
+			}
+			hpvc_joins[t].workdir = strdup(rest);
 		} else if (strncmp(line, "env ", 4) == 0) {
 			int t = parse_slot(line + 4, &rest);
 			if (t < 0 || strchr(rest, '=') == NULL || hpvc_joins[t].nenv >= HPVC_MAX_ENV) {

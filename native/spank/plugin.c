@@ -113,14 +113,16 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	return hpvc_task_join(sp);
 }
 
-/* Each task, as the user with its stdio in place: a task of a VM node relays
- * its command to the guest and exits here (vm.c). */
+/* Each task, as the user with its stdio in place: a task of a container node
+ * whose node lacks the job's directory goes to the image's WorkingDir; a task
+ * of a VM node relays its command to the guest and exits here (vm.c). */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
 	(void)av;
 	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
 		return 0;
+	hpvc_task_chdir();
 	return hpvc_vm_task(sp);
 }
 

@@ -40,6 +40,11 @@
 /* The relay's parent-death signal: one of its own, never forwarded. */
 #define PARENT_GONE (SIGRTMIN + 3)
 
+/* Where the task starts when its node lacks the job's directory: the image's
+ * WorkingDir (set in task_init_privileged; after it Slurm makes its own chdir,
+ * to the job's directory or else /tmp, so task_init comes back here). */
+static const char *start_dir;
+
 static volatile sig_atomic_t child_pid;
 static volatile sig_atomic_t stepd_pgid; /* slurmstepd's own group: never killed */
 
@@ -174,6 +179,13 @@ static void relay(pid_t child, pid_t stepd)
 	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128);
 }
 
+void hpvc_task_chdir(void)
+{
+	if (start_dir != NULL && chdir(start_dir) < 0)
+		slurm_error("hpvc: cannot start in the image's WorkingDir %s: %s", start_dir,
+			    strerror(errno));
+}
+
 int hpvc_task_join(spank_t sp)
 {
 	int task = -1;
@@ -229,9 +241,11 @@ int hpvc_task_join(spank_t sp)
 		return -1;
 	}
 	close(pidfd);
-	/* The job's directory if the node has it (a shared file system), else /. */
+	/* The job's directory if the node has it (a shared file system), else
+	 * the image's WorkingDir (again in task_init: hpvc_task_chdir), else /. */
 	if (!have_cwd || chdir(cwd) < 0) {
-		if (chdir("/") < 0)
+		start_dir = j->workdir;
+		if ((j->workdir == NULL || chdir(j->workdir) < 0) && chdir("/") < 0)
 			return -1;
 	}
 	set_env(sp, j);

@@ -85,6 +85,7 @@ def write_layout(
     arch: str = "amd64",
     env: list[str] | None = None,
     claimed_size: int | None = None,
+    workdir: str = "/tmp",
 ) -> str:
     """An OCI layout at ``path`` (tag ``t``) of gzip ``layers``; the manifest's digest.
     ``claimed_size``: what the manifest says the first layer's size is."""
@@ -100,7 +101,7 @@ def write_layout(
     config = {
         "architecture": arch,
         "os": "linux",
-        "config": {"Env": env or ["PATH=/bin", "GREETING=hello"], "WorkingDir": "/tmp"},
+        "config": {"Env": env or ["PATH=/bin", "GREETING=hello"], "WorkingDir": workdir},
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
     cdata = json.dumps(config).encode()

@@ -225,9 +225,11 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -
     if not rows:
         console.print("no Slurm job shares on this host")
     for r in rows:
+        digests = " ".join(d[:12] for d in r["image_digests"]) or "digest not recorded"
         console.print(
             f"job {r['job']} share {r['share']} ({r['cluster']}): {r['status']},"
-            f" nodes {', '.join(r['nodes'])}, {r['subnet']}"
+            f" nodes {', '.join(r['nodes'])}, {r['subnet']}, image {r['image']} {digests}",
+            markup=False,
         )
 
 

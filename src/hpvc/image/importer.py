@@ -233,6 +233,25 @@ def _reuse(store: Store, name: str, digest: str, in_use: InUse) -> Image:
         return replace(store.load(name, digest), reused=True)
 
 
+def require_importer() -> None:
+    """Only root imports, into the site's store, before anything is read or written.
+
+    The store is the site's: every host (or a shared ``image_dir``) reads it,
+    and a Slurm job names an image by name from the site's list (``images=``
+    in plugstack.conf). An image is software the site runs for its users, so
+    the site vets it before it imports it, as it vets what it lists; a user's
+    own images would need a namespace of images per user, which hpvc does not
+    have (docs/slurm.md, "Imported images under Slurm").
+    """
+    if os.geteuid() != 0:
+        raise InputError(
+            "image import",
+            "needs root",
+            "the site's administrators vet and import the images every host runs;"
+            " ask them to import it, then name it in your spec",
+        )
+
+
 def import_image(
     name: str,
     source: str,
@@ -247,11 +266,10 @@ def import_image(
     manifest list without this platform, too little space) is an InputError
     and leaves the store as it was. An image already stored is reused at once.
     """
+    require_importer()
     check_name(name)
     src = oci.parse_source(source)
     what = f"image import {source}"
-    if os.geteuid() != 0:
-        raise InputError("image import", "needs root (the store and umoci's unpack)", "run as root")
     s = as_store(store)
     s.ensure()
     (s.blobs_dir / "sha256").mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,8 @@ def listing(store: Store | None = None) -> list[dict[str, Any]]:
                 "status": rec.status,
                 "nodes": [x.name for x in plan.nodes],
                 "subnet": plan.network.subnet,
+                "image": rec.image_name(),
+                "image_digests": rec.image_digests(),  # digest -> its nodes
             }
         )
     return out

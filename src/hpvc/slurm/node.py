@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster import backends, lifecycle, ops
+from hpvc.cluster import backends, images, lifecycle, ops
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import fabric
 from hpvc.locks import file_lock
@@ -85,6 +85,9 @@ class Join:
     env: tuple[str, ...]
     ip: str = ""  # a node whose tasks relay (VMs): its agent's address
     key: str = ""  # and the root-only file of the key the relay proves it holds
+    # Where a task starts when the node lacks the job's directory: the image's
+    # WorkingDir ("" or "/": the node's root).
+    workdir: str = ""
 
     def lines(self) -> list[str]:
         ns = ",".join(self.namespaces)
@@ -94,6 +97,7 @@ class Join:
             out = [f"node {self.slot} {self.pid} {self.start} {ns} {self.node}"]
         out += [f"cgroup {self.slot} {p}" for p in self.cgroup_procs]
         out += [f"env {self.slot} {kv}" for kv in self.env]
+        out += [f"cwd {self.slot} {self.workdir}"] if self.workdir not in ("", "/") else []
         out += [f"agentkey {self.slot} {self.key}"] if self.key else []
         return out
 
@@ -114,6 +118,9 @@ def joins(
     plan = rec.the_plan()
     subnet = plan.network.subnet
     entry = backends.cluster_task_entry(store, name, mpi)
+    # An imported image's Env and WorkingDir (nothing for a built image), over
+    # the task's own environment; hpvc's variables and then Slurm's go on top.
+    image = images.task_images(store, name) if not entry.relay else {}
     out = []
     for t, node in enumerate(task_pool(share, roles)):
         proc = ops.node_process(name, node, store)
@@ -132,7 +139,10 @@ def joins(
             # but MPI's data goes over the cluster network: the host's own address
             # on the cluster bridge, joined to the other hosts' by VXLAN.
             env.append(f"OMPI_MCA_btl_tcp_if_include={subnet}")
-        out.append(Join(t, node, proc.pid, proc.start, namespaces, proc.cgroup_procs, tuple(env)))
+        mine = image[node]
+        env = [*mine.env, *env]
+        join = Join(t, node, proc.pid, proc.start, namespaces, proc.cgroup_procs, tuple(env))
+        out.append(replace(join, workdir=mine.workdir))
     return out
 
 
@@ -209,6 +219,9 @@ def up(
             _teardown(store, name, progress)
             rec = None
         if rec is None:
+            # Only root imports, into the site's store: a job never imports or copies
+            # an image, it finds the one the site put there (docs/slurm.md).
+            images.require_stored(spec.image)
             clash = [
                 (n, s)
                 for n, s in _other_subnets(store, req.job).items()
