@@ -17,7 +17,7 @@ import pytest
 from hpvc.backends.qemu.backend import QemuBackend, VmState
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import guest_shared
-from hpvc.errors import InputError
+from hpvc.errors import HpvcError, InputError
 from hpvc.image import guest_disk
 from hpvc.image.model import Image
 
@@ -76,16 +76,22 @@ class _Env:
     dir: Path
 
 
-def test_exec_goes_through_the_agent_with_the_images_env_and_workdir() -> None:
-    st = VmState(agent_rsh=RSH, image_env=["PATH=/bin"], image_workdir="/tmp")
+def test_exec_goes_through_the_agent_with_the_images_env_and_workdir(tmp_path: Path) -> None:
+    rsh = tmp_path / "hpvc-rsh"
+    rsh.write_bytes(b"\x7fELF")
+    st = VmState(agent_rsh=str(rsh), image_env=["PATH=/bin"], image_workdir="/tmp")
     env = cast(Any, _Env("c", st, Path("/c")))
     node = cast(Any, _Node("compute0", "10.0.0.3"))
-    argv = QemuBackend().exec_argv(env, cast(Any, _Plan((node,))), node, ["cat", "/marker"])
+    plan = cast(Any, _Plan((node,)))
+    argv = QemuBackend().exec_argv(env, plan, node, ["cat", "/marker"])
     assert argv == g.agent_argv(
-        RSH, Path("/c"), "10.0.0.3", ["cat", "/marker"], ["PATH=/bin"], "/tmp"
+        str(rsh), Path("/c"), "10.0.0.3", ["cat", "/marker"], ["PATH=/bin"], "/tmp"
     )
     ssh = cast(Any, _Env("c", VmState(), Path("/c")))
-    assert QemuBackend().exec_argv(ssh, cast(Any, _Plan((node,))), node, ["true"])[0] == "ssh"
+    assert QemuBackend().exec_argv(ssh, plan, node, ["true"])[0] == "ssh"
+    rsh.unlink()  # its guest build removed under a running cluster: said, not a traceback
+    with pytest.raises(HpvcError, match=r"how hpvc reaches a guest without sshd\) is gone"):
+        QemuBackend().exec_argv(env, plan, node, ["true"])
 
 
 def test_an_open_mpi_run_is_refused_where_the_image_has_no_sshd() -> None:

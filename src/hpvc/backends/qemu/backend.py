@@ -10,6 +10,7 @@ started, read back and repinned.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import time
@@ -309,6 +310,12 @@ class QemuBackend:
     ) -> list[str]:
         st = vm_state(env)
         if st.agent_rsh:  # no sshd in the image: through the guest's agent
+            if not os.path.isfile(st.agent_rsh):  # its guest build was removed since
+                raise HpvcError(
+                    f"node {node.name}",
+                    f"{st.agent_rsh} (how hpvc reaches a guest without sshd) is gone",
+                    f"hpvc down {env.name}, then hpvc up again",
+                )
             return g.agent_argv(
                 st.agent_rsh, env.dir, node.ip, argv, st.image_env, st.image_workdir
             )
