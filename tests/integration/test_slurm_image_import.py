@@ -28,6 +28,7 @@ from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
 from tests.integration.test_image_import import busybox_layer, busybox_rootfs, write_layout
 
 IMAGE = f"slurmbox{os.getpid() % 100000}"
+MISSING = f"{IMAGE}-never-imported"  # listed by the site, in no store
 MARKER = f"made-for-slurm-{os.getpid()}"
 GREETING = "hi-from-the-image"
 WORKDIR = "/opt/app"
@@ -39,7 +40,7 @@ PROBE = 'echo "$(hostname) $(cat /etc/hpvc-marker) $(readlink /bin/sh) $GREETING
 @pytest.fixture(scope="module")
 def slurm(tenants: tuple[Submitter, Submitter]) -> Iterator[Env]:
     """The test cluster with the site listing the test's image beside hpc."""
-    yield from slurm_env(tenants, site=f"images=hpc,{IMAGE}")
+    yield from slurm_env(tenants, site=f"images=hpc,{IMAGE},{MISSING}")
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +156,18 @@ def test_only_root_imports(slurm: Env, imported: Store) -> None:
     assert r.stderr.startswith("hpvc: image import: needs root ("), r.stderr
     assert sorted(imported.all_names()) == names
     assert sorted(p.name for p in imported.digests_dir.iterdir()) == digests
+
+
+def test_a_listed_image_the_host_lacks_fails_in_one_line_leaving_nothing(
+    slurm: Env, imported: Store
+) -> None:
+    spec = image_spec(slurm, MISSING, "missing.toml")
+    r = slurm.run("srun", "-N1", f"--hpvc={spec}", "/bin/echo", "ran")
+    assert r.stdout.strip() == ""  # (srun 22.05 exits 0 when a task's launch fails)
+    said = [line for line in r.stderr.splitlines() if "does not have it" in line]
+    assert len(said) == 1 and f"image {MISSING!r}: the site allows it" in said[0], r.stderr
+    assert str(imported.root) in said[0] and "hpvc image build or import" in said[0]
+    slurm.wait_clean(last_job(slurm))
 
 
 @pytest.mark.parametrize(
