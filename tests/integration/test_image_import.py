@@ -196,6 +196,14 @@ def test_docker_archive_imports_and_a_second_import_is_instant(
     assert "GREETING=hello" in image.env and image.workdir == "/tmp"
     assert image.architecture == "amd64" and len(image.layers) == 1
     assert not (image.rootfs / "etc/hpvc-image").exists()  # the image's files stay its own
+    # The archive's plain tar layer is kept plain (not gzipped only to be
+    # gunzipped again) and its manifest says so, which is what umoci read.
+    index = json.loads((image.path / "oci" / "index.json").read_text())
+    manifest = json.loads(store.blob(index["manifests"][0]["digest"]).read_bytes())
+    (lay,) = manifest["layers"]
+    assert lay["mediaType"] == "application/vnd.oci.image.layer.v1.tar"
+    assert store.blob(lay["digest"]).read_bytes()[:2] != b"\x1f\x8b"
+    assert image.manifest == index["manifests"][0]["digest"]
 
     # Same digest: nothing copied or unpacked (the rootfs is the very same folder).
     stamp = (image.rootfs / "bin").stat().st_ino

@@ -128,3 +128,24 @@ def test_what_a_container_node_needs_is_looked_up_inside_the_image(tmp_path: Pat
     assert in_root(tmp_path, "/../../etc/passwd") is None  # never above the root
     assert missing_for_node(tmp_path) == []
     assert missing_for_node(tmp_path, ("PATH=/opt/bin",)) == ["sleep"]
+
+
+def test_plain_layers_are_relabelled_plain_and_nothing_else_changes() -> None:
+    from hpvc.image.oci import GZIP_LAYER, PLAIN_LAYER, relabel_plain
+
+    manifest = {
+        "schemaVersion": 2,
+        "config": {"digest": "sha256:c"},
+        "layers": [
+            {"mediaType": GZIP_LAYER, "digest": "sha256:a", "size": 1},
+            {"mediaType": GZIP_LAYER, "digest": "sha256:b", "size": 2},
+        ],
+    }
+    assert relabel_plain(manifest, set()) is None  # all really gzip: kept as it is
+    fixed = relabel_plain(manifest, {"sha256:b"})
+    assert fixed is not None
+    assert [x["mediaType"] for x in fixed["layers"]] == [GZIP_LAYER, PLAIN_LAYER]
+    assert fixed["config"] == manifest["config"] and fixed["layers"][1]["size"] == 2
+    assert manifest["layers"][1]["mediaType"] == GZIP_LAYER  # the input is not changed
+    plain = {**manifest, "layers": [dict(manifest["layers"][0], mediaType=PLAIN_LAYER)]}
+    assert relabel_plain(plain, {"sha256:a"}) is None  # already labelled plain

@@ -148,17 +148,44 @@ def known_digest(skopeo: str, source: oci.Source, store: Store, what: str) -> st
 def copy_in(skopeo: str, source: oci.Source, store: Store, layout: Path, what: str) -> None:
     """skopeo copies the image into ``layout``, its blobs into the shared folder.
 
-    A docker archive's plain tar layers are gzip-compressed on the way:
-    skopeo 1.9's ``--dest-oci-accept-uncompressed-layers`` keeps them plain but
-    labels them ``tar+gzip``, which umoci then cannot read. (Compressing costs
-    time on big images: the price of a layout umoci reads.) ``--insecure-policy``:
-    the sources are local files and storage, with no signatures to check, and a host without
-    /etc/containers/policy.json must still import.
+    Plain tar layers (a docker archive's, Podman storage's) stay plain
+    (``--dest-oci-accept-uncompressed-layers``): compressing them here only to
+    have umoci decompress them again doubled the time of a big import (docs/
+    benchmarks.md, "Image import"). skopeo 1.9 labels such a layer ``tar+gzip``
+    all the same, which umoci cannot read, so ``_relabel_plain`` writes the
+    manifest again with the plain label where the blob is no gzip stream.
+    ``--insecure-policy``: the sources are local files and storage, with no
+    signatures to check, and a host without /etc/containers/policy.json must
+    still import.
     """
-    argv = [skopeo, "--insecure-policy", "copy", "--quiet", "--dest-shared-blob-dir"]
-    argv += [str(store.blobs_dir), source.ref, f"oci:{layout}:{REF}"]
+    argv = [skopeo, "--insecure-policy", "copy", "--quiet", "--dest-oci-accept-uncompressed-layers"]
+    argv += ["--dest-shared-blob-dir", str(store.blobs_dir), source.ref, f"oci:{layout}:{REF}"]
     _run(argv, what)
     pack.link_blobs(layout)
+    _relabel_plain(store, layout, what)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _relabel_plain(store: Store, layout: Path, what: str) -> None:
+    """Point ``layout``'s index at a manifest that labels its plain tar layers as
+    plain (``oci.relabel_plain``); the blobs themselves are not touched, and
+    the manifest skopeo wrote, used by no image then, goes with the next prune."""
+    index = _json((layout / "index.json").read_text(), what)
+    desc = index["manifests"][0]
+    manifest = _read_blob(store, str(desc["digest"]), what)
+    plain = set()
+    for lay in manifest.get("layers", []):
+        with store.blob(str(lay["digest"])).open("rb") as f:
+            if f.read(2) != GZIP_MAGIC:
+                plain.add(str(lay["digest"]))
+    fixed = oci.relabel_plain(manifest, plain)
+    if fixed is None:
+        return
+    digest, size = pack.put_blob(store, json.dumps(fixed, sort_keys=True).encode())
+    index["manifests"][0] = {**desc, "digest": digest, "size": size}
+    (layout / "index.json").write_text(json.dumps(index))
 
 
 # ---- the import ----------------------------------------------------------------

@@ -131,6 +131,25 @@ def node_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: inner[k] for k in CONFIG_KEYS if inner.get(k)}
 
 
+PLAIN_LAYER = "application/vnd.oci.image.layer.v1.tar"
+GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+
+def relabel_plain(manifest: dict[str, Any], plain: set[str]) -> dict[str, Any] | None:
+    """``manifest`` with each layer in ``plain`` (digests of blobs that are a
+    plain tar stream) labelled as the plain tar it is rather than ``tar+gzip``;
+    None when no label changes."""
+    layers = manifest.get("layers", [])
+    wrong = [i for i, lay in enumerate(layers) if lay.get("mediaType") == GZIP_LAYER
+             and lay.get("digest") in plain]  # fmt: skip
+    if not wrong:
+        return None
+    fixed = [
+        dict(lay, mediaType=PLAIN_LAYER) if i in wrong else lay for i, lay in enumerate(layers)
+    ]
+    return {**manifest, "layers": fixed}
+
+
 def layer_sizes(manifest: dict[str, Any]) -> list[tuple[str, int]]:
     """(digest, size) of each layer an image manifest lists."""
     return [(str(lay["digest"]), int(lay.get("size", 0))) for lay in manifest.get("layers", [])]

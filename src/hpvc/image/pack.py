@@ -72,7 +72,7 @@ def _stream(source: oci.Source) -> Iterator[IO[bytes]]:
         yield gzip.GzipFile(fileobj=raw) if magic == b"\x1f\x8b" else raw  # type: ignore[misc]
 
 
-def _put(store: Store, data: bytes) -> tuple[str, int]:
+def put_blob(store: Store, data: bytes) -> tuple[str, int]:
     """Store ``data`` as a blob (written aside, renamed into place); its digest and size."""
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     target = store.blob(digest)
@@ -123,14 +123,14 @@ def pack_rootfs(store: Store, source: oci.Source, layout: Path) -> None:
         "config": {},
         "rootfs": {"type": "layers", "diff_ids": [layer]},
     }
-    cdigest, csize = _put(store, json.dumps(config, sort_keys=True).encode())
+    cdigest, csize = put_blob(store, json.dumps(config, sort_keys=True).encode())
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "digest": cdigest, "size": csize},
         "layers": [{"mediaType": LAYER_TYPE, "digest": layer, "size": size}],
     }
-    mdigest, msize = _put(store, json.dumps(manifest, sort_keys=True).encode())
+    mdigest, msize = put_blob(store, json.dumps(manifest, sort_keys=True).encode())
     layout.mkdir()
     (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}\n')
     desc: dict[str, Any] = {"mediaType": MANIFEST_TYPE, "digest": mdigest, "size": msize}
