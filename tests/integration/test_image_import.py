@@ -278,6 +278,10 @@ def test_a_common_base_is_stored_once_and_rm_keeps_what_others_use(
     doc = json.loads(out.stdout)
     assert doc["source"].startswith("oci:") and doc["layers"][0]["shared_with"] == ["one"]
     assert doc["layers"][1]["shared_with"] == []
+    out = cli("image", "ls", "--json", env={"HPVC_IMAGE_DIR": str(store.root)})
+    assert out.returncode == 0, out.stderr
+    shared = {d["name"]: (len(d["layers"]), d["layers_shared"]) for d in json.loads(out.stdout)}
+    assert shared == {"one": (1, 1), "two": (2, 1)}
 
     remove_image("one", store)
     assert store.blob(one.layers[0][0]).exists()  # two still uses the base

@@ -90,8 +90,10 @@ IMPORT_HELP = f"""Import SOURCE as the image NAME (or reuse it at once when alre
 SOURCE is one of {oci.SOURCE_HELP}. skopeo copies the image into the store
 (each layer stored once, shared by every image that has it) and umoci unpacks
 it; a root filesystem becomes a one-layer image. The image's own userland runs
-in its nodes: a container node needs only /bin/sh and sleep in it. Its Env and
-WorkingDir apply to `hpvc exec`. Needs root, skopeo and umoci.
+in its nodes, containers or VMs: a container node needs only /bin/sh and sleep
+in it, a VM node nothing (hpvc adds its init beside the image's files). Its Env
+and WorkingDir apply to `hpvc exec`, `hpvc run` and Slurm tasks. Needs root
+(the site vets the images its users run), skopeo and umoci.
 
 Examples:
 
@@ -227,14 +229,25 @@ def _with_os(image: Image) -> dict[str, Any]:
     return {**image.as_dict(), "os": _os(image)}
 
 
-def _table(images: list[Image]) -> Table:
+def shared_layers(image: Image, users: dict[str, list[str]]) -> int:
+    """How many of an imported image's layers other images use too (``users``:
+    ``Store.blob_users``, whose owner is "name, name" of one digest)."""
+
+    def others(digest: str) -> list[str]:
+        owners = users.get(digest.removeprefix("sha256:"), [])
+        return [u for u in owners if image.name not in u.split(", ")]
+
+    return sum(1 for d, _ in image.layers if others(d))
+
+
+def _table(images: list[Image], users: dict[str, list[str]]) -> Table:
     t = Table(show_header=True, header_style="bold")
     for col in ("name", "digest", "os", "size", "created", "packages / source"):
         t.add_column(col, overflow="fold")
     for i in images:
         contents = ", ".join([*i.packages, *(f"+{e}" for e in i.extras)])
         if i.imported:
-            contents = f"{i.source} ({len(i.layers)} layers)"
+            contents = f"{i.source} ({len(i.layers)} layers, {shared_layers(i, users)} shared)"
         t.add_row(i.name, i.short_digest, _os(i), human_size(i.size_bytes), i.created, contents)
     return t
 
@@ -245,10 +258,11 @@ def ls_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the images as JSON."),
 ) -> None:
     images = list_images(store)
+    users = ImageStore(store).blob_users()
     if as_json:
-        print_json([_with_os(i) for i in images])
+        print_json([{**_with_os(i), "layers_shared": shared_layers(i, users)} for i in images])
     elif images:
-        console.print(_table(images))
+        console.print(_table(images, users))
     else:
         console.print("no images (build one: hpvc image build hpc)", markup=False)
 
