@@ -54,6 +54,7 @@ extern char *hpvc_spec_arg;
  * slurmstepd's or the user's. Without, it keeps the caller's (the user's)
  * environment, directory and ids, with the env entries added. */
 int hpvc_run(char *const argv[], char *const env[], int timeout_s, int as_root, char **out);
+extern double hpvc_progress_after; /* run.c: -1, or show hpvc_run's progress after s */
 /* Seconds on the monotonic clock (run.c). */
 double hpvc_now(void);
 

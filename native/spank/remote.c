@@ -145,6 +145,7 @@ static void node_up_argv(const struct hpvc_config *cfg, struct share *s, uint64_
 	argv[k++] = (char *)cfg->hpvc;
 	argv[k++] = "node";
 	argv[k++] = "up";
+	argv[k++] = "--verbose"; /* progress, shown to the user when it is slow (run.c) */
 	argv[k++] = "--job";
 	argv[k++] = u->job;
 	argv[k++] = "--index";
@@ -176,6 +177,10 @@ static void node_up_argv(const struct hpvc_config *cfg, struct share *s, uint64_
 	argv[k] = NULL;
 }
 
+/* A share that takes longer than this to come up (VM guests booting) shows
+ * the user its progress; a quicker one (containers) says nothing. */
+#define PROGRESS_AFTER_S 1.0
+
 /* Run `hpvc node up` as root with the spec in its environment and take the
  * join records it prints. */
 static int node_up(spank_t sp, const struct hpvc_config *cfg, struct share *s, char *spec)
@@ -189,7 +194,9 @@ static int node_up(spank_t sp, const struct hpvc_config *cfg, struct share *s, c
 	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), spec, env);
 	char *out = NULL;
 	double t0 = hpvc_now();
+	hpvc_progress_after = PROGRESS_AFTER_S;
 	int rc = hpvc_run(u.argv, env, cfg->timeout, 1, &out);
+	hpvc_progress_after = -1;
 	double took = hpvc_now() - t0;
 	if (rc != 0) {
 		free(out);

@@ -31,6 +31,45 @@ double hpvc_now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* Progress of `hpvc node up --verbose` (remote.c sets this): its lines that
+ * are not "hpvc: " errors reach the srun caller's terminal (slurmstepd's
+ * stderr is the job's by user_init) once the command has run this many
+ * seconds, so that a quick start stays quiet and a slow one (VM guests
+ * booting) says what it waits for; every one goes to slurmd's log. -1: no
+ * progress, every line is an error. */
+double hpvc_progress_after = -1;
+
+/* The progress lines not yet shown, and when they may be. */
+static struct {
+	double from;
+	char held[8192];
+	size_t len;
+} progress;
+
+static void show_progress(void)
+{
+	if (progress.len > 0 && write(2, progress.held, progress.len) < 0)
+		slurm_info("hpvc: cannot show progress on the job's stderr: %s", strerror(errno));
+	progress.len = 0;
+}
+
+/* One line of stderr: an error, or progress held until progress.from. */
+static void log_line(const char *line)
+{
+	int error = strncmp(line, "hpvc: ", 6) == 0;
+	if (hpvc_progress_after < 0 || error) {
+		slurm_error("hpvc: %s", error ? line + 6 : line);
+		return;
+	}
+	slurm_info("hpvc: %s", line);
+	int n = snprintf(progress.held + progress.len, sizeof(progress.held) - progress.len,
+			 "hpvc: %s\n", line);
+	if (n > 0 && (size_t)n < sizeof(progress.held) - progress.len)
+		progress.len += (size_t)n;
+	if (hpvc_now() >= progress.from)
+		show_progress();
+}
+
 /* Log complete stderr lines as they come; keep a partial one for later. */
 static void log_lines(char *buf, size_t *len, int flush)
 {
@@ -38,13 +77,13 @@ static void log_lines(char *buf, size_t *len, int flush)
 	while ((nl = memchr(start, '\n', *len - (size_t)(start - buf))) != NULL) {
 		*nl = '\0';
 		if (*start)
-			slurm_error("hpvc: %s", strncmp(start, "hpvc: ", 6) == 0 ? start + 6 : start);
+			log_line(start);
 		start = nl + 1;
 	}
 	size_t rest = *len - (size_t)(start - buf);
 	if (flush && rest > 0) {
 		buf[*len] = '\0';
-		slurm_error("hpvc: %s", start);
+		log_line(start);
 		rest = 0;
 	}
 	memmove(buf, start, rest);
@@ -190,6 +229,20 @@ static int take_stderr(int fd, char *buf, size_t *len)
 	return 1;
 }
 
+/* How long to poll, at most left ms: until held progress is due, if sooner
+ * (and show it when it is). */
+static int progress_wait(int left)
+{
+	if (progress.len == 0)
+		return left;
+	double due = (progress.from - hpvc_now()) * 1000;
+	if (due <= 0) {
+		show_progress();
+		return left;
+	}
+	return due + 1 < left ? (int)due + 1 : left;
+}
+
 /* Collect stdout into c and log stderr until both end or timeout_s pass:
  * 1 when the time ran out, else 0. */
 static int collect(int ofd, int efd, int timeout_s, struct capture *c)
@@ -198,6 +251,8 @@ static int collect(int ofd, int efd, int timeout_s, struct capture *c)
 	size_t elen = 0;
 	int open_fds = 2, timed_out = 0;
 	double deadline = hpvc_now() + timeout_s;
+	progress.from = hpvc_now() + hpvc_progress_after;
+	progress.len = 0;
 	struct pollfd fds[2] = { { ofd, POLLIN, 0 }, { efd, POLLIN, 0 } };
 	while (c->buf != NULL && open_fds > 0) {
 		int left = (int)((deadline - hpvc_now()) * 1000);
@@ -205,7 +260,7 @@ static int collect(int ofd, int efd, int timeout_s, struct capture *c)
 			timed_out = 1;
 			break;
 		}
-		int r = poll(fds, 2, left);
+		int r = poll(fds, 2, progress_wait(left));
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -225,6 +280,7 @@ static int collect(int ofd, int efd, int timeout_s, struct capture *c)
 		}
 	}
 	log_lines(ebuf, &elen, 1);
+	progress.len = 0; /* done before it was time to show them: a quick start says nothing */
 	return timed_out;
 }
 

@@ -156,7 +156,11 @@ def test_vm_job_runs_its_steps_in_the_guests(slurm: Env, vm_spec: Path) -> None:
     sections = dict(
         [*part.split(":\n", 1), ""][:2] for part in text.split("step ")[1:]
     )  # {name: output}
-    assert sections["hostname"].split() == ["compute0", "compute1"], text
+    # The first step booted the guests: its progress (stderr, into the same
+    # file) says so, and the names are what the step printed.
+    shown = sections["hostname"].splitlines()
+    assert any(ln.startswith("hpvc: waiting for 1 guest(s) to boot") for ln in shown), text
+    assert [ln for ln in shown if not ln.startswith("hpvc: ")] == ["compute0", "compute1"], text
     env = sections["env"].split()
     assert env[0] == "compute0" and "procid=0" in env and f"job={job}" in env, text
     assert "home=/root" in env and "secret=none" in env and "spec=none" in env, text
@@ -312,6 +316,11 @@ def test_a_one_host_vm_job_gives_back_hugepages_and_shared_memory(slurm: Env) ->
         timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    # The guests took seconds to boot: srun's caller saw what it waited for,
+    # as it came (`hpvc node up`'s progress, native/spank/run.c), not as errors.
+    assert "hpvc: share 0 of job " in r.stderr, r.stderr
+    assert "hpvc: waiting for 2 guest(s) to boot" in r.stderr, r.stderr
+    assert "error" not in r.stderr, r.stderr
     # ivshmem-plain is PCI 1af4:1110: one in each guest
     assert sorted(r.stdout.splitlines()) == ["compute0 1", "compute1 1"], r.stdout
     job = last_job(slurm)
