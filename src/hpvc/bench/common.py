@@ -90,10 +90,11 @@ def native_dir() -> Path:
     )
 
 
-def build_native(target: str, out: Path) -> Path:
-    """``make -C native/bench OUT=out``; return the built ``target``."""
+def build_native(target: str, out: Path, mpicc: str = "mpicc") -> Path:
+    """``make -C native/bench OUT=out``; return the built ``target`` (MPI programs
+    with ``mpicc``: ``mpicc.mpich`` builds them for MPICH)."""
     r = subprocess.run(
-        ["make", "-C", str(native_dir()), f"OUT={out}", str(out / target)],
+        ["make", "-C", str(native_dir()), f"OUT={out}", f"MPICC={mpicc}", str(out / target)],
         capture_output=True,
         text=True,
         check=False,
@@ -145,12 +146,13 @@ def cluster_spec(
     groups: list[dict[str, Any]],
     locality: str = "shm",
     kind: str = "container",
+    image: str = "hpc",
 ) -> str:
     """A spec of 1-vCPU floating nodes (a 2-CPU host cannot pin many)."""
     lines = [
         f'name = "{name}"',
         f'kind = "{kind}"',
-        'image = "hpc"',
+        f'image = "{image}"',
         "[network]",
         f'subnet = "{subnet}"',
         "mtu = 9000",

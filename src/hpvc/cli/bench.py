@@ -110,11 +110,16 @@ min/median/max, and per-repetition ratios to native (higher is better,
 1.0 = as fast as native). Goal: shm within 10% of native (ratio >= 0.90).
 Clusters live in a temporary state directory and are torn down at the end.
 
+--mpi mpich measures MPICH instead of Open MPI: mpiexec.mpich on the host,
+an image of Debian's mpich package in the nodes (built first if missing).
+
 Examples:
 
   hpvc bench locality
 
   hpvc bench locality --repeat 10 --out /tmp/locality --json
+
+  hpvc bench locality --mpi mpich --out /tmp/locality-mpich
 """
 
 STARTUP_HELP = """Time `hpvc up` and `hpvc down` of container clusters (needs root).
@@ -165,8 +170,11 @@ def locality_cmd(
     repeat: int = typer.Option(5, min=1, help="Repetitions (each runs all three configs)."),
     out: Path = typer.Option(Path("bench/results/locality"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
+    mpi: str = typer.Option("openmpi", help="The MPI measured: openmpi or mpich."),
 ) -> None:
-    doc = locality.run(repeat, progress=_progress)
+    if mpi not in locality.MPIS:
+        raise InputError(f"--mpi {mpi}", "is not an MPI measured here", "--mpi openmpi or mpich")
+    doc = locality.run(repeat, progress=_progress, mpi=mpi)
     if _written(out, doc, locality.report_md(doc), as_json):
         return
     t = Table(title=f"MPI ping-pong, {repeat} repetitions; ratio: 1.0 = native, higher is better")

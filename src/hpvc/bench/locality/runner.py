@@ -13,6 +13,11 @@ repetition (the order rotates, so none always goes first):
 could not use shared memory fails loudly instead of quietly falling back to
 TCP. Each cluster is brought up once per run and torn down at the end.
 
+With ``mpi="mpich"`` the same three with MPICH (the host's ``mpiexec.mpich``;
+in the nodes an image of Debian's ``mpich`` alone): ``shm`` is then hpvc's
+own PMI, which gives MPICH the co-resident nodes as one host
+(``hpvc.cluster.pmi``), ``none`` the image's hydra, each node a host.
+
 Ratios are "higher is better", 1.0 = as fast as native: latency native /
 container, bandwidth container / native, one ratio per repetition (the two
 sides measured seconds apart). The goal: ``shm`` within 10% of native
@@ -36,11 +41,48 @@ from typing import Any
 from hpvc.bench import common
 from hpvc.bench.stats import summary
 from hpvc.cluster import lifecycle, ops
-from hpvc.errors import HpvcError
+from hpvc.errors import HpvcError, InputError
+from hpvc.image import build_image, resolve_image
 from hpvc.progress import Progress, quiet
 from hpvc.store import Store
 
 Runner = Callable[[], str]
+
+
+@dataclass(frozen=True)
+class Mpi:
+    """An MPI the ping-pong runs with: on the host, and in the nodes' image."""
+
+    name: str
+    image: str
+    packages: tuple[str, ...]  # the image's packages, built here; (): a preset image
+    mpicc: str
+    native: tuple[str, ...]  # two ranks on the host, before the program
+    tools: tuple[str, ...]
+    version: tuple[str, ...]  # what prints its version first
+
+
+MPIS = {
+    # By name, not path: Open MPI takes its prefix from an absolute argv[0].
+    "openmpi": Mpi(
+        "Open MPI",
+        "hpc",
+        (),
+        "mpicc",
+        (ops.MPIRUN, "--allow-run-as-root", "-n", "2", "--bind-to", "none"),
+        ("mpirun.openmpi", "mpicc"),
+        ("ompi_info", "--version"),
+    ),
+    "mpich": Mpi(
+        "MPICH",
+        "mpich",
+        ("mpich", "procps", "iproute2"),  # the image tests/integration/test_run_mpi.py builds
+        "mpicc.mpich",
+        ("mpiexec.mpich", "-n", "2"),
+        ("mpiexec.mpich", "mpicc.mpich", "debootstrap"),
+        ("mpichversion",),
+    ),
+}
 
 GOAL_RATIO = 0.90
 MAX_BYTES = 4 << 20
@@ -53,6 +95,12 @@ CONFIGS: dict[str, str] = {
     "none": "two isolated containers, locality none (TCP over the cluster bridge)",
 }
 BTL = {"native": "vader,self", "shm": "vader,self", "none": "tcp,self"}
+# MPICH has no switch that refuses the network: how each configuration reaches it
+MPICH_PATH = {
+    "native": "hydra on the host, ch4 shared memory",
+    "shm": "hpvc's PMI: both nodes one host, ch4 shared memory",
+    "none": "the image's hydra: each node a host, UCX over the bridge",
+}
 
 
 @dataclass(frozen=True)
@@ -80,8 +128,20 @@ METRICS = (
 )
 
 
-def preflight() -> None:
-    common.require("bench locality", ["crun", "mpirun.openmpi", "mpicc", "make", "ip"])
+def preflight(mpi: Mpi) -> None:
+    common.require("bench locality", ["crun", *mpi.tools, "make", "ip"])
+
+
+def ensure_image(mpi: Mpi, progress: Progress) -> None:
+    """The nodes' image: a preset, or built here from its packages alone."""
+    if not mpi.packages:
+        common.ensure_image(mpi.image, progress)
+        return
+    try:
+        resolve_image(mpi.image)
+    except InputError:
+        progress(f"image {mpi.image!r} not built yet: building it (about a minute)")
+        build_image(mpi.image, list(mpi.packages), progress=lambda m: progress(f"image: {m}"))
 
 
 def pingpong_args(binary: str) -> list[str]:
@@ -96,10 +156,11 @@ def _failed(what: str, r: subprocess.CompletedProcess[str]) -> HpvcError:
     return HpvcError(what, why, "run the same job by hand to see all of its output")
 
 
-def run_native(binary: Path) -> str:
-    # By name, not path: Open MPI takes its prefix from an absolute argv[0].
-    argv = [ops.MPIRUN, "--allow-run-as-root", "-n", "2", "--bind-to", "none"]
-    argv += ["--mca", "btl", BTL["native"], *pingpong_args(str(binary))]
+def run_native(mpi: Mpi, binary: Path) -> str:
+    argv = list(mpi.native)
+    if mpi is MPIS["openmpi"]:
+        argv += ["--mca", "btl", BTL["native"]]
+    argv += pingpong_args(str(binary))
     r = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=TIMEOUT_S)
     if r.returncode != 0:
         raise _failed("pingpong native", r)
@@ -145,12 +206,14 @@ def parse(stdout: str, config: str) -> list[dict[str, Any]]:
     return rows
 
 
-def bring_up(tmp: Path, store: Store, locality: str, subnet: str, binary: Path) -> Runner:
+def bring_up(
+    tmp: Path, store: Store, locality: str, subnet: str, binary: Path, image: str = "hpc"
+) -> Runner:
     """A cluster of two 1-vCPU compute nodes; pingpong copied into its mpi dir."""
     name = f"bl{os.getpid() % 100000}{locality[0]}"
     spec = tmp / f"{name}.toml"
     groups = [{"role": "compute", "count": 2, "memory": "256MiB"}]
-    spec.write_text(common.cluster_spec(name, subnet, groups, locality))
+    spec.write_text(common.cluster_spec(name, subnet, groups, locality, image=image))
     lifecycle.up(str(spec), store)
     inside = store.cluster_dir(name) / "mpi" / binary.name
     shutil.copy2(binary, inside)
@@ -206,15 +269,19 @@ def ratios_of(native: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict
     return out
 
 
-def document(facts: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def document(
+    facts: dict[str, Any], runs: dict[str, list[dict[str, Any]]], mpi: str = "openmpi"
+) -> dict[str, Any]:
+    path = {c: f"btl {b}" for c, b in BTL.items()} if mpi == "openmpi" else MPICH_PATH
     configs = {
-        c: {"describe": CONFIGS[c], "btl": BTL[c], "runs": r, "metrics": metrics_of(r)}
+        c: {"describe": CONFIGS[c], "path": path[c], "runs": r, "metrics": metrics_of(r)}
         for c, r in runs.items()
     }
     ratios = {c: ratios_of(runs["native"], r) for c, r in runs.items() if c != "native"}
     return {
         "benchmark": "locality-pingpong",
         **facts,
+        "mpi": mpi,
         "repeat": len(runs["native"]),
         "pingpong": {"max_bytes": MAX_BYTES, "iterations": ITERATIONS},
         "ratio": "higher is better, 1.0 = as fast as native:"
@@ -228,21 +295,24 @@ def document(facts: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> di
     }
 
 
-def run(repeat: int = 5, progress: Progress = quiet) -> dict[str, Any]:
-    """Measure the three configurations ``repeat`` times; return the results document."""
-    preflight()
-    common.ensure_image("hpc", progress)
-    facts = common.host_facts()
+def run(repeat: int = 5, progress: Progress = quiet, mpi: str = "openmpi") -> dict[str, Any]:
+    """Measure the three configurations ``repeat`` times with ``mpi`` (a key of
+    MPIS); return the results document."""
+    kind = MPIS[mpi]
+    preflight(kind)
+    ensure_image(kind, progress)
+    facts = common.host_facts(mpi=mpi == "openmpi")
+    facts["mpi_version"] = f"{kind.name} {common.tool_version(list(kind.version)).split()[-1]}"
     with common.scratch_state("bench locality", progress) as (tmp, store):
         progress("building pingpong")
-        binary = common.build_native("pingpong", tmp)
-        runners: dict[str, Runner] = {"native": partial(run_native, binary)}
+        binary = common.build_native("pingpong", tmp, kind.mpicc)
+        runners: dict[str, Runner] = {"native": partial(run_native, kind, binary)}
         for loc, subnet in zip(("shm", "none"), common.free_subnets(2), strict=True):
             progress(f"cluster with locality {loc!r}: up ({subnet})")
-            runners[loc] = bring_up(tmp, store, loc, subnet, binary)
+            runners[loc] = bring_up(tmp, store, loc, subnet, binary, kind.image)
         runs = repetitions(runners, repeat, progress)
         progress("tearing the clusters down")
-    return document(facts, runs)
+    return document(facts, runs, mpi)
 
 
 def fmt(v: float, m: Metric) -> str:
@@ -255,7 +325,7 @@ def report_md(doc: dict[str, Any]) -> str:
     lines = [
         f"MPI ping-pong, 2 ranks, {doc['repeat']} repetitions alternating native / shm / none"
         f" on {doc['host']} ({doc['cpu_model']}, {doc['cpus']} CPUs), kernel {doc['kernel']},"
-        f" {doc['open_mpi']}, {doc['crun']}, {doc['date']}.",
+        f" {doc.get('mpi_version', doc.get('open_mpi'))}, {doc['crun']}, {doc['date']}.",
         "",
         f"Ratio: {doc['ratio']}; goal: shm median ratio >= {GOAL_RATIO:.2f}"
         f" ({'met' if doc['meets_goal'] else 'NOT met'}).",
@@ -276,7 +346,7 @@ def report_md(doc: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells + rc) + " |")
     lines += [
         "",
-        *(f"- {c}: {cfg['describe']}, btl {cfg['btl']}" for c, cfg in doc["configs"].items()),
+        *(f"- {c}: {cfg['describe']}, {cfg['path']}" for c, cfg in doc["configs"].items()),
     ]
     lines.append("- latency_4B: pingpong steps message sizes by 4x, so 4 B is its small size")
     return "\n".join(lines) + "\n"
