@@ -16,7 +16,8 @@
  *   first:           agent 'n' a nonce, client 'h' its answer, agent 'k'
  *                    (go on) or a refusal ('r' line, 'x' end) (auth.c).
  *   client -> agent: 'a' one argv word, 'e' one "K=V", 'd' the working
- *                    directory, 'g' start; then 'i' stdin bytes (length 0:
+ *                    directory (a second 'd': where to start when the guest
+ *                    lacks the first), 'g' start; then 'i' stdin bytes (length 0:
  *                    end of input) and 's' a signal (1 byte) to the command's
  *                    process group.
  *   agent -> client: 'o' stdout bytes, 'r' stderr bytes, 'x' the end: 2 bytes,
@@ -50,14 +51,15 @@ int hpvc_frame_recv(int fd, char *type, unsigned char *buf, uint32_t cap, uint32
 /* A TCP connection to ip:port from a reserved local port (root only):
  * the socket, or -1 with errno set. */
 int hpvc_agent_connect(const char *ip, int port);
-/* Run argv with env (NULL-ended; NULL for none) in cwd (NULL: the agent's
- * default) over a connected socket, relaying stdin (in_fd, -1 for none),
+/* Run argv with env (NULL-ended; NULL for none) in cwd, else (the guest lacks
+ * it) in fallback (either NULL: none; neither: the agent's default, /root)
+ * over a connected socket, relaying stdin (in_fd, -1 for none),
  * stdout, stderr and the signals the client receives (SIGINT, SIGTERM,
  * SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGALRM, SIGTSTP). Returns the
  * exit code (0-255), minus the signal that killed the command, or -256 when
  * the connection ended without an end frame (*why says why). */
-int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *cwd, int in_fd,
-		   const char **why);
+int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *cwd,
+		   const char *fallback, int in_fd, const char **why);
 
 /* auth.c */
 /* HMAC-SHA256(key, a || b) into out. */

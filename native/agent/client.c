@@ -95,8 +95,8 @@ static int send_words(int sock, char type, char *const words[])
 	return 0;
 }
 
-int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *cwd, int in_fd,
-		   const char **why)
+int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *cwd,
+		   const char *fallback, int in_fd, const char **why)
 {
 	static unsigned char buf[HPVC_AGENT_MAX];
 	*why = "";
@@ -110,6 +110,7 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 	setsockopt(sock, IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
 	if (send_words(sock, 'a', argv) < 0 || send_words(sock, 'e', env) < 0 ||
 	    (cwd && hpvc_frame_send(sock, 'd', cwd, (uint32_t)strlen(cwd)) < 0) ||
+	    (fallback && hpvc_frame_send(sock, 'd', fallback, (uint32_t)strlen(fallback)) < 0) ||
 	    hpvc_frame_send(sock, 'g', NULL, 0) < 0 ||
 	    (in_fd < 0 && hpvc_frame_send(sock, 'i', NULL, 0) < 0)) {
 		*why = "cannot send the command";

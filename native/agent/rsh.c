@@ -129,7 +129,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "hpvc-rsh: %s: %s\n", argv[i], why);
 		return 255;
 	}
-	int rc = hpvc_agent_run(sock, cmd, envc ? env : NULL, cwd, STDIN_FILENO, &why);
+	int rc = hpvc_agent_run(sock, cmd, envc ? env : NULL, cwd, NULL, STDIN_FILENO, &why);
 	if (rc == -256) {
 		fprintf(stderr, "hpvc-rsh: %s: %s\n", argv[i], why);
 		return 255;

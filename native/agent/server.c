@@ -4,9 +4,9 @@
  * The listener forks one handler per connection. A handler first checks the
  * client holds the job's secret (auth.c), then reads the command,
  * starts it in a session of its own (stdin, stdout, stderr on pipes, the
- * working directory asked for, else /root), then relays: input frames to the
- * command's stdin, its output to the client, signal frames to its process
- * group. When the command exits, what it wrote is sent, then the end frame,
+ * first working directory asked for that the guest has, else /root), then
+ * relays: input frames to the command's stdin, its output to the client,
+ * signal frames to its process group. When the command exits, what it wrote is sent, then the end frame,
  * and whatever it left running in its group is killed (a step is over when
  * its task is). When the client goes away first, the group is SIGKILLed. */
 #define _GNU_SOURCE
@@ -108,8 +108,8 @@ static void drain(int fd, int sock, char type)
 struct command {
 	char *argv[HPVC_AGENT_WORDS + 1];
 	char *env[HPVC_AGENT_WORDS + BASE_ENV + 1];
-	char *cwd; /* NULL: /root */
-	int argc, envc;
+	char *cwd[2]; /* tried in order (the job's, the image's WorkingDir), then /root */
+	int argc, envc, ndirs;
 };
 
 /* One command being relayed. */
@@ -143,8 +143,8 @@ static void read_command(int sock, struct command *c)
 			c->argv[c->argc++] = w;
 		else if (type == 'e' && c->envc < HPVC_AGENT_WORDS && strchr(w, '=') != NULL)
 			c->env[c->envc++] = w;
-		else if (type == 'd')
-			c->cwd = w;
+		else if (type == 'd' && c->ndirs < 2)
+			c->cwd[c->ndirs++] = w;
 		else
 			_exit(1);
 	}
@@ -176,10 +176,11 @@ static void __attribute__((noreturn)) exec_command(const struct command *c, int 
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	if (c->cwd == NULL || chdir(c->cwd) < 0) {
-		if (chdir("/root") < 0 && chdir("/") < 0)
-			_exit(126);
-	}
+	int in_dir = 0;
+	for (int i = 0; i < c->ndirs && !in_dir; i++)
+		in_dir = chdir(c->cwd[i]) == 0;
+	if (!in_dir && chdir("/root") < 0 && chdir("/") < 0)
+		_exit(126);
 	/* PATH from the command's environment, as a shell would search it. */
 	for (int i = 0; c->env[i]; i++)
 		if (strncmp(c->env[i], "PATH=", 5) == 0)

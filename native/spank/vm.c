@@ -35,6 +35,7 @@
 
 static int vm_sock = -1;
 static char vm_node[64];
+static const struct hpvc_join *vm_join; /* the node's record (its image's Env, WorkingDir) */
 
 /* How many TCP connections to a guest's agent from a reserved port (the
  * pool 512-1023 hpvc_agent_connect takes from) the host's /proc/net/tcp
@@ -81,6 +82,7 @@ static int login(int fd, const struct hpvc_join *j)
 		return -1;
 	}
 	vm_sock = fd;
+	vm_join = j;
 	snprintf(vm_node, sizeof(vm_node), "%s", j->node);
 	return 0;
 }
@@ -185,17 +187,35 @@ int hpvc_vm_task(spank_t sp)
 	int n = 0;
 	while (env && env[n])
 		n++;
-	char **keep = calloc((size_t)n + 1, sizeof(char *));
+	char **keep = calloc((size_t)n + HPVC_MAX_ENV + 1, sizeof(char *));
 	if (keep == NULL)
 		_exit(1);
 	int k = 0;
 	for (int i = 0; i < n; i++)
 		if (passed(env[i]))
 			keep[k++] = env[i];
+	/* What hpvc node up gave the node (its image's Env, hpvc's variables):
+	 * task_init_privileged put it into the task's environment, under Slurm's
+	 * task variables, so what the filter passes is there already; the rest
+	 * (the image's PATH, its own names) goes as the record has it. */
+	for (int i = 0; vm_join && i < vm_join->nenv; i++) {
+		char *kv = vm_join->env[i];
+		if (passed(kv))
+			continue;
+		size_t len = strcspn(kv, "=");
+		int at = k;
+		for (int m = 0; m < k; m++)
+			if (strncmp(keep[m], kv, len) == 0 && keep[m][len] == '=')
+				at = m; /* the image named it twice: the last one */
+		keep[at] = kv;
+		k += at == k;
+	}
+	/* The job's directory if the guest has it, else the image's WorkingDir. */
 	char cwd[PATH_MAX];
 	const char *dir = getcwd(cwd, sizeof(cwd)) ? cwd : NULL;
 	const char *why = "";
-	int rc = hpvc_agent_run(vm_sock, argv, keep, dir, STDIN_FILENO, &why);
+	int rc = hpvc_agent_run(vm_sock, argv, keep, dir, vm_join ? vm_join->workdir : NULL,
+				STDIN_FILENO, &why);
 	if (rc == -256) {
 		slurm_error("hpvc: node %s: %s", vm_node, why);
 		_exit(255);

@@ -31,12 +31,15 @@ run good {drv} run {IP} {tmp}/key echo hello
 run wrong {drv} run {IP} {tmp}/other echo hello
 run none {drv} nologin {IP} echo hello
 run high {drv} high {IP} {tmp}/key echo hello
+AGENT_CWD=/nonexistent AGENT_FALLBACK={tmp} run fallback {drv} run {IP} {tmp}/key pwd
+AGENT_CWD={tmp} AGENT_FALLBACK=/ run first {drv} run {IP} {tmp}/key pwd
+AGENT_CWD=/nonexistent AGENT_FALLBACK=/nonexistent2 run neither {drv} run {IP} {tmp}/key pwd
 kill $(cut -d' ' -f2 {tmp}/serve.out) $srv; wait
 """
     subprocess.run(["unshare", "--net", "--fork", "--kill-child", "sh", "-c", script],
                    check=True, timeout=60)  # fmt: skip
     out = {}
-    for name in ("good", "wrong", "none", "high"):
+    for name in ("good", "wrong", "none", "high", "fallback", "first", "neither"):
         rc = int((tmp / f"{name}.rc").read_text())
         out[name] = subprocess.CompletedProcess(
             [name], rc, (tmp / f"{name}.out").read_text(), (tmp / f"{name}.err").read_text()
@@ -70,6 +73,10 @@ def test_only_a_client_holding_the_key_runs_commands(driver: Path, tmp_path: Pat
     # The right key from an unprivileged port: the first fence still holds.
     assert r["high"].returncode == 255 and r["high"].stdout == ""
     assert "refused: only root on the job's hosts and nodes may connect" in r["high"].stderr
+    # The directory asked for, else the second one (an image's WorkingDir), else /root.
+    assert (r["fallback"].returncode, r["fallback"].stdout) == (0, f"{tmp_path}\n"), r["fallback"]
+    assert (r["first"].returncode, r["first"].stdout) == (0, f"{tmp_path}\n"), r["first"]
+    assert (r["neither"].returncode, r["neither"].stdout) == (0, "/root\n"), r["neither"]
 
 
 def test_an_agent_without_a_key_refuses_everyone(driver: Path, tmp_path: Path) -> None:

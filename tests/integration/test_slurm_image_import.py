@@ -5,7 +5,9 @@ shared by its three hosts as a cluster file system would be); the site lists
 the image in plugstack.conf's ``images=``; a tenant names it in a spec and
 runs ``srun -N2 --hpvc=SPEC`` with container nodes on two hosts. The tasks
 run the image's own userland (busybox, a marker file), with its Env and, where
-the node lacks the job's directory, its WorkingDir. A second job uses the
+the node lacks the job's directory, its WorkingDir; the same as VM nodes
+(the site allows ``kinds=container,vm``), whose tasks relay to the guest's
+agent. A second job uses the
 stored image as it is: nothing is imported, unpacked or copied again. A
 tenant cannot import, and a spec naming an image the site does not list, or a
 path, is refused at submit in one line with no job queued.
@@ -23,9 +25,12 @@ import pytest
 
 from hpvc.bench.slurm.cluster import Submitter
 from hpvc.image import Store, default_store, remove_image, resolve_image
+from hpvc.image.guest import build_guest
+from tests.helpers import requires
 from tests.integration.conftest import slurm_env
 from tests.integration.slurm_env import HOSTS, Env, last_job, spec_text
 from tests.integration.test_image_import import busybox_layer, busybox_rootfs, write_layout
+from tests.integration.test_slurm_vm import wait_vm_clean
 
 IMAGE = f"slurmbox{os.getpid() % 100000}"
 MISSING = f"{IMAGE}-never-imported"  # listed by the site, in no store
@@ -39,8 +44,8 @@ PROBE = 'echo "$(hostname) $(cat /etc/hpvc-marker) $(readlink /bin/sh) $GREETING
 
 @pytest.fixture(scope="module")
 def slurm(tenants: tuple[Submitter, Submitter]) -> Iterator[Env]:
-    """The test cluster with the site listing the test's image beside hpc."""
-    yield from slurm_env(tenants, site=f"images=hpc,{IMAGE},{MISSING}")
+    """The test cluster with the site listing the test's image beside hpc, and allowing VM nodes."""
+    yield from slurm_env(tenants, site=f"kinds=container,vm images=hpc,{IMAGE},{MISSING}")
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +149,32 @@ def test_a_tenants_job_runs_in_nodes_of_the_imported_image_and_a_second_reuses_i
         slurm.run("scancel", str(job))
     slurm.wait_clean(job)
     assert store_view(imported, digest) == before  # not imported, unpacked or copied again
+
+
+def test_a_tenants_vm_node_runs_the_imported_image_with_its_env_and_workdir(
+    slurm: Env, imported: Store
+) -> None:
+    """kind = "vm": the task relays to the guest's agent and runs the image's
+    busybox with its Env (PATH included, under Slurm's variables) and, the
+    guest lacking the job's directory, in its WorkingDir."""
+    requires("qemu")
+    build_guest(resolve_image(IMAGE, imported))  # else the job's `hpvc node up` builds it
+    spec = image_spec(slurm, IMAGE, "vm.toml")
+    text = spec.read_text().replace('kind = "container"', 'kind = "vm"')
+    node = '[[nodes]]\nrole = "compute"\nvcpus = 1\nmemory = "384MiB"\n'
+    text = text.split("[[nodes]]")[0] + node
+    spec.write_text(text)
+    elsewhere = slurm.tmp / "elsewhere-vm"  # on the host; no guest has it
+    elsewhere.mkdir()
+    os.chown(elsewhere, slurm.user.uid, slurm.user.gid)
+    probe = PROBE.replace('$(pwd)"', '$(pwd) $SLURM_PROCID ${HOME:-none} $(cat /proc/1/comm)"')
+    argv = ["srun", "-N1", "-n1", "--mem=384M", f"--hpvc={spec}", "/bin/sh", "-c", probe]
+    r = slurm.cluster.submit(slurm.user, argv, elsewhere, 180)
+    assert r.returncode == 0, r.stderr
+    # HOME is the agent's (the host's stays on the host); PID 1 is the guest's init.
+    want = ["compute0", MARKER, "busybox", GREETING, "/bin", WORKDIR, "0", "/root", "hpvc-init"]
+    assert r.stdout.split() == want, (r.stdout, r.stderr)
+    wait_vm_clean(slurm, last_job(slurm))
 
 
 def test_only_root_imports(slurm: Env, imported: Store) -> None:

@@ -4,6 +4,7 @@
  *   agent_driver hmac KEYHEX AHEX BHEX     print HMAC-SHA256(key, a || b) in hex
  *   agent_driver serve IP/N KEYFILE        the agent (KEYFILE "-": none); prints "ready PID"
  *   agent_driver run IP KEYFILE CMD...     connect from a reserved port, prove the key, run
+ *                                          (in $AGENT_CWD, else $AGENT_FALLBACK, where set)
  *   agent_driver nologin IP CMD...         connect from a reserved port, send the command at once
  *   agent_driver high IP KEYFILE CMD...    connect from an unprivileged port, prove the key, run */
 #define _GNU_SOURCE
@@ -61,7 +62,7 @@ static int run(int sock, const char *keyfile, char **cmd)
 			return 255;
 		}
 	}
-	int rc = hpvc_agent_run(sock, cmd, NULL, NULL, -1, &why);
+	int rc = hpvc_agent_run(sock, cmd, NULL, getenv("AGENT_CWD"), getenv("AGENT_FALLBACK"), -1, &why);
 	if (rc == -256)
 		fprintf(stderr, "driver: %s\n", why);
 	return rc == -256 ? 253 : rc;

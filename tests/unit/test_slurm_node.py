@@ -172,6 +172,20 @@ def test_a_vm_join_names_the_guests_agent() -> None:
     assert j.lines() == ["vm 0 4343 12345 10.88.3.4 compute1", "env 0 HPVC_NODE=compute1"]
 
 
+def test_a_vm_join_carries_its_images_env_and_workdir() -> None:
+    """The relay sends them to the guest's agent (native/spank/vm.c)."""
+    env = ("PATH=/bin", "GREETING=hi", "HPVC_NODE=compute0")
+    j = node.Join(0, "compute0", 4343, "12345", (), (), env, "10.88.3.4", "/k", "/opt/app")
+    assert j.lines() == [
+        "vm 0 4343 12345 10.88.3.4 compute0",
+        "env 0 PATH=/bin",
+        "env 0 GREETING=hi",
+        "env 0 HPVC_NODE=compute0",
+        "cwd 0 /opt/app",
+        "agentkey 0 /k",
+    ]
+
+
 @pytest.mark.parametrize(
     ("kind", "mpi", "relay"),
     [("container", "pmix", False), ("container", "", False), ("vm", "", True)],

@@ -120,16 +120,19 @@ def joins(
     entry = backends.cluster_task_entry(store, name, mpi)
     # An imported image's Env and WorkingDir (nothing for a built image), over
     # the task's own environment; hpvc's variables and then Slurm's go on top.
-    image = images.task_images(store, name) if not entry.relay else {}
+    # A VM's relay sends them to the guest's agent (native/spank/vm.c).
+    image = images.task_images(store, name)
     out = []
     for t, node in enumerate(task_pool(share, roles)):
         proc = ops.node_process(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
+        mine = image[node]
         if entry.relay:  # the task relays to the agent in the node (a VM's guest)
-            env += entry.env
+            env = [*mine.env, *env, *entry.env]
             key = str(store.cluster_dir(name) / entry.key) if entry.key else ""
             ip = plan.node(node).ip
-            out.append(Join(t, node, proc.pid, proc.start, (), (), tuple(env), ip, key))
+            join = Join(t, node, proc.pid, proc.start, (), (), tuple(env), ip, key)
+            out.append(replace(join, workdir=mine.workdir))
             continue
         if pmix:
             # The PMIx server's shared-memory store lives in the host's spool
@@ -139,7 +142,6 @@ def joins(
             # but MPI's data goes over the cluster network: the host's own address
             # on the cluster bridge, joined to the other hosts' by VXLAN.
             env.append(f"OMPI_MCA_btl_tcp_if_include={subnet}")
-        mine = image[node]
         env = [*mine.env, *env]
         join = Join(t, node, proc.pid, proc.start, namespaces, proc.cgroup_procs, tuple(env))
         out.append(replace(join, workdir=mine.workdir))
