@@ -118,6 +118,20 @@ def clusters(env: dict[str, str]) -> set[str]:
     return {c["name"] for c in json.loads(p.stdout or "[]")} if p.returncode == 0 else set()
 
 
+def images(env: dict[str, str]) -> set[str]:
+    p = subprocess.run(
+        [str(HPVC), "image", "ls", "--json"], env=env, capture_output=True, text=True
+    )
+    return {i["name"] for i in json.loads(p.stdout or "[]")} if p.returncode == 0 else set()
+
+
+def podman_images() -> set[str]:
+    if shutil.which("podman") is None:
+        return set()
+    p = subprocess.run(["podman", "images", "-q", "--no-trunc"], capture_output=True, text=True)
+    return set(p.stdout.split())
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> Iterator[Path]:
     requires("root", "crun", "ip", "mpi", "topologies")
@@ -138,7 +152,7 @@ def test_the_readme_runs_as_written(checkout: Path) -> None:
         "NO_COLOR": "1",
     }
     text, cmds = script(todo)
-    before = clusters(env)
+    before, images_before, podman_before = clusters(env), images(env), podman_images()
     try:
         p = subprocess.run(
             ["bash", "-c", text],
@@ -151,6 +165,11 @@ def test_the_readme_runs_as_written(checkout: Path) -> None:
     finally:
         for name in sorted(clusters(env) - before):
             subprocess.run([str(HPVC), "down", name], env=env, capture_output=True)
+        # what a README step made and a failing run left: images, Podman's too
+        for name in sorted(images(env) - images_before):
+            subprocess.run([str(HPVC), "image", "rm", name], env=env, capture_output=True)
+        for ident in sorted(podman_images() - podman_before):
+            subprocess.run(["podman", "rmi", "-f", ident], capture_output=True)
     ran = split(p.stdout, cmds)
     problems = [e for e in (check(r) for r in ran) if e]
     assert not problems, "\n\n".join(problems)
@@ -160,3 +179,4 @@ def test_the_readme_runs_as_written(checkout: Path) -> None:
         f"{p.stdout[-2000:]}{p.stderr[-2000:]}"
     )
     assert clusters(env) == before, "the README's own steps left a cluster up"
+    assert images(env) == images_before, "the README's own steps left an image"

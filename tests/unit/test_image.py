@@ -442,6 +442,8 @@ def test_cli_build_ls_rm(
     assert code == 0 and "reused" in out
     code, out, _ = run_cli(["image", "ls", "--store", s, "--json"], capsys)
     assert [i["name"] for i in json.loads(out)] == ["tools"]
+    code, out, _ = run_cli(["image", "inspect", "tools", "--store", s, "--rootfs"], capsys)
+    assert code == 0 and out == f"{doc['rootfs']}\n" and Path(out.strip()).is_dir()
     code, out, _ = run_cli(["image", "rm", "tools", "--store", s], capsys)
     assert code == 0 and "rootfs deleted" in out
     code, _, err = run_cli(["image", "rm", "tools", "--store", s], capsys)

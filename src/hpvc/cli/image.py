@@ -113,6 +113,8 @@ The os is the image's own os-release PRETTY_NAME, e.g. Debian GNU/Linux 11 (bull
 Examples:
 
   hpvc image inspect mine
+
+  tar -C "$(hpvc image inspect hpc --rootfs)" -c . | podman import - localhost/mine
 """
 
 LS_HELP = """List the images in the store: name, digest, os, size, created, contents or source.
@@ -315,8 +317,13 @@ def describe(image: Image, store: ImageStore) -> dict[str, Any]:
 def inspect_cmd(
     name: str = typer.Argument(..., help="Image name."),
     store: Path | None = typer.Option(None, "--store", help="Image store directory."),
+    rootfs: bool = typer.Option(False, "--rootfs", help="Print only its root filesystem's path."),
 ) -> None:
-    print_json(describe(resolve_image(name, store), ImageStore(store)))
+    image = resolve_image(name, store)
+    if rootfs:
+        console.print(str(image.rootfs), markup=False, soft_wrap=True)
+        return
+    print_json(describe(image, ImageStore(store)))
 
 
 @image_app.command("rm", help=RM_HELP)
