@@ -390,7 +390,8 @@ def test_node_commands_run_with_a_fixed_environment(slurm: Env, spec: Path) -> N
         assert [fd for fd, _ in rec["fds"]] == [0, 1, 2], rec["fds"]
     (up,) = by_cmd["up"]
     assert "HPVC_SPEC_B64" in up["env"]
-    assert up["argv"][:3] == ["node", "up", "--job"]
+    # --verbose: its progress goes to the user's srun (issue 32 item 12)
+    assert up["argv"][:4] == ["node", "up", "--verbose", "--job"], up["argv"]
 
 
 def test_spec_bigger_than_the_job_memory_is_refused_before_a_step(slurm: Env) -> None:

@@ -53,7 +53,9 @@ def test_a_forged_node_list_in_the_environment_is_not_used(slurm: Env, spec: Pat
     ]
     assert len(ups) == 2, ups
     for argv in ups:
-        told = dict(zip(argv[2::2], argv[3::2], strict=False))
+        # `node up --verbose --job J --nodelist ...`: the flag, then option/value pairs
+        assert argv[2] == "--verbose", argv
+        told = dict(zip(argv[3::2], argv[4::2], strict=False))
         assert told["--nodelist"] == real, argv
         assert told["--hosts"] == "2", argv
-    assert sorted(dict(zip(a[2::2], a[3::2], strict=False))["--index"] for a in ups) == ["0", "1"]
+    assert sorted(dict(zip(a[3::2], a[4::2], strict=False))["--index"] for a in ups) == ["0", "1"]
