@@ -27,7 +27,6 @@ from hpvc.coordinator.coordinator import server_io
 from hpvc.errors import InputError
 from hpvc.host import nfs_backing, nfs_mount, nfs_server
 from hpvc.image import resolve_image
-from hpvc.image.extras import SPARK_EXTRA
 from hpvc.image.rootfs import in_root
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SharedPlan
@@ -45,8 +44,8 @@ def preflight(spec: Spec) -> None:
         nfs_server.tools()
         nfs_mount.client_binary()
     if spec.spark is not None:
-        image = resolve_image(spec.image)
-        missing = [] if SPARK_EXTRA in image.extras else spark_missing(image.rootfs)
+        # Judged by the files the daemons run, built (hpvc image build spark) or imported.
+        missing = spark_missing(resolve_image(spec.image).rootfs)
         if missing:
             raise InputError(
                 f"image {spec.image!r}",

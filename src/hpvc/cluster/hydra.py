@@ -92,16 +92,17 @@ def run(
     finally:
         # Interrupted, or the job over: what is left is asked to end first (crun exec
         # hands the signal on to the process in the node), then killed.
-        _end(main, 0)
+        end_process(main, 0)
         for p in proxies:
-            _end(p, 10)
+            end_process(p, 10)
     if capture:
         return subprocess.CompletedProcess(cmd, main.returncode, out, err or "")
     return main.returncode
 
 
-def _end(proc: subprocess.Popen[Any], grace: float) -> None:
-    """Wait ``grace`` seconds for ``proc``, then SIGTERM, then SIGKILL."""
+def end_process(proc: subprocess.Popen[Any], grace: float) -> None:
+    """Wait ``grace`` seconds for ``proc`` (one hpvc started), then SIGTERM, then
+    SIGKILL after 5 s (crun exec hands the signal to the process in the node)."""
     try:
         proc.wait(timeout=grace)
         return

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpvc.backends.base import MpiLaunch
+from hpvc.cluster.hydra import end_process
 from hpvc.plan import PlannedNode
 
 MAXES = "kvsname_max=256 keylen_max=64 vallen_max=1024"  # hydra's (pmiserv/common.h)
@@ -216,7 +217,7 @@ def run(
             rc = _wait(procs, server)
         finally:
             for p in procs:
-                _end(p)
+                end_process(p, 0)
             server.close()
         if out is None or err is None:
             return rc
@@ -238,16 +239,3 @@ def _wait(procs: list[subprocess.Popen[bytes]], server: Server) -> int:
         if all(c == 0 for c in codes):
             return 0
         time.sleep(0.05)
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a rank still running (crun exec hands it to the process in the
-    node), SIGKILL after 5 s."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
