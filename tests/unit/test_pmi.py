@@ -78,3 +78,24 @@ def test_abort_is_the_jobs_exit_code() -> None:
     assert server.abort == 7
     assert "rc=-1" in (server.answer({"cmd": "lookup_name"}) or "")
     server.close()
+
+
+def test_only_the_nodes_addresses_may_connect() -> None:
+    """A connection from an address that is no node's (another user of the host,
+    reaching the bridge's address) is closed unanswered; a node's is served."""
+    server = pmi.Server("127.0.0.1", 1, "(vector,(0,1,1))", frozenset({"127.0.0.2"}))
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+            try:
+                s.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
+                said = s.recv(100)
+            except ConnectionResetError:  # closed with the line unread
+                said = b""
+            assert said == b""  # closed, nothing said
+        with socket.create_connection(
+            ("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.2", 0)
+        ) as s:
+            s.sendall(b"cmd=get_appnum\n")
+            assert s.recv(100) == b"cmd=appnum appnum=0\n"
+    finally:
+        server.close()

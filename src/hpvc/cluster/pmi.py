@@ -68,8 +68,15 @@ def parse(line: str) -> dict[str, str]:
 class Server:
     """One job's PMI-1 key-value space and barrier, on a TCP port."""
 
-    def __init__(self, address: str, size: int, mapping: str) -> None:
+    def __init__(
+        self, address: str, size: int, mapping: str, peers: frozenset[str] = frozenset()
+    ) -> None:
         self.size = size
+        # Where ranks may connect from: the nodes' own addresses. The bridge's
+        # address is one any user of the host can connect to, with the host's
+        # address on the bridge as the source, never a node's (those live in the
+        # nodes' network namespaces): a stranger's connection is closed unread.
+        self.peers = peers
         self.kvsname = f"hpvc_{os.getpid()}"
         self.kvs = {"PMI_process_mapping": mapping}
         self.abort: int | None = None  # a rank's cmd=abort exit code
@@ -89,9 +96,12 @@ class Server:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, (host, *_) = self._sock.accept()
             except OSError:
                 return  # closed
+            if self.peers and host not in self.peers:
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -191,7 +201,7 @@ def run(
     script.write_text(launch.script)
     script.chmod(0o755)
     size = len(targets)
-    server = Server(address, size, process_mapping(layout))
+    server = Server(address, size, process_mapping(layout), frozenset(n.ip for n, _ in layout))
     procs: list[subprocess.Popen[bytes]] = []
     with _outputs(capture) as (out, err):
         try:
