@@ -51,10 +51,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     if argv is None:  # the command line, not a call from Python (tests, the server)
         from hpvc import resident
+        from hpvc.cli import helpcache
 
+        help_page = helpcache.is_help(args)
+        if help_page and helpcache.replay(args):  # drawn before: no typer, no rich
+            return
         code = resident.try_remote(args)
         if code is not None:
             sys.exit(code)
+        if help_page:
+            helpcache.recorded(args, run_here)
+            return
     run_here(args)
 
 
@@ -108,6 +115,11 @@ def run_here(args: list[str]) -> None:
 
             _invoke(node_app, args[1:], "hpvc node")
             return
+        if args[:1] in (["ls"], ["image"]):  # ls, image ls: without typer (hpvc.cli.quick)
+            from hpvc.cli import quick
+
+            if quick.run(args):
+                sys.exit(0)  # as typer's standalone mode ends
         from hpvc.cli.tree import app
 
         _invoke(app, args, "hpvc")

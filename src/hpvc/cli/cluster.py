@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.listings import image_text, show_clusters
 from hpvc.cli.services_view import show_services
 from hpvc.errors import HpvcError, InputError, SpecError, require_root
 from hpvc.units import format_cpulist
@@ -171,16 +172,6 @@ def show_status(st: dict[str, Any]) -> None:
     _notes(st)
 
 
-def image_text(name: str, digests: dict[str, list[str]]) -> str:
-    """``mine 0123456789ab``; ``mine 0123456789ab on c-0, c-1; fedcba987654 on c-2``
-    where nodes run different digests of it (hpvc.store.ClusterRecord.image_digests)."""
-    if not digests:
-        return f"{name} (digest not recorded)"
-    if len(digests) == 1:
-        return f"{name} {next(iter(digests))[:12]}"
-    return f"{name} " + "; ".join(f"{d[:12]} on {', '.join(n)}" for d, n in digests.items())
-
-
 def _notes(st: dict[str, Any]) -> None:
     """What the table alone would hide: the image (by digest), limits that cannot
     apply, an up that was killed."""
@@ -254,24 +245,7 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -
 
     Example: hpvc ls --json
     """
-    from hpvc.cluster.listing import list_clusters
-
-    rows = list_clusters()
-    if as_json:
-        print_json(rows)
-        return
-    from rich.table import Table
-
-    t = Table(title="clusters")
-    for col in ("name", "status", "kind", "nodes", "vCPUs", "subnet", "image", "age"):
-        t.add_column(col)
-    for r in rows:
-        age = f"{time.time() - r['created']:.0f}s"
-        state = f"{r['status']} (interrupted)" if r.get("interrupted") else r["status"]
-        image = image_text(r["image"], r["image_digests"])
-        t.add_row(r["name"], state, r["kind"], str(r["nodes"]), str(r["vcpus"]), r["subnet"],
-                  image, age)  # fmt: skip
-    console.print(t if rows else "no clusters")
+    show_clusters(as_json)
 
 
 def exec_cmd(

@@ -10,16 +10,17 @@ from typing import Any
 
 import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.listings import human_size, show_images
+from hpvc.cli.listings import image_os as _os
+from hpvc.cli.listings import with_os as _with_os
 from hpvc.image import (
     DEFAULT_MIRROR,
     DEFAULT_PACKAGES,
     DEFAULT_SUITE,
     Image,
     build_image,
-    list_images,
     oci,
     remove_image,
     resolve_image,
@@ -27,7 +28,6 @@ from hpvc.image import (
 from hpvc.image import Store as ImageStore
 from hpvc.image.extras import EXTRAS, preset_extras
 from hpvc.image.model import split_packages
-from hpvc.image.rootfs import os_name
 
 image_app = typer.Typer(
     help=(
@@ -138,16 +138,6 @@ Examples:
 """
 
 
-def human_size(n: int) -> str:
-    """``123456789`` -> ``117.7 MiB``."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover
-
-
 @contextmanager
 def _spinner(name: str) -> Iterator[Callable[[str], None]]:
     """A progress callback: a spinner with the current step and elapsed time on a
@@ -222,51 +212,12 @@ def build_cmd(
     console.print(f"rootfs: {image.rootfs}", markup=False)
 
 
-def _os(image: Image) -> str:
-    """What the image runs: its os-release's PRETTY_NAME, else its suite."""
-    return os_name(image.rootfs) or image.suite or "unknown"
-
-
-def _with_os(image: Image) -> dict[str, Any]:
-    return {**image.as_dict(), "os": _os(image)}
-
-
-def shared_layers(image: Image, users: dict[str, list[str]]) -> int:
-    """How many of an imported image's layers other images use too (``users``:
-    ``Store.blob_users``, whose owner is "name, name" of one digest)."""
-
-    def others(digest: str) -> list[str]:
-        owners = users.get(digest.removeprefix("sha256:"), [])
-        return [u for u in owners if image.name not in u.split(", ")]
-
-    return sum(1 for d, _ in image.layers if others(d))
-
-
-def _table(images: list[Image], users: dict[str, list[str]]) -> Table:
-    t = Table(show_header=True, header_style="bold")
-    for col in ("name", "digest", "os", "size", "created", "packages / source"):
-        t.add_column(col, overflow="fold")
-    for i in images:
-        contents = ", ".join([*i.packages, *(f"+{e}" for e in i.extras)])
-        if i.imported:
-            contents = f"{i.source} ({len(i.layers)} layers, {shared_layers(i, users)} shared)"
-        t.add_row(i.name, i.short_digest, _os(i), human_size(i.size_bytes), i.created, contents)
-    return t
-
-
 @image_app.command("ls", help=LS_HELP)
 def ls_cmd(
     store: Path | None = typer.Option(None, "--store", help="Image store directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the images as JSON."),
 ) -> None:
-    images = list_images(store)
-    users = ImageStore(store).blob_users()
-    if as_json:
-        print_json([{**_with_os(i), "layers_shared": shared_layers(i, users)} for i in images])
-    elif images:
-        console.print(_table(images, users))
-    else:
-        console.print("no images (build one: hpvc image build hpc)", markup=False)
+    show_images(store, as_json)
 
 
 @image_app.command("import", help=IMPORT_HELP)

@@ -1,0 +1,173 @@
+"""What a command imports before it answers (issue 33 item 4), checked without
+timing: the listings run without typer, a help page drawn once is replayed
+without typer or rich, and either way the output is what typer prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpvc.cli import helpcache, quick
+from hpvc.store import ClusterRecord, Store
+from tests.unit.test_image_in_use import plan_json, spec
+
+# As the command line runs (argv from sys.argv, so the help cache is used);
+# prints, on stderr's last line, which of the modules asked about it loaded.
+RUN = (
+    "import json, sys\n"
+    "watch = json.loads(sys.argv[2])\n"
+    "sys.argv = ['hpvc', *json.loads(sys.argv[1])]\n"
+    "from hpvc.cli import main\n"
+    "try:\n"
+    "    main()\n"
+    "except SystemExit as e:\n"
+    "    assert not e.code, e.code\n"
+    "print(json.dumps(sorted(m for m in watch if m in sys.modules)),"
+    " file=sys.stderr)\n"
+)
+HEAVY = [
+    "typer",
+    "pydantic",
+    "pyroute2",
+    "rich.markdown",
+    "hpvc.image.builder",
+    "hpvc.plan.planner",
+]
+BY_TYPER = (  # the same command through typer, for comparison
+    "import sys\n"
+    "from hpvc.cli import _invoke\n"
+    "from hpvc.cli.tree import app\n"
+    "_invoke(app, sys.argv[1:], 'hpvc')\n"
+)
+
+
+def _env(tmp: Path, **more: str) -> dict[str, str]:
+    return {
+        "HPVC_STATE_DIR": str(tmp / "state"),
+        "HPVC_RESIDENT": "0",
+        "XDG_CACHE_HOME": str(tmp / "cache"),
+        "PATH": "/usr/bin:/bin",
+        **more,
+    }
+
+
+def _run(argv: list[str], env: dict[str, str], watch: list[str] = HEAVY) -> tuple[str, list[str]]:
+    r = subprocess.run(
+        [sys.executable, "-c", RUN, json.dumps(argv), json.dumps(watch)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json.loads(r.stderr.strip().splitlines()[-1])
+
+
+def _by_typer(argv: list[str], env: dict[str, str]) -> str:
+    r = subprocess.run([sys.executable, "-c", BY_TYPER, *argv], capture_output=True, text=True,
+                       env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _one_cluster(tmp: Path) -> None:
+    now = time.time() - 5
+    rec = ClusterRecord("c", spec(), "c.toml", plan_json(spec()), "running", now, now)
+    Store(tmp / "state").save(rec)
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["ls", "--json"], ["image", "ls"],
+                                  ["image", "ls", "--json"]])  # fmt: skip
+def test_listings_import_no_typer_and_print_what_typer_would(
+    argv: list[str], tmp_path: Path
+) -> None:
+    _one_cluster(tmp_path)
+    env = _env(tmp_path)
+    out, loaded = _run(argv, env)
+    assert loaded == []
+    age = re.compile(r"│ \d+s ")  # the age column, in whole seconds, may tick between the two
+    assert age.sub("│ Ns ", out) == age.sub("│ Ns ", _by_typer(argv, env))
+    if argv[0] == "ls":
+        assert "c" in (json.loads(out)[0]["name"] if "--json" in argv else out)
+
+
+def test_image_ls_with_a_store_runs_quick_and_reads_that_store(tmp_path: Path) -> None:
+    store = tmp_path / "images"
+    store.mkdir()
+    env = _env(tmp_path)
+    out, loaded = _run(["image", "ls", "--json", "--store", str(store)], env)
+    assert (json.loads(out), loaded) == ([], [])
+    out, _ = _run(["image", "ls", f"--store={store}"], env)
+    assert out == "no images (build one: hpvc image build hpc)\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["ls", "--jsn"], ["ls", "x"], ["image", "ls", "--store"],
+     ["image", "ls", "--json", "--json"], ["image", "ls", "--store", "--json"],
+     ["image", "rm", "x"], ["--debug", "ls"], ["status", "c"]],
+)  # fmt: skip
+def test_anything_but_the_exact_quick_forms_is_left_to_typer(argv: list[str]) -> None:
+    assert quick.run(argv) is False
+
+
+def test_a_help_page_is_replayed_without_typer_or_rich_and_unchanged(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    watch = ["typer", "rich", "hpvc.cli.tree", "hpvc.cli.cluster"]
+    first, loaded = _run(["up", "--help"], env, watch)
+    assert "typer" in loaded and "Usage: hpvc up" in first  # drawn by typer, kept
+    assert len(os.listdir(tmp_path / "cache" / "hpvc" / "help")) == 1
+    second, loaded = _run(["up", "--help"], env, watch)
+    assert (second, loaded) == (first, [])
+    off, loaded = _run(["up", "--help"], {**env, "HPVC_HELP_CACHE": "0"}, watch)
+    assert off == first and "typer" in loaded
+    narrow, _ = _run(["up", "--help"], {**env, "COLUMNS": "60"}, watch)
+    assert narrow != first  # another width is another page, drawn by typer
+    assert len(os.listdir(tmp_path / "cache" / "hpvc" / "help")) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "is_help"),
+    [(["-h"], True), (["--help"], True), (["status", "--help"], True),
+     (["image", "ls", "-h"], True), (["plan", "x.toml", "--out", "-h"], False),
+     (["exec", "c", "n", "--", "ls", "--help"], False), (["ls"], False), ([], False)],
+)  # fmt: skip
+def test_what_counts_as_a_help_request(argv: list[str], is_help: bool) -> None:
+    assert helpcache.is_help(argv) is is_help
+
+
+@pytest.mark.parametrize(
+    ("printed", "code", "kept"),
+    [(" Usage: hpvc x [OPTIONS]\n", 0, True), ("ran instead\n", 0, False),
+     (" Usage: hpvc x [OPTIONS]\n", 2, False)],
+)  # fmt: skip
+def test_only_a_usage_page_that_exited_0_is_kept(
+    printed: str, code: int, kept: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("HPVC_HELP_CACHE", raising=False)
+
+    def command(args: list[str]) -> None:
+        sys.stdout.write(printed)
+        raise SystemExit(code)
+
+    with pytest.raises(SystemExit):
+        helpcache.recorded(["x", "--help"], command)
+    assert (tmp_path / "hpvc" / "help").is_dir() is kept
+    if kept:
+        assert [p.read_text() for p in (tmp_path / "hpvc" / "help").iterdir()] == [printed]
+
+
+def test_the_key_follows_the_width_and_the_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    base = helpcache.key(["up", "--help"])
+    assert helpcache.key(["up", "--help"]) == base
+    assert helpcache.key(["down", "--help"]) != base
+    monkeypatch.setenv("COLUMNS", "71")
+    assert helpcache.key(["up", "--help"]) != base
