@@ -33,6 +33,7 @@ def test_ratios_are_paired_by_repetition() -> None:
     assert doc["goals"] == {
         "up median <= 0.5 s": True,
         "up <= 0.8x podman parallel start (median ratio)": True,
+        "up <= 0.5x podman parallel start (median ratio)": True,
         "down <= 0.8x podman rm (median ratio)": False,
     }
 

@@ -6,7 +6,8 @@ same repetition (below 1: hpvc is faster); its min/median/max are over the
 repetitions, and ``of_medians`` is the ratio of the two medians. Goals (issue
 16), at 8 nodes: ``hpvc up`` median <= 0.5 s and <= 0.8x Podman's parallel
 start; ``hpvc down`` <= 0.8x Podman's removal (of the containers started in
-parallel).
+parallel); and (issue 33 item 4, no resident hpvc) ``hpvc up`` <= 0.5x
+Podman's parallel start.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hpvc.bench.stats import summary
 GOAL_NODES = 8
 GOAL_UP_S = 0.5
 GOAL_UP_RATIO = 0.8
+GOAL_UP_RATIO_COLD = 0.5  # issue 33: without `hpvc serve`
 GOAL_DOWN_RATIO = 0.8
 # name -> (hpvc's sample, Podman's mode, Podman's sample)
 RATIOS = {
@@ -63,6 +65,10 @@ def size_doc(
                 "up_vs_parallel_start"
             ]["median"]
             <= GOAL_UP_RATIO,
+            f"up <= {GOAL_UP_RATIO_COLD:g}x podman parallel start (median ratio)": ratios[
+                "up_vs_parallel_start"
+            ]["median"]
+            <= GOAL_UP_RATIO_COLD,
             f"down <= {GOAL_DOWN_RATIO:g}x podman rm (median ratio)": ratios["down_vs_rm"]["median"]
             <= GOAL_DOWN_RATIO,
         }
