@@ -13,6 +13,7 @@ APT_PACKAGES=(
   e2fsprogs        # mkfs.ext4: VM disk images, the I/O tests' loop file systems
   fio              # block-I/O throttle measurements
   hpcc             # HPC Challenge (native side of the benchmarks)
+  libopenblas0-pthread  # OpenBLAS: bench hpcc runs HPL with it on every side (LD_LIBRARY_PATH)
   hwloc            # hwloc-calc: reference counts for the topology tests
   fuse3            # fusermount3: the nodes' NFS client (native/nfsfuse) mounts through FUSE
   libfuse3-dev     # builds native/nfsfuse (this host kernel has no NFS client; HOST-NOTES)

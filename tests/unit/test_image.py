@@ -350,7 +350,8 @@ def test_list_and_resolve(tmp_path: Path, store: Store) -> None:
     assert e.value.fix.startswith("did you mean 'b-tools'? see hpvc image ls")
     with pytest.raises(InputError) as e:
         resolve_image("hpcc", store)
-    assert "did you mean 'hpc'?" in str(e.value) and "recipes to build: hpc, spark" in str(e.value)
+    assert "did you mean 'hpc'?" in str(e.value)
+    assert "recipes to build: hpc, hpc-openblas, spark" in str(e.value)
     with pytest.raises(InputError, match=r"not found \(build it: hpvc image build spark\)"):
         resolve_image("spark", store)
 

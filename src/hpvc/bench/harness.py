@@ -53,6 +53,9 @@ class Settings:
     vm_nodes: tuple[int, ...] = (1, 2, 4)
     procs: int = 2
     samples: int = 3
+    hpl_n: int | None = None  # hpcc: HPL's N; None: sized (hpcc.sizing)
+    time_budget_s: float = 60.0  # hpcc: one native run (hpcc.sizing.BUDGET_S)
+    blas: str = "openblas"  # hpcc: hpcc.blas.CHOICES
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,10 @@ def startup_samples(doc: dict[str, Any]) -> tuple[list[Sample], list[dict[str, A
 
 
 def _run_hpcc(p: SuitePlan, s: Settings, progress: Progress) -> dict[str, Any]:
-    doc: dict[str, Any] = suite_module("hpcc").run(list(p.configs), s.repeat, s.procs, progress)
+    doc: dict[str, Any] = suite_module("hpcc").run(
+        list(p.configs), s.repeat, s.procs, progress, n_override=s.hpl_n,
+        budget_s=s.time_budget_s, choice=s.blas,
+    )  # fmt: skip
     return doc
 
 

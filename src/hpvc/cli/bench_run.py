@@ -41,18 +41,32 @@ PNG per suite. A suite that fails is recorded there and the others still
 run; the command then exits 1. `hpvc bench report DIR` redraws a run,
 `hpvc bench compare A B` compares two.
 
+hpcc sizes HPL's N for the machine it runs on: from the last-level cache
+(the matrix at least 4x it), capped so that a node of 4x the matrix fits
+in the host's free memory and so that one native run fits --time-budget
+(default 60 s; a short probe run at N=2048 gives the flop rate); --hpl-n
+sets N by hand. report.md and results.json ("sizing") say what was scaled
+down and why. Every side runs the same BLAS with one thread per rank:
+Debian's OpenBLAS by default (LD_LIBRARY_PATH to its directory; the host's
+alternatives are left alone; the nodes use the image hpc-openblas), and
+the results name the library each side had mapped ("blas").
+
 Time on a 2-CPU machine with the defaults (all suites, native,container,
---repeat 3): about 15 minutes: hpcc ~8 (5 configs x 3 runs of ~25 s, plus
-bringing up 4 clusters), isolation ~4 (3 configs x 3 visits x 3 hpcc
-samples), io ~2.5 (36 fio runs of 3 s), startup under 1. vm adds VM
-start-up (~1.5 min) and hpcc in a VM (a smaller problem under TCG).
-results.json records each suite's wall time.
+--repeat 3): about 20 minutes: hpcc up to 16 (a probe, then 5 configs x 3
+runs within the 60 s budget each, plus bringing up 4 clusters), isolation
+~4 (3 configs x 3 visits x 3 hpcc samples), io ~2.5 (36 fio runs of 3 s),
+startup under 1. vm adds VM start-up (~1.5 min) and hpcc in a VM (a
+smaller problem under TCG). results.json records each suite's wall time.
 
 Examples:
 
   hpvc bench run
 
   hpvc bench run --suite hpcc,io --repeat 5 --out /tmp/run-a
+
+  hpvc bench run --suite hpcc --repeat 1 --time-budget 30
+
+  hpvc bench run --suite hpcc --hpl-n 8192 --blas system
 
   hpvc bench run --suite startup --targets container,vm --json
 """
@@ -104,6 +118,15 @@ def run_cmd(
         None, min=1, help="hpcc: MPI ranks per run (default: this host's CPUs)."
     ),
     samples: int = typer.Option(3, min=1, help="isolation: hpcc samples per config visit."),
+    hpl_n: int | None = typer.Option(
+        None, min=1, help="hpcc: HPL's N (default: sized from the cache, memory and budget)."
+    ),
+    time_budget: float = typer.Option(
+        60.0, min=1.0, help="hpcc: seconds one native run may take; N is capped to fit."
+    ),
+    blas: str = typer.Option(
+        "openblas", help="hpcc: openblas (Debian's, on every side) or system (alternatives)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
     suites, tgts = harness.parse_suites(suite), harness.parse_targets(targets)
@@ -114,6 +137,9 @@ def run_cmd(
         vm_nodes=harness.parse_sizes(vm_nodes, "--vm-nodes"),
         procs=procs or os.cpu_count() or 1,
         samples=samples,
+        hpl_n=hpl_n,
+        time_budget_s=time_budget,
+        blas=harness.parse_list(blas, ("openblas", "system"), "--blas", "openblas")[0],
     )
     plans = harness.plan_suites(suites, tgts)
     if not any(p.configs for p in plans):

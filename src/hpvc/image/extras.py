@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpvc.errors import InputError
+from hpvc.errors import HpvcError, InputError
 from hpvc.image.model import (
     DEFAULT_PACKAGES,
     NFS_SERVER_PACKAGES,
@@ -47,6 +47,28 @@ def _spark(rootfs: Path, progress: Progress) -> None:
 
 
 SPARK_EXTRA = "spark-3.5.3"  # hpvc.spark.dist.VERSION; a test keeps the two equal
+# Debian bookworm's OpenBLAS (libopenblas0-pthread 0.3.21): the pin is the suite's
+# version, checked in the finished rootfs, so a suite with another one fails the build
+# rather than give the hpcc suite a BLAS the host does not run.
+OPENBLAS_EXTRA = "openblas-0.3.21"
+OPENBLAS_LIB = "usr/lib/{arch}/openblas-pthread/libopenblasp-r0.3.21.so"
+
+
+def _openblas(rootfs: Path, progress: Progress) -> None:
+    """Nothing to install (the Debian package did); check that it is the pinned one."""
+    import sysconfig
+
+    arch = str(sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu")
+    lib = rootfs / OPENBLAS_LIB.format(arch=arch)
+    if not lib.is_file():
+        raise HpvcError(
+            f"extra {OPENBLAS_EXTRA!r}",
+            f"/{OPENBLAS_LIB.format(arch=arch)} is not in the image (the suite has another"
+            " OpenBLAS)",
+            "build from bookworm (--suite bookworm) or leave the extra out",
+        )
+    progress(f"OpenBLAS: /{OPENBLAS_LIB.format(arch=arch)}")
+
 
 EXTRAS: dict[str, Extra] = {
     SPARK_EXTRA: Extra(
@@ -57,12 +79,19 @@ EXTRAS: dict[str, Extra] = {
         install=_spark,
         about="Apache Spark 3.5.3 at /opt/spark, hpvc's TeraSort at /opt/hpvc/terasort.jar",
     ),
+    OPENBLAS_EXTRA: Extra(
+        name=OPENBLAS_EXTRA,
+        packages=("libopenblas0-pthread",),
+        install=_openblas,
+        about="Debian's OpenBLAS 0.3.21 (pthread) beside the reference BLAS, for hpcc runs",
+    ),
 }
 
 
 # Image names that pick a recipe by themselves: name -> its extras (with the
 # default packages, and whatever --packages adds).
-PRESETS: dict[str, tuple[str, ...]] = {"spark": (SPARK_EXTRA,)}
+# ``hpc-openblas``: the nodes of ``hpvc bench run --suite hpcc`` (hpvc.bench.hpcc.blas).
+PRESETS: dict[str, tuple[str, ...]] = {"spark": (SPARK_EXTRA,), "hpc-openblas": (OPENBLAS_EXTRA,)}
 
 
 def preset_extras(name: str) -> tuple[str, ...]:

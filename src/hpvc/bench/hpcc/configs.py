@@ -43,7 +43,7 @@ CONFIGS: dict[str, Config] = {
 SPEC = """\
 name = "{name}"
 kind = "{kind}"
-image = "hpc"
+image = "{image}"
 [network]
 subnet = "{subnet}"
 mtu = 9000
@@ -61,9 +61,12 @@ memory = "{memory_mib}MiB"
 """
 
 
-def spec_text(cfg: Config, name: str, subnet: str, vcpus: int, memory_mib: int) -> str:
-    """One compute node of ``vcpus`` vCPUs with the config's tuning."""
+def spec_text(
+    cfg: Config, name: str, subnet: str, vcpus: int, memory_mib: int, image: str = "hpc-openblas"
+) -> str:
+    """One compute node of ``vcpus`` vCPUs with the config's tuning, from ``image``
+    (``hpc-openblas``: the hpc image with the OpenBLAS every side of the suite runs)."""
     kind = "vm" if cfg.kind == "vm" else "container"
     return SPEC.format(
-        name=name, kind=kind, subnet=subnet, c=cfg, vcpus=vcpus, memory_mib=memory_mib
+        name=name, kind=kind, subnet=subnet, c=cfg, vcpus=vcpus, memory_mib=memory_mib, image=image
     )

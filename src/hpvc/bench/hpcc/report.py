@@ -92,6 +92,7 @@ def report_md(doc: dict[str, Any]) -> str:
         f" {i['matrix_bytes'] / 2**20:.0f} MiB, last-level cache {i['llc_bytes'] / 2**20:.0f} MiB."
         f" Ratio: {doc['ratio']}.",
         "",
+        *sizing_lines(doc),
         *(f"- {c}: {d['describe']} (N={d['n']})" for c, d in doc["configs"].items()),
         *(f"- {c}: no ratios, not comparable: {why}" for c, why in doc["not_comparable"].items()),
         "",
@@ -106,3 +107,32 @@ def report_md(doc: dict[str, Any]) -> str:
         + ", ".join(f"{c} {summary(w)['median']:.1f}" for c, w in walls.items())
     )
     return "\n".join(lines) + "\n"
+
+
+def sizing_lines(doc: dict[str, Any]) -> list[str]:
+    """How N was chosen and which BLAS ran (runs before issue 33 have neither: none)."""
+    out = []
+    size = doc.get("sizing")
+    if size:
+        probe = size.get("probe")
+        pred = size.get("predicted_s")
+        out.append(
+            f"N={size['n']} (time budget {size['budget_s']:.0f} s per native run"
+            + (f", predicted {pred:.0f} s" if pred is not None else "")
+            + (
+                f"; probe N={probe['n']}: {probe['wall_s']:.1f} s,"
+                f" HPL {probe['hpl_gflops']:.2f} GFLOP/s"
+                if probe
+                else ""
+            )
+            + "):"
+        )
+        out += [f"- {why}" for why in size["reasons"]]
+        out.append("")
+    b = doc.get("blas")
+    if b:
+        env = " ".join(f"{k}={v}" for k, v in b["env"].items())
+        ran = "; ".join(f"{c}: {', '.join(names)}" for c, names in b["ran"].items())
+        same = "the same on every side" if b["same_everywhere"] else "NOT the same on every side"
+        out += [f"BLAS ({b['choice']}, {env}, node image {b['image']}): {ran} ({same}).", ""]
+    return out
