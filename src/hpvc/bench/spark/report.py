@@ -74,6 +74,8 @@ def report_md(doc: dict[str, Any]) -> str:
         f" {doc['workers']} workers of 1 core and {doc['worker_mib']} MiB (one whole-worker"
         f" executor each; cluster nodes of {_node_mib(doc)}).",
         "",
+        *(f"Scaled down to fit this host: {n}." for n in doc.get("scaled_down", [])),
+        *([""] if doc.get("scaled_down") else []),
         *(f"- `{c}`: {WHAT[c]}" for c in doc["configs"]),
         "",
         "`sort` is TeraSort's own time for the sort (sampling, shuffle, sort, write; after the"

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
+from hpvc.bench.spark import sizing as shapes
 from hpvc.cluster import lifecycle
 from hpvc.cluster import spark_jobs as jobs
 from hpvc.errors import HpvcError
@@ -64,19 +65,30 @@ WORKER_MIB = sizing.worker_memory_mib(4096)
 NODE_MIB = {"container": 8192, "vm": 4096}
 HEAD_MIB = 2048
 GOAL = 0.95  # container/native sort throughput
+DEFAULT_SIZES = [1 * GIB, 4 * GIB]  # scaled to the host by bench.spark.sizing
 
 
-def spec(name: str, subnet: str, server: str, size_gib: int, kind: str = "container") -> str:
-    """A Spark cluster of a head and WORKERS computes, each worker WORKER_MIB."""
+def spec(
+    name: str,
+    subnet: str,
+    server: str,
+    size_gib: int,
+    kind: str = "container",
+    node_mib: int | None = None,
+    worker_mib: int = WORKER_MIB,
+) -> str:
+    """A Spark cluster of a head and WORKERS computes of ``node_mib`` (default
+    NODE_MIB[kind]), each worker ``worker_mib``."""
     shared = f'server = "nfs"\nsize = "{size_gib}GiB"' if server == "nfs" else 'server = "host"'
     numa = 'numa = "none"\n' if kind == "vm" else ""
     return (
         f'name = "{name}"\nkind = "{kind}"\nimage = "spark"\n'
         f'[network]\nsubnet = "{subnet}"\n'
         '[tuning]\npinning = "shared"\nhugepages = "none"\npartition = "commodity"\n'
-        f'{numa}[shared]\n{shared}\n[spark]\nworker_memory = "{WORKER_MIB}MiB"\n'
+        f'{numa}[shared]\n{shared}\n[spark]\nworker_memory = "{worker_mib}MiB"\n'
         f'[[nodes]]\nrole = "head"\nmemory = "{HEAD_MIB}MiB"\n'
-        f'[[nodes]]\nrole = "compute"\ncount = {WORKERS}\nmemory = "{NODE_MIB[kind]}MiB"\n'
+        f'[[nodes]]\nrole = "compute"\ncount = {WORKERS}\n'
+        f'memory = "{node_mib or NODE_MIB[kind]}MiB"\n'
     )
 
 
@@ -153,12 +165,17 @@ def _samples(config: str, rep: int, size: str, result: dict[str, Any]) -> list[d
 
 @contextmanager
 def _setups(
-    store: Store, tmp: Path, configs: tuple[str, ...], max_bytes: int, progress: Progress
+    store: Store,
+    tmp: Path,
+    configs: tuple[str, ...],
+    max_bytes: int,
+    progress: Progress,
+    shape: shapes.Shape,
 ) -> Iterator[dict[str, Runner]]:
     """The configurations' Spark, up for the whole run; everything stopped after."""
     rootfs = resolve_image("spark").rootfs
     java = rootfs / "usr/lib/jvm/java-17-openjdk-amd64"
-    worker_mib = WORKER_MIB
+    worker_mib = shape.worker_mib
     driver_mib = sizing.worker_memory_mib(HEAD_MIB)
     runners: dict[str, Runner] = {}
     with ExitStack() as stack:
@@ -175,7 +192,10 @@ def _setups(
             kind = "vm" if config == "vm" else "container"
             name = {"container": "bsparkhost", "container-nfs": "bsparknfs"}.get(config, "bsparkvm")
             path = tmp / f"{name}.toml"
-            path.write_text(spec(name, next(subnets), server, shared_gib, kind))
+            node_mib = shape.node_mib[kind]
+            path.write_text(
+                spec(name, next(subnets), server, shared_gib, kind, node_mib, worker_mib)
+            )
             progress(f"up {name} ({kind}s, shared directory: {server})")
             lifecycle.up(str(path), store, progress)
             stack.callback(lifecycle.down, name, store)
@@ -183,14 +203,30 @@ def _setups(
         yield runners
 
 
+def host_memory_mib() -> int:
+    """What the host can give nodes: its NUMA nodes' free memory, as the planner counts."""
+    from hpvc.topology import read_topology
+
+    return sum(n.free_mib for n in read_topology().numa_nodes)
+
+
 def run(
-    sizes: list[int],
+    sizes: list[int] | None = None,
     repeat: int = 3,
     configs: tuple[str, ...] = DEFAULT_CONFIGS,
     progress: Progress = quiet,
 ) -> dict[str, Any]:
-    """Every size, ``repeat`` times each configuration, alternated; results.json's doc."""
+    """Every size (None: DEFAULT_SIZES, kept to what fits), ``repeat`` times each
+    configuration, alternated; results.json's doc."""
     common.require("bench spark", ["crun", "javac", "ganesha.nfsd"], root=True)
+    kinds = {_kind(c) for c in configs if c != "native"}
+    shape = shapes.fit(
+        host_memory_mib(), kinds, NODE_MIB, HEAD_MIB, WORKERS, sizes or DEFAULT_SIZES,
+        sizes_given=sizes is not None,
+    )  # fmt: skip
+    sizes = shape.sizes
+    for note in shape.notes:
+        progress(f"scaled down: {note}")
     common.ensure_image("spark", progress)
     samples: list[dict[str, Any]] = []
     facts = common.host_facts(mpi=False)
@@ -198,7 +234,7 @@ def run(
         facts["accelerator"] = common.accelerator()
     with ExitStack() as stack:
         tmp, store = stack.enter_context(common.scratch_state("bench spark", progress))
-        runners = stack.enter_context(_setups(store, tmp, configs, max(sizes), progress))
+        runners = stack.enter_context(_setups(store, tmp, configs, max(sizes), progress, shape))
         for size in sizes:
             rows = model.rows_for(size)
             label = size_label(size)
@@ -216,8 +252,10 @@ def run(
         "sizes": [size_label(x) for x in sizes],
         "repeat": repeat,
         "workers": WORKERS,
-        "node_mib": {k: v for k, v in NODE_MIB.items() if k in {_kind(c) for c in configs}},
-        "worker_mib": WORKER_MIB,
+        "node_mib": shape.node_mib,
+        "head_mib": shape.head_mib,
+        "worker_mib": shape.worker_mib,
+        "scaled_down": list(shape.notes),
         "samples": samples,
         "goal": {"metric": "sort", "config": "container", "median_ratio_at_least": GOAL},
     }
