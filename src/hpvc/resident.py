@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 import sys
 import zlib
+
+TYPE_CHECKING = False  # typing itself is not imported: see above
+if TYPE_CHECKING:
+    import socket
 
 RUN_DIR = "/run/hpvc"
 # Commands that stay in the client's own process: they hand the terminal to
@@ -101,9 +104,14 @@ def try_remote(argv: list[str]) -> int | None:
     when there is none to use (then the caller runs the command itself)."""
     if os.environ.get("HPVC_RESIDENT", "1") == "0" or command_words(argv) & LOCAL:
         return None
+    path = socket_path()
+    if not os.path.exists(path):  # no server: no socket module either (~2 ms, issue 33)
+        return None
+    import socket
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(socket_path())
+        sock.connect(path)
     except OSError:
         sock.close()
         return None

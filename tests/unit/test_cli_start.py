@@ -171,3 +171,23 @@ def test_the_key_follows_the_width_and_the_words(monkeypatch: pytest.MonkeyPatch
     assert helpcache.key(["down", "--help"]) != base
     monkeypatch.setenv("COLUMNS", "71")
     assert helpcache.key(["up", "--help"]) != base
+
+
+def test_netlink_users_load_pyroute2_without_its_families_and_all_of_it_on_demand() -> None:
+    code = (
+        "import sys\n"
+        "import hpvc.host\n"
+        "assert 'pyroute2' not in sys.modules  # nothing until someone imports it\n"
+        "from hpvc.host import net, orphans, routes, vxlan\n"
+        "import pyroute2\n"
+        "from pyroute2 import IPRoute, NetlinkError, netns\n"
+        "heavy = ['pyroute2.ndb.main', 'pyroute2.ipdb', 'pyroute2.conntrack']\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "assert IPRoute.__module__.startswith('pyroute2.iproute')\n"
+        "assert issubclass(NetlinkError, Exception) and netns.__name__ == 'pyroute2.netns'\n"
+        "from pyroute2 import NDB  # any other name: pyroute2's own __init__, then the name\n"
+        "print(NDB.__module__, 'pyroute2.ndb.main' in sys.modules, pyroute2.IPRoute is IPRoute)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[]", "pyroute2.ndb.main True True"]

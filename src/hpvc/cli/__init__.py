@@ -10,7 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = (
+    False  # no typing module at start (~2 ms; hpvc.cli.helpcache replays help without it)
+)
+if TYPE_CHECKING:
+    from typing import Any
 
 # Nothing more is imported here: a command that runs on the resident hpvc
 # (hpvc.resident) needs only the client, and its start is all it costs.

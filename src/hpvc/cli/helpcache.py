@@ -32,8 +32,8 @@ import os
 import site
 import sys
 import zlib
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing is not imported: a replayed page needs none of it
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import TextIO
