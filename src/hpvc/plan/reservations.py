@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from hpvc.plan.model import HostReservation, Plan, Reservations
-from hpvc.topology.model import Topology
+if TYPE_CHECKING:  # imported in merge: a record's Holding is read without them (`hpvc ls`)
+    from hpvc.plan.model import Plan, Reservations
+    from hpvc.topology.model import Topology
 
 
 @dataclass
@@ -43,6 +45,8 @@ def holdings_of(plan: Plan, cpu_package: Mapping[str, Mapping[int, int]]) -> dic
 
 def merge(holdings: Iterable[Mapping[str, Holding]]) -> Reservations:
     """The union of several clusters' holdings, host by host."""
+    from hpvc.plan.model import HostReservation, Reservations
+
     acc: dict[str, dict[str, set[int]]] = {}
     for per_host in holdings:
         for host, h in per_host.items():

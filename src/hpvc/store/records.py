@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpvc.errors import InputError
 from hpvc.host.journal import Journal
@@ -46,9 +46,13 @@ from hpvc.locks import file_lock, owned_lock
 from hpvc.paths import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
 from hpvc.paths import RECORD, Layout, private_dir
 from hpvc.paths import state_dir as state_dir
-from hpvc.plan.model import Plan, Reservations, plan_from_json
 from hpvc.plan.reservations import Holding, merge
-from hpvc.spec.limits import read_site
+
+if TYPE_CHECKING:
+    from hpvc.plan.model import Plan, Reservations
+
+# The plan's classes and the site's limits are imported where used: `hpvc ls`
+# reads records without them (issue 33 item 4, hpvc.cluster.listing).
 
 RESERVE_BYTES = 1 << 20  # far more than a record (tens of KiB for a large cluster)
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -111,9 +115,13 @@ class ClusterRecord:
 
     def console_bytes(self) -> int:
         """What the host keeps of each node's console log, in bytes."""
+        from hpvc.spec.limits import read_site
+
         return (self.console_mib or read_site().max_console_mib) << 20
 
     def the_plan(self) -> Plan:
+        from hpvc.plan.model import plan_from_json
+
         return plan_from_json(self.plan)
 
     def to_json(self) -> dict[str, Any]:
