@@ -83,7 +83,8 @@ def _one_cluster(tmp: Path) -> None:
 
 
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json"], ["image", "ls"],
-                                  ["image", "ls", "--json"]])  # fmt: skip
+                                  ["image", "ls", "--json"], ["node", "ls"],
+                                  ["node", "ls", "--json"]])  # fmt: skip
 def test_listings_import_no_typer_and_print_what_typer_would(
     argv: list[str], tmp_path: Path
 ) -> None:
@@ -111,7 +112,8 @@ def test_image_ls_with_a_store_runs_quick_and_reads_that_store(tmp_path: Path) -
     "argv",
     [["ls", "--jsn"], ["ls", "x"], ["image", "ls", "--store"],
      ["image", "ls", "--json", "--json"], ["image", "ls", "--store", "--json"],
-     ["image", "rm", "x"], ["--debug", "ls"], ["status", "c"]],
+     ["image", "rm", "x"], ["--debug", "ls"], ["status", "c"], ["node", "ls", "-h"],
+     ["node", "up"]],
 )  # fmt: skip
 def test_anything_but_the_exact_quick_forms_is_left_to_typer(argv: list[str]) -> None:
     assert quick.run(argv) is False

@@ -115,16 +115,16 @@ def run_here(args: list[str]) -> None:
     from hpvc.errors import HpvcError
 
     try:
+        if args[:1] in (["ls"], ["image"], ["node"]):  # listings: without typer (cli.quick)
+            from hpvc.cli import quick
+
+            if quick.run(args):
+                sys.exit(0)  # as typer's standalone mode ends
         if args[:1] == ["node"]:
             from hpvc.cli.node import node_app
 
             _invoke(node_app, args[1:], "hpvc node")
             return
-        if args[:1] in (["ls"], ["image"]):  # ls, image ls: without typer (hpvc.cli.quick)
-            from hpvc.cli import quick
-
-            if quick.run(args):
-                sys.exit(0)  # as typer's standalone mode ends
         from hpvc.cli.tree import app
 
         _invoke(app, args, "hpvc")

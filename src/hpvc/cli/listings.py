@@ -1,6 +1,6 @@
-"""What ``hpvc ls`` and ``hpvc image ls`` print, without typer.
+"""What ``hpvc ls``, ``hpvc image ls`` and ``hpvc node ls`` print, without typer.
 
-Their command functions (hpvc.cli.cluster, hpvc.cli.image) and the quick
+Their command functions (hpvc.cli.cluster, hpvc.cli.image, hpvc.cli.node) and the quick
 path in front of typer (hpvc.cli.quick) both call these, so the two ways to
 run a listing print the same. This module imports neither typer nor, until
 a table is drawn, rich (issue 33 item 4).
@@ -113,3 +113,22 @@ def show_images(store: Path | None, as_json: bool) -> None:
         console.print(image_table(images, users))
     else:
         console.print("no images (build one: hpvc image build hpc)", markup=False)
+
+
+def show_shares(as_json: bool) -> None:
+    """``hpvc node ls``: the Slurm jobs' shares on this host, a line each or JSON."""
+    from hpvc.slurm.names import listing
+
+    rows = listing()
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        console.print("no Slurm job shares on this host")
+    for r in rows:
+        digests = " ".join(d[:12] for d in r["image_digests"]) or "digest not recorded"
+        console.print(
+            f"job {r['job']} share {r['share']} ({r['cluster']}): {r['status']},"
+            f" nodes {', '.join(r['nodes'])}, {r['subnet']}, image {r['image']} {digests}",
+            markup=False,
+        )

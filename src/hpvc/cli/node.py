@@ -216,21 +216,9 @@ Examples:
 
 @node_app.command("ls", help=LS_HELP)
 def ls_cmd(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
-    from hpvc.slurm.names import listing
+    from hpvc.cli.listings import show_shares
 
-    rows = listing()
-    if as_json:
-        print_json(rows)
-        return
-    if not rows:
-        console.print("no Slurm job shares on this host")
-    for r in rows:
-        digests = " ".join(d[:12] for d in r["image_digests"]) or "digest not recorded"
-        console.print(
-            f"job {r['job']} share {r['share']} ({r['cluster']}): {r['status']},"
-            f" nodes {', '.join(r['nodes'])}, {r['subnet']}, image {r['image']} {digests}",
-            markup=False,
-        )
+    show_shares(as_json)
 
 
 ENTER_HELP = """Run a command inside a virtual node of a job on this host.

@@ -1,4 +1,4 @@
-"""The listing commands run without typer: ``hpvc ls``, ``hpvc image ls``.
+"""The listing commands run without typer: ``hpvc ls``, ``hpvc image ls``, ``hpvc node ls``.
 
 Why a hand-made dispatcher in front of typer: for these commands typer
 itself is the cost. Importing it (and the click it vendors) and building
@@ -47,4 +47,9 @@ def run(args: list[str]) -> bool:
         return True
     if args[:2] == ["image", "ls"]:
         return _image_ls(args[2:])
+    if args in (["node", "ls"], ["node", "ls", "--json"]):
+        from hpvc.cli.listings import show_shares
+
+        show_shares(as_json=len(args) == 3)
+        return True
     return False
