@@ -65,6 +65,14 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg); /* remote.
 int hpvc_task_join(spank_t sp);                                        /* task.c */
 void hpvc_task_chdir(void); /* task.c: task_init, as the user: the image's WorkingDir */
 int hpvc_job_epilog(spank_t sp, const struct hpvc_config *cfg);       /* epilog.c */
+/* --mpi=pmix*: one forwarder per step on this host from 127.0.0.1:<port of the
+ * step's PMIx server> inside each container node's network to the host's
+ * (pmixfwd.c; task_post_fork in slurmstepd, once per step). 0, or -1. */
+int hpvc_pmix_forward(spank_t sp);
+/* task_init of a container task with --pty: the program gets a pty of the
+ * node's own; this process stays to copy between it and slurmstepd's pty
+ * and exits as the program did (ptyrelay.c). 0 (the program's way), or -1. */
+int hpvc_task_tty(spank_t sp);
 
 /* VM nodes (vm.c): connect to the node's agent as root (task_init_privileged),
  * then relay the task through it as the user (task_init; does not return

@@ -113,6 +113,21 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	return hpvc_task_join(sp);
 }
 
+/* slurmstepd, after forking each task and before letting it run: the first
+ * call starts the step's PMIx forwarder into the nodes (pmixfwd.c); Slurm's
+ * PMIx server is up by then (it starts after user_init). */
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
+		return 0;
+	uint32_t step = 0;
+	if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= SLURM_INTERACTIVE_STEP)
+		return 0;
+	return hpvc_pmix_forward(sp);
+}
+
 /* Each task, as the user with its stdio in place: a task of a container node
  * whose node lacks the job's directory goes to the image's WorkingDir; a task
  * of a VM node relays its command to the guest and exits here (vm.c). */
@@ -123,6 +138,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
 		return 0;
 	hpvc_task_chdir();
+	if (hpvc_task_tty(sp) < 0) /* --pty: the node's own terminal (ptyrelay.c) */
+		return -1;
 	return hpvc_vm_task(sp);
 }
 

@@ -1,8 +1,9 @@
 /* Each task (remote context, task_init_privileged: forked by slurmstepd, still
  * root, before it execs the user's program) moves into its virtual node (a VM
  * node instead connects to its agent: vm.c): the
- * node's cgroups, then its cgroup, IPC, UTS, network (unless Slurm's PMIx needs
- * the host's), PID and mount namespaces, as `hpvc node up` said.
+ * node's cgroups, then its cgroup, IPC, UTS, network (also under --mpi=pmix:
+ * pmixfwd.c brings Slurm's PMIx server into the node), PID and mount
+ * namespaces, as `hpvc node up` said.
  *
  * The node is entered through a pidfd of its process, taken after checking
  * that the PID still belongs to the process `hpvc node up` named (same start

@@ -64,9 +64,11 @@ from hpvc.topology import read_topology
 from hpvc.topology.model import Topology
 from hpvc.units import parse_cpulist
 
-# Namespaces a task joins; "net" only when the step does not use Slurm's PMIx,
-# whose server listens on the host's loopback (docs/slurm.md).
+# Namespaces a task joins: all of its node's. Under --mpi=pmix too: the
+# plugin forwards the node's 127.0.0.1:<port> to the step's PMIx server on the
+# host's loopback (native/spank/pmixfwd.c; docs/slurm.md, "MPI").
 JOIN_BASE = ("cgroup", "ipc", "uts", "pid", "mnt")
+JOIN_NAMESPACES = (*JOIN_BASE, "net")
 
 
 # ---- what the plugin reads back --------------------------------------------
@@ -113,10 +115,8 @@ def joins(
     """One Join per node of the task pool."""
     name = share_name(job, index)
     pmix = mpi.startswith("pmix")
-    namespaces = JOIN_BASE if pmix else (*JOIN_BASE, "net")
     rec = store.get(name)
     plan = rec.the_plan()
-    subnet = plan.network.subnet
     entry = backends.cluster_task_entry(store, name, mpi)
     # An imported image's Env and WorkingDir (nothing for a built image), over
     # the task's own environment; hpvc's variables and then Slurm's go on top.
@@ -138,12 +138,8 @@ def joins(
             # The PMIx server's shared-memory store lives in the host's spool
             # directory, which tasks in the node do not see: ask it over the socket.
             env.append("PMIX_MCA_gds=hash")
-            # Tasks keep the host's network (the PMIx server is on its loopback),
-            # but MPI's data goes over the cluster network: the host's own address
-            # on the cluster bridge, joined to the other hosts' by VXLAN.
-            env.append(f"OMPI_MCA_btl_tcp_if_include={subnet}")
         env = [*mine.env, *env]
-        join = Join(t, node, proc.pid, proc.start, namespaces, proc.cgroup_procs, tuple(env))
+        join = Join(t, node, proc.pid, proc.start, JOIN_NAMESPACES, proc.cgroup_procs, tuple(env))
         out.append(replace(join, workdir=mine.workdir))
     return out
 
