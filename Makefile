@@ -36,11 +36,12 @@ bench: setup
 	$(HPVC) bench images --out bench/results/images
 
 # Local Slurm test cluster (docs/slurm.md); the last line printed is the
-# `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state.
+# `export SLURM_CONF=...` to submit to it. HPVC_SLURM_DIR moves its state;
+# HOSTS=N (1 to 32, default 3) sets how many hosts it has.
 slurm-up: setup
 	@$(MAKE) -s -C native/spank
 	@bash scripts/slurm/install.sh >/dev/null
-	@bash scripts/slurm/up.sh
+	@$(if $(HOSTS),HPVC_SLURM_HOSTS=$(HOSTS) )bash scripts/slurm/up.sh
 
 slurm-down:
 	@bash scripts/slurm/down.sh

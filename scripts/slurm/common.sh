@@ -9,13 +9,22 @@ SLURM_DIR=${SLURM_DIR%/}
 # slurmctld listens on BASE_PORT, every slurmd on BASE_PORT+1 (each in its own
 # network namespace, so the ports of two clusters never meet).
 BASE_PORT=${HPVC_SLURM_PORT:-6917}
-NODES=(n1 n2 n3)
+# The hosts n1..nN: HPVC_SLURM_HOSTS (make slurm-up passes HOSTS=N), else the
+# count a running cluster of this directory was made with (fabric.env, so
+# down.sh and on.sh find every host), else 3. At most 32: hosts take the
+# fabric addresses .1-.32 and veth names <fabric>-nK stay under 16 characters.
+HOST_COUNT=${HPVC_SLURM_HOSTS:-$(sed -n 's/^HOSTS=//p' "$SLURM_DIR/fabric.env" 2>/dev/null | head -n1 || true)}
+HOST_COUNT=${HOST_COUNT:-3}
+NODES=()
+if [[ "$HOST_COUNT" =~ ^[0-9]+$ ]] && [ "$HOST_COUNT" -ge 1 ] && [ "$HOST_COUNT" -le 32 ]; then
+  for ((_i = 1; _i <= HOST_COUNT; _i++)); do NODES+=("n$_i"); done
+fi
 CLUSTER_NAME=hpvctest
 # The hostname of slurmctld's own UTS namespace (SlurmctldHost).
 CTL=ctl
 
 # The fabric: a bridge in the root namespace and one network namespace per
-# host (ctl, n1..n3), each wired to it by a veth pair, made by hpvc's own
+# host (ctl, n1..nN), each wired to it by a veth pair, made by hpvc's own
 # fabric builder (python -m hpvc.testbed, the one its VXLAN test bed stands on
 # too) and journaled in FABRIC_JOURNAL. Names and subnet derive
 # from the port, so a second cluster (other HPVC_SLURM_DIR and HPVC_SLURM_PORT,
@@ -42,7 +51,7 @@ CPUSET_ROOT=/sys/fs/cgroup/cpuset
 cpuset_dir() { echo "$CPUSET_ROOT/$FABRIC/$1"; }
 
 # hpvc's state directory on each host, as the plugin's state_dir= argument:
-# %h is the host's short hostname (n1..n3), so what hpvc makes for one host is
+# %h is the host's short hostname (n1..nN), so what hpvc makes for one host is
 # invisible to the others. Images stay shared (image_dir=), as on a cluster
 # with a shared file system.
 HOST_STATE=${HPVC_SLURM_HOST_STATE:-$SLURM_DIR/hpvc/%h}

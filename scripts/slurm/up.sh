@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Start the local Slurm test cluster: its own munged, slurmctld and three
-# slurmd ("hosts" n1..n3) on this machine, each host in network, UTS and mount
-# namespaces of its own on a private fabric bridge, everything else under one
-# state directory (docs/slurm.md, "The local Slurm test cluster").
+# Start the local Slurm test cluster: its own munged, slurmctld and N slurmd
+# ("hosts" n1..nN, 3 unless HPVC_SLURM_HOSTS says) on this machine, each host
+# in network, UTS and mount namespaces of its own on a private fabric bridge,
+# everything else under one state directory (docs/slurm.md, "The local Slurm test cluster").
 #
 #   HPVC_SLURM_DIR         state directory (default /var/lib/hpvc/slurm)
+#   HPVC_SLURM_HOSTS       how many hosts, 1 to 32 (default 3; `HOSTS=N make
+#                          slurm-up` sets it); a running cluster keeps its count
 #   HPVC_SLURM_PORT        slurmctld port; every slurmd uses the next (default 6917);
 #                          also picks the fabric: 6917 -> bridge hpvcfab0, 10.250.0.0/24
 #   HPVC_SLURM_FABRIC      bridge name, at most 11 characters (default hpvcfab<N>)
 #   HPVC_SLURM_SUBNET      fabric subnet, A.B.C.0/24 (default 10.250.<N>.0/24)
 #   HPVC_SLURM_HOST_STATE  hpvc's state directory on each host, %h = host name
 #                          (default <dir>/hpvc/%h)
-#   HPVC_SLURM_CPUS_PER_HOST  CPUs of its own per host (default: a third of
-#                          this machine's, if that is at least 2; else shared)
+#   HPVC_SLURM_CPUS_PER_HOST  CPUs of its own per host (default: this
+#                          machine's divided by the hosts, if that is at least
+#                          2; else all hosts share every CPU)
 #   HPVC_SLURM_RESIDENT    1 (default): a resident hpvc (`hpvc serve`) beside
 #                          each slurmd and one for the submitting side; 0: none
 #   HPVC_SITE_PREFIX       where scripts/slurm/install.sh put hpvc and the
@@ -29,6 +32,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
 
 die() { echo "slurm-up: $*" >&2; exit 1; }
+bad() { echo "slurm-up: $*" >&2; exit 2; }  # bad input: nothing was changed
 start=$(date +%s.%N)
 
 [ "$(id -u)" = 0 ] || die "needs root (slurmd runs jobs as any user; namespaces, bridge)"
@@ -37,6 +41,11 @@ for b in munged slurmctld slurmd sinfo ip nsenter unshare; do
 done
 PY=$(testbed_python) || die "no Python with hpvc to build the fabric (run 'make setup', or set HPVC_PYTHON)"
 case "$SLURM_DIR" in /*) ;; *) die "HPVC_SLURM_DIR must be an absolute path" ;; esac
+[ ${#NODES[@]} -gt 0 ] ||
+  bad "HOSTS=$HOST_COUNT: give a number of hosts from 1 to 32 (e.g. HOSTS=8 make slurm-up)"
+made=$(sed -n 's/^HOSTS=//p' "$FABRIC_ENV" 2>/dev/null | head -n1 || true)
+[ -z "$made" ] || [ "$made" = "$HOST_COUNT" ] ||
+  bad "$SLURM_DIR holds a cluster of $made hosts, not $HOST_COUNT: run 'make slurm-down' first, or set HPVC_SLURM_DIR and HPVC_SLURM_PORT for a second cluster"
 [ ${#FABRIC} -le 11 ] && [[ "$FABRIC" =~ ^[A-Za-z0-9_]+$ ]] ||
   die "HPVC_SLURM_FABRIC=$FABRIC: give at most 11 letters, digits or '_' (veths are <fabric>-ctl)"
 [[ "$SUBNET" =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.0/24$ ]] &&
@@ -210,6 +219,7 @@ write_fabric_env() {
   {
     echo "FABRIC=$FABRIC"
     echo "SUBNET=$SUBNET"
+    echo "HOSTS=${#NODES[@]}"
     for h in "$CTL" "${NODES[@]}"; do echo "NETNS=$(netns_name "$h")"; done
     echo "CPU_NOTE=$CPU_NOTE"
   } >"$FABRIC_ENV"
@@ -397,8 +407,9 @@ else
   done
 fi
 
-# Wait until all three nodes are idle.
-deadline=$(( $(date +%s) + ${HPVC_SLURM_TIMEOUT:-30} ))
+# Wait until every host is idle (each starts Python twice, node prepare and
+# its resident hpvc, on CPUs the hosts may share: allow 2 s more per host).
+deadline=$(( $(date +%s) + ${HPVC_SLURM_TIMEOUT:-$(( 30 + 2 * ${#NODES[@]} ))} ))
 while :; do
   idle=$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 == "idle" {print $1}' | sort -u | grep -c . || true)
   [ "$idle" -ge "${#NODES[@]}" ] && break
@@ -427,7 +438,7 @@ if [ -n "$login_bin" ] && [ "${HPVC_SLURM_RESIDENT:-1}" = 1 ] &&
   for _ in $(seq 100); do [ -S "$LOGIN_SOCK" ] && break; sleep 0.05; done
 fi
 echo "slurm-up: $CPU_NOTE"
-where="hosts ${NODES[*]} at $(host_addr n1)-${NODES[-1]#n} (netns $(netns_name 'n*')), slurmctld $(host_addr "$CTL"):$BASE_PORT, bridge $FABRIC $(host_addr root)/24, state in $SLURM_DIR"
+where="hosts n1..${NODES[-1]} at $(host_addr n1)-${NODES[-1]#n} (netns $(netns_name 'n*')), slurmctld $(host_addr "$CTL"):$BASE_PORT, bridge $FABRIC $(host_addr root)/24, state in $SLURM_DIR"
 if [ "$already" = 1 ]; then
   echo "slurm-up: already running: cluster $CLUSTER_NAME, $where"
 else

@@ -28,10 +28,11 @@ def tenants() -> Iterator[tuple[bench_slurm.Submitter, bench_slurm.Submitter]]:
 
 
 def slurm_env(
-    tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter], site: str = ""
+    tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter], site: str = "", hosts: int = 3
 ) -> Iterator[Env]:
-    """A private Slurm test cluster with hpvc's plugin, ``site`` added to its
-    plugstack arguments; whatever a test left is swept and fails the module."""
+    """A private Slurm test cluster of ``hosts`` hosts with hpvc's plugin,
+    ``site`` added to its plugstack arguments; whatever a test left is swept
+    and fails the module."""
     requires("root", "crun", "ip", "mpi")
     requires_slurm()
     image_ready()
@@ -47,7 +48,7 @@ def slurm_env(
     extra = f"binds={shared} {site}".strip()
     try:
         # The same private cluster `hpvc bench slurm` uses, sharing `shared` with the nodes.
-        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=extra) as c:
+        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=extra, hosts=hosts) as c:
             try:
                 yield Env(tmp, c, shared, tenants)
             finally:

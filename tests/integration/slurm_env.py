@@ -70,14 +70,14 @@ class Env:
 
     def shares(self, job: int) -> dict[str, list[str]]:
         """The job's shares recorded on each host (its own state directory)."""
-        return {h: node.job_shares(self.cluster.store(h), job) for h in HOSTS}
+        return {h: node.job_shares(self.cluster.store(h), job) for h in self.cluster.hosts}
 
     def running(self, job: int) -> list[str]:
         """The job's shares that are up: their join records (written last by
         `hpvc node up`) in their hosts' state directories."""
         return [
             f"{h}: {p.name}"
-            for h in HOSTS
+            for h in self.cluster.hosts
             for p in (self.cluster.store(h).root / "jobs").glob(f"j{job}-*.join")
         ]
 
@@ -123,7 +123,7 @@ class Env:
             for line in mounts.splitlines()
             if f"/clusters/j{job}-" in line
         ]
-        vx = [vxlan_link_name(policy.share_name(job, i)) for i in range(len(HOSTS))]
+        vx = [vxlan_link_name(policy.share_name(job, i)) for i in range(len(self.cluster.hosts))]
         found += [f"{host}: VXLAN {v}" for v in vx if f" {v}:" in links or f" {v}@" in links]
         table = filter_table(vni_for(f"slurm-job-{job}"))
         if table in tables.split():
@@ -133,7 +133,7 @@ class Env:
     def job_leftovers(self, job: int) -> list[str]:
         """What the job could have left on any host, or on this machine as a
         whole (cgroups; a bridge in the root namespace)."""
-        found = [x for h in HOSTS for x in self.host_leftovers(h, job)]
+        found = [x for h in self.cluster.hosts for x in self.host_leftovers(h, job)]
         found += hpvc_cgroups(f"j{job}-*")
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
         if f" hpvc-j{job}:" in links.stdout:

@@ -24,7 +24,14 @@ from hpvc.bench.planning import runner as planning
 from hpvc.bench.slurm import runner as slurm_bench
 from hpvc.bench.startup import podman
 from hpvc.bench.startup import runner as startup
-from hpvc.cli import bench_coordinator, bench_images, bench_network, bench_run, bench_spark
+from hpvc.cli import (
+    bench_coordinator,
+    bench_images,
+    bench_network,
+    bench_run,
+    bench_scale,
+    bench_spark,
+)
 from hpvc.cli.common import console, err_console, print_json
 from hpvc.errors import InputError
 
@@ -357,4 +364,5 @@ def register(app: typer.Typer) -> None:
     bench_coordinator.register(bench_app)
     bench_network.register(bench_app)
     bench_images.register(bench_app)
+    bench_scale.register(bench_app)
     app.add_typer(bench_app, name="bench")

@@ -1,9 +1,9 @@
 """A private copy of the local Slurm test cluster, for the Slurm benchmarks and tests.
 
 scripts/slurm/up.sh in a temporary directory, on a fabric no one else uses:
-three hosts apart in their own namespaces, the SPANK plugin of native/spank in
-its plugstack, each host's hpvc state in the same temporary directory, images
-shared; scripts/slurm/down.sh on the way out.
+three hosts (up to 32: ``hosts``) apart in their own namespaces, the SPANK
+plugin of native/spank in its plugstack, each host's hpvc state in the same
+temporary directory, images shared; scripts/slurm/down.sh on the way out.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class SlurmCluster:
 
     dir: Path  # HPVC_SLURM_DIR
     env: dict[str, str]  # SLURM_CONF and the HPVC_SLURM_* of the cluster
+    hosts: tuple[str, ...] = HOSTS  # n1..nN (HPVC_SLURM_HOSTS)
 
     def store(self, host: str) -> Store:
         """hpvc's state on ``host`` (the plugin's state_dir, %h = host)."""
@@ -103,7 +104,7 @@ class SlurmCluster:
     def shares(self) -> list[tuple[str, str]]:
         """(host, share) of every Slurm job share on any host, half-made ones too."""
         out = []
-        for h in HOSTS:
+        for h in self.hosts:
             base = self.store(h).root / "clusters"
             names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
             out += [(h, n) for n in names if parse_share_name(n)]
@@ -200,6 +201,7 @@ def private_slurm(
     progress: Progress = quiet,
     extra_args: str = "",
     resident: bool = True,
+    hosts: int = len(HOSTS),
 ) -> Iterator[SlurmCluster]:
     """A local Slurm test cluster with the hpvc plugin under ``tmp``/slurm: three
     hosts apart (namespaces, hpvc state each), jobs allowed ``subnets``, a
@@ -232,17 +234,20 @@ def private_slurm(
         HPVC_BIN=str(prefix / "venv" / "bin" / "hpvc"),
         HPVC_SPANK_ARGS=f"subnets={subnets} {extra_args}".strip(),
         HPVC_SLURM_RESIDENT="1" if resident else "0",
+        HPVC_SLURM_HOSTS=str(hosts),
     )
     scripts = repo / "scripts" / "slurm"
-    progress("starting a private Slurm cluster (3 hosts)")
-    cluster = SlurmCluster(slurm_dir, env)
+    progress(f"starting a private Slurm cluster ({hosts} hosts)")
+    cluster = SlurmCluster(slurm_dir, env, tuple(f"n{i}" for i in range(1, hosts + 1)))
+    # Each host starts Python twice (node prepare, its resident hpvc): allow for it.
+    limit = 90 + 3 * hosts
     try:
         r = subprocess.run(
             ["bash", str(scripts / "up.sh")],
             env=env,
             capture_output=True,
             text=True,
-            timeout=90,
+            timeout=limit,
             check=False,
         )
         if r.returncode != 0:
@@ -256,6 +261,6 @@ def private_slurm(
             ["bash", str(scripts / "down.sh")],
             env=env,
             capture_output=True,
-            timeout=90,
+            timeout=limit,
             check=False,
         )
