@@ -61,58 +61,91 @@ class HostState:
     free_dedicated: int = 0  # CPUs free for pinning in usable packages (kept current)
     core_size: dict[CoreKey, int] = field(default_factory=dict)  # threads per core
     cpu_package: dict[int, int] = field(default_factory=dict)
+    # Home socket -> emulator CPUs, filled once every node is placed (the
+    # planner's _emulator_cpus: the answer is then the same for every node).
+    emulator_by_home: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
-def _cpu_maps(topo: Topology) -> tuple[dict[int, CoreKey], dict[int, int]]:
+@dataclass(frozen=True)
+class TopoFacts:
+    """What host_state needs of a topology alone, worked out once per topology
+    (an inventory of thousands of hosts often has only a few kinds of machine).
+    Shared by the states built from it: nothing here is ever changed."""
+
+    cpu_core: dict[int, CoreKey]
+    cpu_pkg: dict[int, int]
+    core_size: dict[CoreKey, int]  # online threads per core
+    # Per CPU slot, in the order of topo.numa_nodes then socket: (index of its
+    # NUMA node in topo.numa_nodes, socket, its online CPUs).
+    slots: tuple[tuple[int, int, tuple[int, ...]], ...]
+    package_nodes: dict[int, list[int]]
+
+
+def topo_facts(topo: Topology) -> TopoFacts:
     cpu_core: dict[int, CoreKey] = {}
     cpu_pkg: dict[int, int] = {}
     for p in topo.packages:
-        for i, c in enumerate(p.cores):
-            for cpu in c.cpus:
+        for i, core in enumerate(p.cores):
+            for cpu in core.cpus:
                 cpu_core[cpu] = (p.id, i)
                 cpu_pkg[cpu] = p.id
-    return cpu_core, cpu_pkg
-
-
-def host_state(name: str, topo: Topology, hpc: bool, reservation: HostReservation) -> HostState:
-    """Build the starting state of a host for a cluster of the given partition."""
-    cpu_core, cpu_pkg = _cpu_maps(topo)
     online = set(topo.online_cpus)
-    taken = set(reservation.dedicated_cpus)
-    # Another cluster's shared nodes float over their CPUs: never pin over them.
-    unpinnable = taken | set(reservation.shared_cpus)
     core_size: dict[CoreKey, int] = {}
     for cpu in online:
         if cpu in cpu_core:
             core_size[cpu_core[cpu]] = core_size.get(cpu_core[cpu], 0) + 1
-    slots: list[NodeState] = []
+    slots: list[tuple[int, int, tuple[int, ...]]] = []
     package_nodes: dict[int, list[int]] = {}
-    for n in topo.numa_nodes:
-        mem = MemState(n.id, n.free_mib, {h.size_kib: h.free for h in n.hugepages})
+    for k, n in enumerate(topo.numa_nodes):
         by_pkg: dict[int, list[int]] = {}
         for c in n.cpus:
             if c in online and c in cpu_pkg:
                 by_pkg.setdefault(cpu_pkg[c], []).append(c)
         # A node without CPUs holds no slot: cells follow vCPUs, so no memory from it.
         for pkg, cpus in sorted(by_pkg.items()):
-            cores: dict[CoreKey, list[int]] = {}
-            for cpu in cpus:
-                if cpu not in unpinnable:
-                    cores.setdefault(cpu_core[cpu], []).append(cpu)
-            free = sum(len(v) for v in cores.values())
-            slots.append(NodeState(n.id, pkg, cores, free, tuple(cpus), mem))
+            slots.append((k, pkg, tuple(cpus)))
             package_nodes.setdefault(pkg, []).append(n.id)
-    usable = _usable_packages(set(package_nodes), hpc, reservation, cpu_pkg)
+    return TopoFacts(cpu_core, cpu_pkg, core_size, tuple(slots), package_nodes)
+
+
+def host_state(
+    name: str,
+    topo: Topology,
+    hpc: bool,
+    reservation: HostReservation,
+    facts: TopoFacts | None = None,
+) -> HostState:
+    """Build the starting state of a host for a cluster of the given partition
+    (``facts``: ``topo_facts(topo)``, when the caller keeps them)."""
+    f = facts or topo_facts(topo)
+    cpu_core = f.cpu_core
+    taken = set(reservation.dedicated_cpus)
+    # Another cluster's shared nodes float over their CPUs: never pin over them.
+    unpinnable = taken | set(reservation.shared_cpus)
+    slots: list[NodeState] = []
+    mems: dict[int, MemState] = {}
+    for k, pkg, cpus in f.slots:
+        mem = mems.get(k)
+        if mem is None:
+            n = topo.numa_nodes[k]
+            mem = mems[k] = MemState(n.id, n.free_mib, {h.size_kib: h.free for h in n.hugepages})
+        cores: dict[CoreKey, list[int]] = {}
+        for cpu in cpus:
+            if cpu not in unpinnable:
+                cores.setdefault(cpu_core[cpu], []).append(cpu)
+        free = sum(len(v) for v in cores.values())
+        slots.append(NodeState(mem.id, pkg, cores, free, cpus, mem))
+    usable = _usable_packages(set(f.package_nodes), hpc, reservation, f.cpu_pkg)
     state = HostState(
         name=name,
         topo=topo,
         nodes=slots,
-        package_nodes=package_nodes,
+        package_nodes=f.package_nodes,
         usable_packages=usable,
         dedicated=taken,
         others_hpc=set(reservation.hpc_packages),
-        core_size=core_size,
-        cpu_package=cpu_pkg,
+        core_size=f.core_size,
+        cpu_package=f.cpu_pkg,
     )
     state.free_dedicated = sum(n.free_cpus for n in slots if n.package in usable)
     # Emulator threads may run on any CPU no vCPU holds, outside other clusters'

@@ -105,6 +105,8 @@ def _take_mem(
 def split(total: int, weights: list[int], unit: int) -> list[int]:
     """Split ``total`` (a multiple of ``unit``) in proportion to ``weights``."""
     units = total // unit
+    if len(weights) == 1 and weights[0] > 0:
+        return [units * unit]  # what the general case gives, the common case made cheap
     wsum = sum(weights)
     shares = [units * w // wsum for w in weights]
     rest = units - sum(shares)

@@ -16,10 +16,11 @@ from dataclasses import replace
 from hpvc.errors import DoesNotFit, InputError
 from hpvc.plan import services
 from hpvc.plan.addresses import node_ip, node_mac
-from hpvc.plan.hoststate import HostState, host_state
+from hpvc.plan.hoststate import HostState, TopoFacts, host_state, topo_facts
 from hpvc.plan.model import (
     HostHugepages,
     HostPlan,
+    HostReservation,
     HugepageNeed,
     IOPlan,
     NumaCell,
@@ -41,17 +42,19 @@ def expand(spec: Spec) -> list[tuple[Want, NodeGroup]]:
     counters: dict[str, int] = {}
     out: list[tuple[Want, NodeGroup]] = []
     for g in spec.nodes:
-        for _ in range(g.count):
-            n = counters.get(g.role, 0)
-            counters[g.role] = n + 1
+        dedicated = spec.pinning_of(g) == "dedicated"
+        huge_mib = spec.hugepage_mib(g)
+        first = counters.get(g.role, 0)
+        counters[g.role] = first + g.count
+        for n in range(first, first + g.count):
             want = Want(
                 index=len(out),
                 name=f"{g.role}{n}",
                 role=g.role,
                 vcpus=g.vcpus,
                 memory_mib=g.memory,
-                dedicated=spec.pinning_of(g) == "dedicated",
-                huge_mib=spec.hugepage_mib(g),
+                dedicated=dedicated,
+                huge_mib=huge_mib,
             )
             out.append((want, g))
     return out
@@ -93,7 +96,19 @@ def plan_cluster(
         mirror=spec.tuning.numa == "mirror",
         page_kib=spec.tuning.hugepage_kib,
     )
-    states = [host_state(n, t, rules.hpc, res.for_host(n)) for n, t in hosts]
+    # One lookup table for the reservations and one TopoFacts per distinct
+    # topology object: per host, not per host times reservations (issue 33).
+    held: dict[str, HostReservation] = {}
+    for hr in res.hosts:
+        held.setdefault(hr.host, hr)  # the first, as Reservations.for_host
+    facts: dict[int, TopoFacts] = {}
+    states = []
+    for host, topo in hosts:
+        f = facts.get(id(topo))
+        if f is None:
+            f = facts[id(topo)] = topo_facts(topo)
+        mine = held.get(host) or res.for_host(host)
+        states.append(host_state(host, topo, rules.hpc, mine, f))
     by_name = {h.name: h for h in states}
     wants = expand(spec)
     if only is not None:
@@ -109,11 +124,21 @@ def plan_cluster(
     kept = {k: _refloat(n, by_name[n.host], rules) for k, n in kept.items()}
     # A share: every node has the address of its place in the whole spec.
     index = _address_indices(spec, kept, new) if only is None else {w.name: w.index for w in new}
+    net = spec.network.network  # a new IPv4Network each time it is read
+    memo = _Alike()
     nodes = tuple(
         kept[w.name]
         if w.name in kept
         else _planned(
-            spec, w, g, placed[w.index], by_name[placed[w.index].host], rules, index[w.name]
+            spec,
+            net,
+            w,
+            g,
+            placed[w.index],
+            by_name[placed[w.index].host],
+            rules,
+            index[w.name],
+            memo,
         )
         for w, g in wants
     )
@@ -209,19 +234,60 @@ def _place_all(states: list[HostState], wants: list[Want], rules: Rules) -> dict
     return placed
 
 
+class _Alike:
+    """The immutable parts of planned nodes that many nodes have alike (the same
+    pins and cells on hosts of one kind, one group's I/O limits), each made once
+    per plan: building them for each of 100,000 nodes was much of the planner's
+    time (issue 33). Equal values either way; plans are compared by value."""
+
+    def __init__(self) -> None:
+        self.vcpus: dict[tuple[tuple[int | None, ...], tuple[int, ...]], tuple[VcpuPin, ...]] = {}
+        self.cells: dict[tuple[tuple[tuple[int, int], ...], tuple[int, ...]], tuple[NumaCell, ...]]
+        self.cells = {}
+        self.pages: dict[tuple[int, int], HugepageNeed] = {}
+        self.io: dict[int, IOPlan | None] = {}
+
+
 def _planned(
-    spec: Spec, w: Want, g: NodeGroup, p: Placement, h: HostState, rules: Rules, addr: int
+    spec: Spec,
+    net: ipaddress.IPv4Network,
+    w: Want,
+    g: NodeGroup,
+    p: Placement,
+    h: HostState,
+    rules: Rules,
+    addr: int,
+    memo: _Alike | None = None,
 ) -> PlannedNode:
-    cells = tuple(
-        NumaCell(
-            guest_node=i,
-            host_node=host_node,
-            memory_mib=mib,
-            vcpus=tuple(v for v, c in enumerate(p.vcpu_cell) if c == i),
+    memo = memo or _Alike()
+    vcpu_cell = p.vcpu_cell
+    cells = memo.cells.get((p.cells, vcpu_cell))
+    if cells is None:
+        in_cell: list[list[int]] = [[] for _ in p.cells]
+        for v, c in enumerate(vcpu_cell):
+            if 0 <= c < len(in_cell):
+                in_cell[c].append(v)
+        cells = memo.cells[(p.cells, vcpu_cell)] = tuple(
+            NumaCell(guest_node=i, host_node=host_node, memory_mib=mib, vcpus=tuple(in_cell[i]))
+            for i, (host_node, mib) in enumerate(p.cells)
         )
-        for i, (host_node, mib) in enumerate(p.cells)
-    )
-    io = g.io
+    vcpus = memo.vcpus.get((p.pins, vcpu_cell))
+    if vcpus is None:
+        vcpus = memo.vcpus[(p.pins, vcpu_cell)] = tuple(
+            VcpuPin(vcpu=i, pcpu=pcpu, guest_node=vcpu_cell[i]) for i, pcpu in enumerate(p.pins)
+        )
+    # The pages of the node's hugepage memory (a container's normal memory is the rest).
+    pages = None
+    if rules.page_kib and w.huge_mib:
+        pages = memo.pages.get((rules.page_kib, w.huge_mib))
+        if pages is None:
+            pages = memo.pages[(rules.page_kib, w.huge_mib)] = HugepageNeed(
+                size_kib=rules.page_kib, count=w.huge_mib * 1024 // rules.page_kib
+            )
+    if id(g) in memo.io:
+        io = memo.io[id(g)]
+    else:
+        io = memo.io[id(g)] = IOPlan(**g.io.model_dump()) if g.io is not None else None
     return PlannedNode(
         name=w.name,
         role=w.role,
@@ -229,22 +295,15 @@ def _planned(
         host=p.host,
         partition=spec.tuning.partition,
         pinning="dedicated" if w.dedicated else "shared",
-        vcpus=tuple(
-            VcpuPin(vcpu=i, pcpu=pcpu, guest_node=p.vcpu_cell[i]) for i, pcpu in enumerate(p.pins)
-        ),
+        vcpus=vcpus,
         cpuset=p.cpuset,
         emulator_cpus=_emulator_cpus(h, p, rules) if rules.vm else (),
         numa=cells,
         memory_mib=w.memory_mib,
-        # The pages of the node's hugepage memory (a container's normal memory is the rest).
-        hugepages=(
-            HugepageNeed(size_kib=rules.page_kib, count=w.huge_mib * 1024 // rules.page_kib)
-            if rules.page_kib and w.huge_mib
-            else None
-        ),
-        mac=node_mac(spec.name, spec.network.network, addr),
-        ip=node_ip(spec.network.network, addr),
-        io=IOPlan(**io.model_dump()) if io is not None else None,
+        hugepages=pages,
+        mac=node_mac(spec.name, net, addr),
+        ip=node_ip(net, addr),
+        io=io,
         disk_mib=g.disk if spec.kind == "container" else None,  # a VM's: docs/vms.md
     )
 
@@ -259,6 +318,11 @@ def _emulator_cpus(h: HostState, p: Placement, rules: Rules) -> tuple[int, ...]:
     if None in p.pins:
         return p.cpuset
     home = h.cpu_package[p.cpuset[0]]
+    # Called only after every node is placed (so h.dedicated and h.reserved no
+    # longer change): one answer per home socket serves all nodes of a host.
+    known = h.emulator_by_home.get(home)
+    if known is not None:
+        return known
     spare_by_pkg: dict[int, list[int]] = {}
     for n in h.nodes:
         spare_by_pkg.setdefault(n.package, []).extend(c for c in n.all_cpus if c not in h.dedicated)
@@ -266,7 +330,8 @@ def _emulator_cpus(h: HostState, p: Placement, rules: Rules) -> tuple[int, ...]:
     for pkgs in ({home}, own, set(spare_by_pkg) - h.others_hpc):
         cpus = sorted(c for pkg in pkgs for c in spare_by_pkg.get(pkg, ()))
         if cpus:
-            return tuple(cpus)
+            h.emulator_by_home[home] = tuple(cpus)
+            return h.emulator_by_home[home]
     raise DoesNotFit(
         f"host {h.name!r} has no CPU left for emulator threads that no vCPU is pinned to",
         'leave one CPU unpinned: fewer vCPUs, or pinning = "shared" for one group',
