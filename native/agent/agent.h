@@ -22,6 +22,11 @@
  *                    process group.
  *   agent -> client: 'o' stdout bytes, 'r' stderr bytes, 'x' the end: 2 bytes,
  *                    kind (0 exited, 1 killed by a signal) and the code.
+ *   channels (chan.c, pmixhs.c): client -> agent 'p' before 'g': the port of
+ *                    the step's PMIx server (2 bytes big-endian), 'P' before
+ *                    'g': a PMI-2 stream (PMI_FD); agent -> client 'C' channel
+ *                    N accepted; both ways 'c' (N, 4 bytes big-endian, then
+ *                    data) and 'q' (N closed). Channel 0 is PMI-2's.
  * A client that goes away (its socket closes) takes the command with it:
  * the agent SIGKILLs the command's process group.
  */
@@ -83,5 +88,34 @@ int hpvc_agent_login(int sock, const unsigned char *key, size_t klen, const char
  * clients in ip/prefix from a reserved port that prove they hold key (klen
  * bytes; none: everyone is refused). The child's PID, or -1. */
 int hpvc_agent_start(const char *ip, int prefix, const unsigned char *key, size_t klen);
+
+/* chan.c: Slurm's PMIx / PMI-2 beside a command (docs/slurm.md, "MPI between
+ * guests"); one command's channels per process. */
+#define HPVC_CHAN_MAX 16
+#define HPVC_PMIX_HEAD_MAX 65536 /* a PMIx connection request: at most */
+struct pollfd;
+/* Relay: the step's PMIx server (PMIX_SERVER_URI*, 127.0.0.1 only) and PMI-2
+ * stream (PMI_FD) from the task's env: 0 (also with neither), or -1 (*why). */
+int hpvc_chan_host_setup(char *const env[], const char **why);
+/* Relay: 'p' and 'P' as set up, before 'g': 0, or -1. */
+int hpvc_chan_send_asks(int sock);
+/* Agent: a 'p' or 'P' frame read before 'g': 0, or -1 (malformed). */
+int hpvc_chan_ask(char type, const unsigned char *p, uint32_t len);
+/* Agent, before the fork: the PMIx listener and PMI-2 socketpair asked for,
+ * with env (envc entries, room for cap) pointing the command at them: 0, or -1. */
+int hpvc_chan_guest_prepare(char **env, int *envc, int cap);
+/* Agent, after the fork: the command's PMI-2 end closed here. */
+void hpvc_chan_guest_started(void);
+/* Both: poll entries (at most HPVC_CHAN_MAX + 1) into fds: how many. */
+int hpvc_chan_poll(struct pollfd *fds);
+/* Both: after poll, what is ready on them sent to sock: 0, or -1. */
+int hpvc_chan_ready(int sock, const struct pollfd *fds, int n);
+/* Both: a 'C', 'c' or 'q' frame from the other side: 0, or -1 (malformed). */
+int hpvc_chan_frame(int sock, char type, const unsigned char *p, uint32_t len);
+/* pmixhs.c: msg (len bytes so far) as a PMIx 4 client's TCP connection
+ * request of nspace/rank, its claimed uid and gid made uid, gid in place:
+ * 1 whole and good, 0 not whole yet, -1 refused (*why). */
+int hpvc_pmix_request_check(unsigned char *msg, uint32_t len, const char *nspace, uint32_t rank,
+			    unsigned uid, unsigned gid, const char **why);
 
 #endif

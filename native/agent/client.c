@@ -111,18 +111,20 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 	if (send_words(sock, 'a', argv) < 0 || send_words(sock, 'e', env) < 0 ||
 	    (cwd && hpvc_frame_send(sock, 'd', cwd, (uint32_t)strlen(cwd)) < 0) ||
 	    (fallback && hpvc_frame_send(sock, 'd', fallback, (uint32_t)strlen(fallback)) < 0) ||
+	    hpvc_chan_send_asks(sock) < 0 ||
 	    hpvc_frame_send(sock, 'g', NULL, 0) < 0 ||
 	    (in_fd < 0 && hpvc_frame_send(sock, 'i', NULL, 0) < 0)) {
 		*why = "cannot send the command";
 		return -256;
 	}
 	setsockopt(sock, IPPROTO_TCP, TCP_CORK, &off, sizeof(off));
-	struct pollfd fds[3] = {
+	struct pollfd fds[4 + HPVC_CHAN_MAX] = { /* then the PMI channels (chan.c) */
 		{ sock, POLLIN, 0 }, { sig_pipe[0], POLLIN, 0 }, { in_fd, POLLIN, 0 }
 	};
 	int nfds = in_fd >= 0 ? 3 : 2;
 	for (;;) {
-		if (poll(fds, (nfds_t)nfds, -1) < 0) {
+		int nch = hpvc_chan_poll(fds + 3); /* fds[2]: -1 once the input ended */
+		if (poll(fds, (nfds_t)(3 + nch), -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			*why = "poll failed";
@@ -134,6 +136,8 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 				if (hpvc_frame_send(sock, 's', &sig, 1) < 0)
 					break;
 		}
+		if (nch && hpvc_chan_ready(sock, fds + 3, nch) < 0)
+			return (*why = "cannot send a PMI channel's data", -256);
 		if (nfds == 3 && fds[2].revents) {
 			ssize_t n = read(in_fd, buf, sizeof(buf));
 			if (n < 0 && (errno == EINTR || errno == EAGAIN))
@@ -144,7 +148,7 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 				return -256;
 			}
 			if (n <= 0)
-				nfds = 2;
+				nfds = 2, fds[2].fd = -1;
 		}
 		if (fds[0].revents) {
 			char type;
@@ -162,6 +166,8 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 				(void)hpvc_write_all(STDERR_FILENO, buf, len);
 			else if (type == 'x' && len == 2)
 				return buf[0] == 0 ? buf[1] : -(int)buf[1];
+			else if (memchr("Ccq", type, 3) && hpvc_chan_frame(sock, type, buf, len) < 0)
+				return (*why = "a malformed PMI channel frame", -256);
 		}
 	}
 }

@@ -8,7 +8,11 @@
  * relays: input frames to the command's stdin, its output to the client,
  * signal frames to its process group. When the command exits, what it wrote is sent, then the end frame,
  * and whatever it left running in its group is killed (a step is over when
- * its task is). When the client goes away first, the group is SIGKILLed. */
+ * its task is). When the client goes away first, the group is SIGKILLed.
+ *
+ * Long because one connection's life is one process's: reading the command,
+ * starting it (pipes or a terminal), relaying, and the ends; Slurm's PMI
+ * channels beside it are chan.c's, hooked in here at four places. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -107,7 +111,7 @@ static void drain(int fd, int sock, char type)
 /* The command a client asked for: argv and environment NULL-ended. */
 struct command {
 	char *argv[HPVC_AGENT_WORDS + 1];
-	char *env[HPVC_AGENT_WORDS + BASE_ENV + 1];
+	char *env[HPVC_AGENT_WORDS + BASE_ENV + 3]; /* + PMI_FD (chan.c), TERM, NULL */
 	char *cwd[2]; /* tried in order (the job's, the image's WorkingDir), then /root */
 	int argc, envc, ndirs;
 };
@@ -136,6 +140,8 @@ static void read_command(int sock, struct command *c)
 			_exit(1);
 		if (type == 'g')
 			break;
+		if ((type == 'p' || type == 'P') && hpvc_chan_ask(type, buf, len) == 0)
+			continue; /* Slurm's PMIx / PMI-2 (chan.c); a malformed one ends below */
 		char *w = dup_word(buf, len);
 		if (w == NULL)
 			_exit(1);
@@ -152,6 +158,10 @@ static void read_command(int sock, struct command *c)
 		static const char none[] = "hpvc-agent: no command\n";
 		hpvc_frame_send(sock, 'r', none, sizeof(none) - 1);
 		finish(sock, 0, 2);
+	}
+	if (hpvc_chan_guest_prepare(c->env, &c->envc, HPVC_AGENT_WORDS + 1) < 0) {
+		say(sock, "cannot set up the PMI channel", errno);
+		finish(sock, 0, 126);
 	}
 	for (int i = 0; i < BASE_ENV; i++)
 		if (!has_key(c->env, c->envc, base_env[i]))
@@ -253,6 +263,8 @@ static void from_client(struct relay *r)
 		r->in = -1;
 	} else if (type == 'i' && r->in >= 0)
 		r->pending_len = len;
+	else if ((type == 'c' || type == 'q') && hpvc_chan_frame(r->sock, type, r->pending, len) < 0)
+		abandon(r);
 }
 
 /* Exited, but not reaped yet: while the zombie holds its PID, its process
@@ -284,7 +296,7 @@ static void __attribute__((noreturn)) end_exited(const struct relay *r)
 static void __attribute__((noreturn)) relay(struct relay *r)
 {
 	for (;;) {
-		struct pollfd fds[5] = {
+		struct pollfd fds[6 + HPVC_CHAN_MAX] = {
 			/* With input pending only the client's going away is watched. */
 			{ r->sock, r->pending_len ? POLLRDHUP : POLLIN, 0 },
 			{ r->out, POLLIN, 0 },
@@ -292,8 +304,11 @@ static void __attribute__((noreturn)) relay(struct relay *r)
 			{ r->pidfd, POLLIN, 0 },
 			{ r->pending_len ? r->in : -1, POLLOUT, 0 },
 		};
-		if (poll(fds, 5, r->pidfd < 0 ? 50 : -1) < 0 && errno != EINTR)
+		int nch = hpvc_chan_poll(fds + 5); /* Slurm's PMIx / PMI-2 (chan.c) */
+		if (poll(fds, (nfds_t)(5 + nch), r->pidfd < 0 ? 50 : -1) < 0 && errno != EINTR)
 			break;
+		if (nch && hpvc_chan_ready(r->sock, fds + 5, nch) < 0)
+			abandon(r);
 		if (fds[1].revents && fds[1].fd >= 0 && !pump(r->out, r->sock, 'o')) {
 			close(r->out);
 			r->out = -1;
@@ -333,6 +348,7 @@ static void __attribute__((noreturn)) handle(int sock)
 		_exit(1);
 	read_command(sock, &cmd);
 	start_command(sock, &cmd, &r);
+	hpvc_chan_guest_started();
 	relay(&r);
 }
 

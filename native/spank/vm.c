@@ -128,7 +128,7 @@ int hpvc_vm_connect(spank_t sp, const struct hpvc_join *j)
 static int passed(const char *kv)
 {
 	static const char *const prefixes[] = { "SLURM_", "OMPI_", "OMP_", "MPICH_", "UCX_",
-						"HPVC_", "LC_" };
+						"HPVC_", "LC_", "PMIX_", "PMI_" };
 	static const char *const names[] = { "LANG", "TERM", "TZ" };
 	if (strncmp(kv, HPVC_SPEC_ENV "=", sizeof(HPVC_SPEC_ENV)) == 0 ||
 	    strncmp(kv, HPVC_SPEC_PATH_ENV "=", sizeof(HPVC_SPEC_PATH_ENV)) == 0)
@@ -214,6 +214,12 @@ int hpvc_vm_task(spank_t sp)
 	char cwd[PATH_MAX];
 	const char *dir = getcwd(cwd, sizeof(cwd)) ? cwd : NULL;
 	const char *why = "";
+	/* Slurm's PMIx server or PMI-2 stream, carried beside the command
+	 * (native/agent/chan.c): this relay is their peer on the host. */
+	if (hpvc_chan_host_setup(env, &why) < 0) {
+		slurm_error("hpvc: node %s: --mpi: %s", vm_node, why);
+		_exit(1);
+	}
 	int rc = hpvc_agent_run(vm_sock, argv, keep, dir, vm_join ? vm_join->workdir : NULL,
 				STDIN_FILENO, &why);
 	if (rc == -256) {

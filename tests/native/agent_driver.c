@@ -6,7 +6,11 @@
  *   agent_driver run IP KEYFILE CMD...     connect from a reserved port, prove the key, run
  *                                          (in $AGENT_CWD, else $AGENT_FALLBACK, where set)
  *   agent_driver nologin IP CMD...         connect from a reserved port, send the command at once
- *   agent_driver high IP KEYFILE CMD...    connect from an unprivileged port, prove the key, run */
+ *   agent_driver high IP KEYFILE CMD...    connect from an unprivileged port, prove the key, run
+ *   agent_driver chan IP KEYFILE UID CMD...  as run, then as UID (a task relay after Slurm's
+ *                                          change of ids) with this environment's PMIx
+ *                                          server and PMI_FD carried (chan.c)
+ *   agent_driver pmixhs NSPACE RANK UID GID HEX  hpvc_pmix_request_check: "RC WHY HEX" */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -47,6 +51,10 @@ static int high_port(const char *ip)
 	return connect(fd, (struct sockaddr *)&to, sizeof(to)) == 0 ? fd : -1;
 }
 
+extern char **environ;
+static int channels; /* chan: the command gets this environment, channels carried */
+static long as_uid = -1; /* chan: the ids after login */
+
 static int run(int sock, const char *keyfile, char **cmd)
 {
 	const char *why = "";
@@ -62,7 +70,15 @@ static int run(int sock, const char *keyfile, char **cmd)
 			return 255;
 		}
 	}
-	int rc = hpvc_agent_run(sock, cmd, NULL, getenv("AGENT_CWD"), getenv("AGENT_FALLBACK"), -1, &why);
+	uid_t u = (uid_t)as_uid;
+	if (as_uid >= 0 && (setresgid(u, u, u) < 0 || setresuid(u, u, u) < 0))
+		return 251;
+	if (channels && hpvc_chan_host_setup(environ, &why) < 0) {
+		fprintf(stderr, "driver: %s\n", why);
+		return 252;
+	}
+	int rc = hpvc_agent_run(sock, cmd, channels ? environ : NULL, getenv("AGENT_CWD"),
+				getenv("AGENT_FALLBACK"), -1, &why);
 	if (rc == -256)
 		fprintf(stderr, "driver: %s\n", why);
 	return rc == -256 ? 253 : rc;
@@ -88,6 +104,24 @@ int main(int argc, char **argv)
 		return run(hpvc_agent_connect(argv[2], HPVC_AGENT_PORT), argv[3], argv + 4);
 	if (argc >= 4 && strcmp(argv[1], "nologin") == 0)
 		return run(hpvc_agent_connect(argv[2], HPVC_AGENT_PORT), NULL, argv + 3);
+	if (argc >= 6 && strcmp(argv[1], "chan") == 0) {
+		int sock = hpvc_agent_connect(argv[2], HPVC_AGENT_PORT);
+		as_uid = atol(argv[4]);
+		channels = 1;
+		return run(sock, argv[3], argv + 5);
+	}
+	if (argc == 7 && strcmp(argv[1], "pmixhs") == 0) {
+		static unsigned char msg[HPVC_PMIX_HEAD_MAX];
+		const char *why = "-";
+		uint32_t n = (uint32_t)unhex(argv[6], msg);
+		int rc = hpvc_pmix_request_check(msg, n, argv[2], (uint32_t)atoi(argv[3]),
+						 (unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), &why);
+		printf("%d %s\n", rc, why);
+		for (uint32_t i = 0; i < n; i++)
+			printf("%02x", msg[i]);
+		printf("\n");
+		return 0;
+	}
 	if (argc >= 5 && strcmp(argv[1], "high") == 0)
 		return run(high_port(argv[2]), argv[3], argv + 4);
 	fprintf(stderr, "usage: see agent_driver.c\n");

@@ -202,8 +202,8 @@ def test_the_backend_says_how_a_task_reaches_its_node(kind: str, mpi: str, relay
     assert ("OMPI_MCA_plm=rsh" in entry.env) is relay
 
 
-@pytest.mark.parametrize("mpi", ["pmix", "pmix_v4", "pmi2"])
-def test_slurms_pmi_is_refused_for_vm_nodes_before_the_host_changes(
+@pytest.mark.parametrize("mpi", ["cray_shasta", "pmi"])
+def test_slurm_mpi_plugins_not_carried_are_refused_for_vm_nodes_before_the_host_changes(
     tmp_path: Path, mpi: str
 ) -> None:
     from hpvc.store import Store
@@ -211,12 +211,29 @@ def test_slurms_pmi_is_refused_for_vm_nodes_before_the_host_changes(
     store = Store(tmp_path)
     site = policy.Site(kinds=("container", "vm"))
     req = node.Request(job=9, index=0, hosts=1, mpi=mpi)
-    with pytest.raises(InputError, match="mpirun inside the guests") as e:
+    with pytest.raises(InputError, match="srun --mpi=pmix") as e:
         node.up(req, 'kind = "vm"\n' + spec_of(), site, store)
     assert e.value.exit_code == 2
     assert e.value.what == f"--mpi={mpi} with VM nodes"
-    assert e.value.why == "Slurm's PMI server is on the host, out of the guests' reach"
+    assert e.value.why == "only Slurm's pmix and pmi2 reach tasks in guests"
     assert not (tmp_path / "clusters").exists() and not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize(
+    ("mpi", "pmix"), [("pmix", True), ("pmix_v4", True), ("pmi2", False), ("", False)]
+)
+def test_pmix_and_pmi2_reach_vm_tasks_with_the_guests_pmix_settings(mpi: str, pmix: bool) -> None:
+    """The relay carries Slurm's PMIx and PMI-2 (native/agent/chan.c): accepted,
+    and under PMIx the client asks the server over its socket (no shared-memory
+    store in a guest) with native security, the one the relay carries."""
+    from hpvc.cluster import backends
+
+    spec, _ = policy.load('kind = "vm"\n' + spec_of(), "t", policy.Site(kinds=("vm",)))
+    entry = backends.task_entry(spec, mpi)
+    assert entry.relay
+    assert ("PMIX_MCA_gds=hash" in entry.env) is pmix
+    assert ("PMIX_MCA_psec=native" in entry.env) is pmix
+    assert "OMPI_MCA_btl_tcp_if_include=eth0" in entry.env
 
 
 def test_cache_path_only_for_plain_mpi_names(tmp_path: Path) -> None:

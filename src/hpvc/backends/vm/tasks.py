@@ -3,9 +3,10 @@
 A VM has no namespaces on the host for a task to enter: the task connects to
 the agent hpvc-init starts in the guest, on the node's cluster address
 (native/agent), and relays its argv, environment, stdio and signals to it
-(docs/slurm.md). Slurm's PMI server stays on the host, out of the guests'
-reach: a step that asks for it is refused before anything changes, and MPI
-starts with mpirun inside the guests instead.
+(docs/slurm.md). Slurm's PMIx server and PMI-2 stream stay on the host: the
+relay carries them to the task beside its stdio (native/agent/chan.c), so
+``srun --mpi=pmix`` and ``--mpi=pmi2`` start MPI ranks in the guests; any other
+Slurm MPI plugin is refused before anything changes.
 """
 
 from __future__ import annotations
@@ -32,12 +33,23 @@ TASK_ENV = (
 )
 
 
+# Slurm MPI plugins whose server the relay carries into the guest (chan.c).
+CARRIED_MPI = ("pmix", "pmix_v4", "pmi2")
+
+# With PMIx: the server's shared-memory store is in the host's spool, which no
+# guest sees: the client asks over its connection instead; and only the native
+# security module is carried (the relay vouches for the task as the user).
+PMIX_ENV = ("PMIX_MCA_gds=hash", "PMIX_MCA_psec=native")
+
+
 def task_entry(mpi: str) -> TaskEntry:
-    """Relayed tasks, with ``TASK_ENV``; Slurm's PMI (``pmi2``, ``pmix``, ...) refused."""
-    if mpi.startswith("pmi"):
+    """Relayed tasks, with ``TASK_ENV`` (and ``PMIX_ENV`` under PMIx); Slurm
+    MPI plugins other than ``CARRIED_MPI`` (and none) refused."""
+    if mpi not in ("", "none", *CARRIED_MPI):
         raise InputError(
             f"--mpi={mpi} with VM nodes",
-            "Slurm's PMI server is on the host, out of the guests' reach",
-            "srun --mpi=none, and start MPI with mpirun inside the guests (docs/slurm.md)",
+            "only Slurm's pmix and pmi2 reach tasks in guests",
+            "srun --mpi=pmix (or pmi2, or none and mpirun inside the guests; docs/slurm.md)",
         )
-    return TaskEntry(relay=True, env=TASK_ENV, key=AGENT_KEY)
+    env = (*TASK_ENV, *PMIX_ENV) if mpi.startswith("pmix") else TASK_ENV
+    return TaskEntry(relay=True, env=env, key=AGENT_KEY)

@@ -1,0 +1,137 @@
+"""Slurm's PMIx and PMI-2 for tasks in VM guests, for real (issue 30 item 2).
+
+An ordinary user's batch job on two hosts of the namespace test cluster, one
+QEMU guest (TCG here) per host: ``srun --mpi=pmix -N2 -n4`` starts an Open MPI
+program (the image's Open MPI) in the guests with Slurm as the launcher, its
+PMIx connection carried by the task relay (native/agent/chan.c); ``--mpi=pmi2``
+gives each guest task a PMI_FD on which a PMI-1 dialogue with Slurm's server
+(init, kvsname, a barrier across both hosts, finalize) completes; a guest task
+that sends anything but its own PMIx connection request through the channel
+is refused on the host and gets nothing back.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from tests.helpers import requires
+from tests.integration.slurm_env import Env
+from tests.integration.test_slurm_vm import (  # noqa: F401 (the module's fixtures)
+    slurm,
+    submit,
+    vm_spec,
+    wait_done,
+    wait_vm_clean,
+)
+
+# Every rank: its rank, the world's size, its guest, the sum of all ranks
+# (an allreduce) and, for rank 0, a token passed once round the ring (each
+# rank adds its own: 100 + 1 + 2 + 3), crossing between the hosts twice.
+RING_C = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv)
+{
+	int rank, size, sum = 0, token = 100;
+	char host[64] = "";
+	MPI_Init(&argc, &argv);
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &size);
+	gethostname(host, sizeof(host) - 1);
+	MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+	if (rank == 0) {
+		MPI_Send(&token, 1, MPI_INT, 1, 0, MPI_COMM_WORLD);
+		MPI_Recv(&token, 1, MPI_INT, size - 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+	} else {
+		MPI_Recv(&token, 1, MPI_INT, rank - 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		token += rank;
+		MPI_Send(&token, 1, MPI_INT, (rank + 1) % size, 0, MPI_COMM_WORLD);
+	}
+	printf("rank %d of %d on %s sum %d token %d\n", rank, size, host, sum, rank ? 0 : token);
+	MPI_Finalize();
+	return 0;
+}
+"""
+
+# A PMI-1 client in bash on the task's PMI_FD (Slurm's pmi2 plugin speaks
+# PMI-1 and PMI-2): init, its kvsname, a barrier (every task of both hosts
+# must reach it), finalize; each answer printed.
+PMI1 = (
+    'ask() { echo "$1" >&$PMI_FD; read -r -t 120 -u $PMI_FD a || a=none; echo "$(hostname)'
+    ' $PMI_RANK $a"; }; ask "cmd=init pmi_version=1 pmi_subversion=1";'
+    ' ask "cmd=get_my_kvsname"; ask "cmd=barrier_in"; ask "cmd=finalize"'
+)
+
+# Through the channel, something that is not this task's PMIx request.
+FOREIGN = (
+    'trap "" PIPE; port=${PMIX_SERVER_URI41##*:}; exec 3<>/dev/tcp/127.0.0.1/$port &&'
+    ' printf "GET / HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n" >&3;'
+    ' got=$(timeout 60 cat <&3 | wc -c); echo "$(hostname) port=$port answered $got"'
+)
+
+JOB = f"""set -u
+echo "step boot:"
+srun -N2 -n2 hostname | sort
+echo "step copy:"
+srun -N2 -n2 --input=all sh -c 'cat > /root/ring && chmod +x /root/ring && \\
+  echo "$(hostname) has $(wc -c < /root/ring) bytes"' < ring
+echo "step pmix:"
+srun -N2 -n4 --overcommit --mpi=pmix /root/ring
+echo "pmix status $?"
+echo "step pmi2:"
+srun -N2 -n4 --overcommit --mpi=pmi2 bash -c '{PMI1}'
+echo "pmi2 status $?"
+echo "step foreign:"
+srun -N1 -n1 --mpi=pmix bash -c '{FOREIGN}'
+echo "foreign status $?"
+"""
+
+
+def sections(text: str) -> dict[str, str]:
+    """{name: output} of each "step NAME:" line's step (srun may print
+    "... step creation temporarily disabled ..." in one)."""
+    parts = re.split(r"^step (\w+):$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_srun_mpi_pmix_and_pmi2_start_ranks_in_the_guests(slurm: Env, vm_spec: Path) -> None:  # noqa: F811
+    """sbatch -N2 by an ordinary user: four Open MPI ranks under srun
+    --mpi=pmix in the two hosts' guests all report, with the right sum and a
+    ring that crossed hosts; four PMI-1 clients on PMI_FD under --mpi=pmi2
+    pass Slurm's barrier; a foreign request through the channel is refused
+    and answered with nothing; nothing is left on any host."""
+    requires("mpi")
+    (slurm.work / "ring.c").write_text(RING_C)
+    cc = ["mpicc", "-O2", "-o", str(slurm.work / "ring"), str(slurm.work / "ring.c")]
+    subprocess.run(cc, check=True)
+    out = slurm.work / "pmix-job.out"
+    job = submit(slurm, vm_spec, JOB, out)
+    wait_done(slurm, job, timeout=500)
+    text = out.read_text()
+    part = sections(text)
+    size = (slurm.work / "ring").stat().st_size
+    copied = sorted(ln for ln in part["copy"].splitlines() if " has " in ln)
+    assert copied == [f"compute0 has {size} bytes", f"compute1 has {size} bytes"], text
+    ranks = sorted(ln for ln in part["pmix"].splitlines() if ln.startswith("rank "))
+    assert ranks == [
+        "rank 0 of 4 on compute0 sum 6 token 106",
+        "rank 1 of 4 on compute0 sum 6 token 0",
+        "rank 2 of 4 on compute1 sum 6 token 0",
+        "rank 3 of 4 on compute1 sum 6 token 0",
+    ], text
+    assert "pmix status 0" in part["pmix"], text
+    said = [ln.split(" ", 2) for ln in part["pmi2"].splitlines() if ln.startswith("compute")]
+    assert sorted((h, r) for h, r, a in said if "barrier_out" in a) == [
+        ("compute0", "0"), ("compute0", "1"), ("compute1", "2"), ("compute1", "3"),
+    ], text  # fmt: skip
+    assert sum("response_to_init" in a and "rc=0" in a for _, _, a in said) == 4, text
+    assert sum("finalize_ack" in a for _, _, a in said) == 4, text
+    assert "pmi2 status 0" in part["pmi2"], text
+    # The guest's own listener (its port, not the host server's), refused on the host.
+    m = re.search(r"compute0 port=(\d+) answered (\d+)", part["foreign"])
+    assert m is not None and m.group(2) == "0", text
+    assert "PMIx channel from the guest refused: not a PMIx connection request" in text, text
+    wait_vm_clean(slurm, job)
