@@ -193,3 +193,16 @@ def test_netlink_users_load_pyroute2_without_its_families_and_all_of_it_on_deman
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["[]", "pyroute2.ndb.main True True"]
+
+
+def test_no_page_is_kept_in_a_folder_of_another_user(tmp_path: Path) -> None:
+    if os.geteuid() == 0:  # as sudo with the user's HOME: not root's to fill
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 12345, 12345)
+    else:  # a user's cache under a folder of root's (the nearest one that exists)
+        theirs = Path("/var/lib/hpvc-test-no-such-folder")
+    env = _env(tmp_path, XDG_CACHE_HOME=str(theirs / "cache"))
+    out, _ = _run(["up", "--help"], env, [])
+    assert "Usage: hpvc up" in out
+    assert not (theirs / "cache").exists()

@@ -172,11 +172,20 @@ def recorded(args: list[str], run: Callable[[list[str]], None]) -> None:
     _keep(name, "".join(tee.parts))
 
 
+def _ours(path: str) -> bool:
+    """Whether the nearest existing folder of ``path`` belongs to this user."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.stat(path).st_uid == os.geteuid()
+
+
 def _keep(name: str, page: str) -> None:
     if USAGE not in page:
         return
     where = folder()
     try:
+        if not _ours(where):
+            return  # e.g. sudo keeping a user's HOME: root writes nothing into it
         os.makedirs(where, mode=0o700, exist_ok=True)
         tmp = os.path.join(where, f".{name}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
