@@ -173,9 +173,10 @@ def test_the_job_network_is_one_vxlan_only_its_hosts_send_into(slurm: Env, spec:
 
 def test_mpi_across_two_hosts_inside_nodes(slurm: Env, spec: Path) -> None:
     """An MPI ping-pong between compute0 (first host) and compute1 (second host)
-    under PMIx: the ranks run in the nodes, and their data goes over the cluster
-    network (the hosts' addresses on the job's bridge, joined by VXLAN), not the
-    fabric directly: the VXLAN link carries at least what the ping-pong sent."""
+    under PMIx: the ranks run in the nodes, in their network (the PMIx server
+    reached through the plugin's forwarder), and their data goes over the
+    cluster network (the nodes' addresses, joined by VXLAN), not the fabric
+    directly: the VXLAN link carries at least what the ping-pong sent."""
     out = slurm.work / "bin"
     out.mkdir(exist_ok=True)
     build_pingpong(out)
