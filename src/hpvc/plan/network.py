@@ -130,12 +130,13 @@ def host_overlay(plan: Plan, host: str) -> Overlay | None:
     if host not in names:
         raise KeyError(host)
     index = names.index(host)
+    # The nodes of every host in one pass over the plan (a pass per remote host
+    # made this hosts x nodes: 37 s for 100,000 nodes on 8,000 hosts, issue 33).
+    on_host: dict[str, list[tuple[str, str, str]]] = {}
+    for n in plan.nodes:
+        on_host.setdefault(n.host, []).append((n.name, n.ip, n.mac))
     remotes = tuple(
-        Vtep(
-            host=h,
-            address=address,
-            nodes=tuple((n.name, n.ip, n.mac) for n in plan.nodes if n.host == h),
-        )
+        Vtep(host=h, address=address, nodes=tuple(on_host.get(h, ())))
         for h, address in net.vteps
         if h != host
     )
