@@ -28,6 +28,7 @@ from hpvc.cli import (
     bench_coordinator,
     bench_images,
     bench_network,
+    bench_pmix,
     bench_run,
     bench_scale,
     bench_spark,
@@ -364,5 +365,6 @@ def register(app: typer.Typer) -> None:
     bench_coordinator.register(bench_app)
     bench_network.register(bench_app)
     bench_images.register(bench_app)
+    bench_pmix.register(bench_app)
     bench_scale.register(bench_app)
     app.add_typer(bench_app, name="bench")
