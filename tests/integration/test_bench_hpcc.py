@@ -37,6 +37,19 @@ def scratch_dirs() -> set[str]:
     return {p.name for pat in ("hpvc-bench-*", "hpvc-hpcc-*") for p in tmp.glob(pat)}
 
 
+@pytest.fixture
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The suite's temporary directories in a folder of this test's own (others' tests on
+    this shared machine make hpvc-bench-* in /tmp too); short, for the state's sockets."""
+    base = Path(tempfile.mkdtemp(prefix="hpvc-t"))
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    yield base
+    monkeypatch.undo()
+    left = sorted(p.name for p in base.iterdir())
+    shutil.rmtree(base, ignore_errors=True)
+    assert left == [], f"the suite's temporary state was kept: {left}"
+
+
 def leftovers() -> list[str]:
     prefix = f"hpvc-{ours()}"
     found = prefix_leftovers(ours())
@@ -58,7 +71,7 @@ def hpcc_installed() -> None:
 
 
 @pytest.fixture
-def clean() -> Any:
+def clean(private_tmp: Path) -> Any:
     requires("root", "crun", "mpi", "ip")
     hpcc_installed()
     before = scratch_dirs()
@@ -86,6 +99,11 @@ def test_hpcc_native_and_container_one_repetition(clean: None) -> None:
     rows = ratios.ratio_rows(doc["samples"])
     assert all(r["ratio"]["median"] > 0 for r in rows if r["config"] == "container")
     assert "### container" in hpcc_report.report_md(doc)
+    # Both sides ran Debian's OpenBLAS, read from rank 0's /proc/PID/maps (issue 33).
+    ran = doc["blas"]["ran"]
+    assert set(ran) == {"native", "container"} and doc["blas"]["same_everywhere"], ran
+    assert all(names == ["OpenBLAS 0.3.21 (pthread)"] for names in ran.values()), ran
+    assert doc["sizing"]["asked_n"] == TINY_N and doc["sizing"]["probe"] is None
 
 
 def test_hpcc_rejects_an_unknown_config() -> None:
@@ -103,5 +121,6 @@ def test_hpcc_in_a_vm_one_repetition(clean: None) -> None:
     got = {s["metric"]: s["value"] for s in doc["samples"]}
     assert set(got) == {m.key for m in hpcc_parse.METRICS} and all(v > 0 for v in got.values())
     assert doc["runs"][0]["rank0"] == "compute0"  # hpcc ran in the guest
+    assert doc["blas"]["ran"] == {"vm": ["OpenBLAS 0.3.21 (pthread)"]}  # the guest's own
     if doc["accelerator"] == "tcg":
         assert "vm" in doc["not_comparable"]
