@@ -1,6 +1,7 @@
 """HPL's N from the cache, memory and a time budget (hpcc.sizing), and the BLAS
 named from the files a run had mapped (hpcc.blas). Pure: hosts are numbers, a
-fake probe, or the topology snapshots read from their files (no host reads)."""
+fake probe, or the topology snapshots read from their files; only the CLI's
+refusals read this host's free memory (and change nothing)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hpvc.bench.hpcc import runner as hpcc
 from hpvc.errors import InputError
 from hpvc.host import hwinfo
 from hpvc.topology import read_topology
+from tests.unit.test_image import run_cli
 
 MIB = 2**20
 # The machine of issue 33: a Xeon reporting a 480 MiB L3, 7875 MiB free for a node;
@@ -165,3 +167,20 @@ def test_summary_says_when_the_sides_ran_different_libraries() -> None:
     got = blas.summary("openblas", runs)
     assert got["same_everywhere"] is False and got["image"] == "hpc-openblas"
     assert got["ran"]["vm"] == ["Netlib reference BLAS"]
+
+
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        (["--hpl-n", "100000"], "--hpl-n 100000: needs 305408 MiB"),
+        (["--blas", "mkl"], "--blas mkl: unknown"),
+        (["--time-budget", "0"], "--time-budget"),
+    ],
+)
+def test_bad_hpcc_options_are_one_line_exit_2_and_nothing_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    out = tmp_path / "run"
+    code, _, err = run_cli(["bench", "run", "--suite", "hpcc", "--out", str(out), *args], capsys)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()

@@ -141,6 +141,11 @@ def run_cmd(
         time_budget_s=time_budget,
         blas=harness.parse_list(blas, ("openblas", "system"), "--blas", "openblas")[0],
     )
+    if hpl_n is not None and "hpcc" in suites:  # bad input: exit 2 before anything runs
+        from hpvc.bench.hpcc import runner as hpcc_runner
+        from hpvc.bench.hpcc import sizing as hpcc_sizing
+
+        hpcc_sizing.check_asked(hpl_n, hpcc_runner.host_memory_mib(), settings.procs)
     plans = harness.plan_suites(suites, tgts)
     if not any(p.configs for p in plans):
         why = "; ".join(f"{p.suite}: {p.note}" for p in plans)

@@ -132,15 +132,7 @@ def choose(
     tmax = budget_n(probe, budget_s, procs) if probe else None
     llc_mib = llc_bytes / 2**20
     if asked_n is not None:
-        if asked_n < 1:
-            raise InputError(f"--hpl-n {asked_n}", "not a positive number", "--hpl-n 4096")
-        if asked_n > mem:
-            raise InputError(
-                f"--hpl-n {asked_n}",
-                f"needs {node_memory_mib(asked_n)} MiB (4 x its matrix);"
-                f" this host can give {mem_mib} MiB",
-                f"--hpl-n {mem} or less",
-            )
+        check_asked(asked_n, mem_mib, procs)
         pred = predict_s(asked_n, probe) if probe else None
         why = [f"N={asked_n} as asked (--hpl-n)"]
         if pred is not None and pred > budget_s:
@@ -173,3 +165,18 @@ def choose(
         )
     pred = predict_s(n, probe) if probe else None
     return Sizing(n, cache, mem, tmax, pred, budget_s, None, tuple(why))
+
+
+def check_asked(asked_n: int, mem_mib: int, procs: int) -> None:
+    """InputError (exit 2) when ``--hpl-n`` cannot run here: not positive, or its node
+    of ``node_memory_mib`` does not fit in ``mem_mib``."""
+    if asked_n < 1:
+        raise InputError(f"--hpl-n {asked_n}", "not a positive number", "--hpl-n 4096")
+    most = memory_n(mem_mib, procs)
+    if asked_n > most:
+        raise InputError(
+            f"--hpl-n {asked_n}",
+            f"needs {node_memory_mib(asked_n)} MiB (4 x its matrix);"
+            f" this host can give {mem_mib} MiB",
+            f"--hpl-n {most} or less",
+        )
