@@ -1,0 +1,86 @@
+"""hpvc bench scale's pure parts: the growth fit, the per-host-count table and
+goals built from runs, the tasks' lines, and the refusals of bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpvc.bench.scale import report
+from hpvc.bench.scale.slurm import check_hosts, parse_tasks, spec_text
+from hpvc.cli.bench_scale import parse_hosts
+from hpvc.errors import InputError
+
+HOSTS = [1, 2, 4, 8, 16, 32]
+
+
+@pytest.mark.parametrize(
+    ("power", "words"),
+    [(0, "about constant"), (0.5, "less than linear"), (1, "about linear"),
+     (2, "worse than linear")],
+)  # fmt: skip
+def test_fit_names_the_growth(power: float, words: str) -> None:
+    f = report.fit([float(h) for h in HOSTS], [0.3 * h**power for h in HOSTS])
+    assert f["slope"] == pytest.approx(power, abs=1e-9)
+    assert f["growth"] == words
+
+
+def test_fit_of_one_count_says_so() -> None:
+    assert report.fit([4.0], [1.0])["slope"] is None
+
+
+def run(resident: bool, hosts: int, rep: int, config: str, first: float, cpu: float) -> dict:
+    hp = config == "hpvc"
+    return {
+        "resident": resident, "hosts": hosts, "rep": rep, "config": config,
+        "first_task_s": first, "wall_s": first + 0.1, "cpu_s": cpu,
+        "epilog_s": {f"n{i + 1}": 0.1 * (i + 1) for i in range(hosts)} if hp else {},
+        "phases": {"node_up": first - 0.1, "nodes": 0.2} if hp else None,
+    }  # fmt: skip
+
+
+def test_document_pairs_each_repetition_and_judges_the_goals() -> None:
+    rows = []
+    for h in (2, 32):
+        for rep in range(3):
+            rows.append(run(True, h, rep, "plain", 0.1 + rep, 1.0))
+            # --hpvc adds 0.2 s per host count unit and 0.5 CPU s per host
+            rows.append(run(True, h, rep, "hpvc", 0.1 + rep + 0.01 * h, 1.0 + 0.5 * h))
+    doc = report.document({"hosts": [2, 32]}, rows)
+    top = doc["table"]["resident"][-1]
+    assert top["hosts"] == 32
+    assert top["added_first_task_s"]["median"] == pytest.approx(0.32)
+    assert top["hpvc_cpu_per_host_s"]["median"] == pytest.approx(0.5)
+    assert top["epilog_slowest_host_s"]["median"] == pytest.approx(3.2)
+    assert top["phases_median_s"]["nodes"] == pytest.approx(0.2)
+    assert doc["growth"]["resident"]["hpvc_cpu_per_host"]["growth"] == "about constant"
+    goals = {g["what"].split(",")[0]: g["met"] for g in doc["goals"]}
+    assert goals == {"first task on 32 hosts": True, "epilog per host on 32 hosts": False}
+    assert "NOT met" in report.report_md(doc | FACTS)
+
+
+FACTS = {
+    "reps": 3, "cpus": 2, "host": "h", "cpu_model": "c", "date": "d",
+    "nodes_per_host": 2, "submitted_by": "nobody", "vm": "VMs not measured",
+}  # fmt: skip
+
+
+def test_parse_tasks_reads_each_tasks_clock_job_and_host() -> None:
+    out = "first-task 1.5 42 n3\nhpvc-times 1 - - -\nfirst-task 1.25 42 n1\nnoise\n"
+    assert parse_tasks(out) == [(1.5, 42, "n3"), (1.25, 42, "n1")]
+
+
+def test_spec_has_the_asked_nodes_per_host() -> None:
+    text = spec_text("10.1.2.0/24", 8, per_host=2)
+    assert 'subnet = "10.1.2.0/24"' in text and "count = 15" in text
+
+
+@pytest.mark.parametrize("bad", [[0], [33], []])
+def test_host_counts_outside_the_test_cluster_are_refused(bad: list[int]) -> None:
+    with pytest.raises(InputError):
+        check_hosts(bad)
+
+
+@pytest.mark.parametrize("bad", ["1,x", "", ","])
+def test_host_list_must_be_numbers(bad: str) -> None:
+    with pytest.raises(InputError):
+        parse_hosts(bad)
