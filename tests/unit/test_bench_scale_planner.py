@@ -44,11 +44,12 @@ def test_run_writes_results_plot_and_report(roots: Path, tmp_path: Path) -> None
         assert [p["hosts"] for p in s["points"]] == [8, 16]
         assert [p["nodes"] for p in s["points"]] == [80, 160]
         for p in s["points"]:
-            assert len(p["wall_s"]) == len(p["overlay_s"]) == 2
+            for m in planner.MEASURES:
+                assert len(p[m]) == 2 and min(p[m]) >= 0
             assert p["wall"]["min"] <= p["wall"]["median"] <= p["wall"]["max"]
             assert 1 <= p["hosts_used"] <= p["hosts"]
         assert s["points"][-1]["hosts_used"] >= 2  # spans hosts: an overlay was timed
-        assert s["fit"]["growth"] in {"constant", "less than linear", "linear", "n log n"} | {
+        assert s["wall_fit"]["growth"] in {"constant", "less than linear", "linear", "n log n"} | {
             "worse than linear"
         }
     assert doc["goal_met"] is None and doc["goal"]["median_s"] is None
@@ -60,9 +61,11 @@ def test_run_writes_results_plot_and_report(roots: Path, tmp_path: Path) -> None
 
 def _doc(median: float) -> dict[str, Any]:
     w = {"min": median, "median": median, "max": median}
-    point = {"hosts": 1000, "nodes": 10000, "hosts_used": 399, "wall": w, "overlay": w}
-    point["us_per_node"] = median / 10000 * 1e6
+    point: dict[str, Any] = {"hosts": 1000, "nodes": 10000, "hosts_used": 399}
+    point |= {"wall": w, "cpu": w, "collect": w, "overlay": w}
+    point["cpu_us_per_node"] = median / 10000 * 1e6
     fit = {"slope": 1.0, "growth": "linear"}
+    fits = {f"{k}_fit": fit for k in ("wall", "cpu", "collect", "overlay")}
     return {
         "sizes": [1000],
         "topologies": ["a"],
@@ -71,16 +74,19 @@ def _doc(median: float) -> dict[str, Any]:
         "cpu_model": "x",
         "python": "3.11",
         "date": "d",
-        "series": [{"scenario": "s", "points": [point], "fit": fit, "overlay_fit": fit}],
-        "goal": {**planner.GOAL, "median_s": median},
+        "series": [{"scenario": "s", "points": [point], **fits}],
+        "goal": {**planner.GOAL, "median_s": median, "cpu_median_s": median},
+        "wall_over_cpu": 1.0,
         "goal_met": median < planner.GOAL["seconds"],
     }
 
 
 def test_report_says_whether_the_goal_is_met() -> None:
-    assert any(": met (median" in x for x in planner.report_lines(_doc(0.2)))
     assert any(
-        "NOT met (median of the slower scenario 0.400 s)" in x
+        ": met (slower scenario: median 0.200 s" in x for x in planner.report_lines(_doc(0.2))
+    )
+    assert any(
+        "NOT met (slower scenario: median 0.400 s wall" in x
         for x in planner.report_lines(_doc(0.4))
     )
 
