@@ -245,7 +245,8 @@ def plot(doc: dict[str, Any], path: Path) -> str:
         med = [p["wall"]["median"] for p in pts]
         lo = [m - p["wall"]["min"] for m, p in zip(med, pts, strict=True)]
         hi = [p["wall"]["max"] - m for m, p in zip(med, pts, strict=True)]
-        label = f"plan (wall), {s['scenario']}: {s['wall_fit']['growth']}"
+        growth = f"{s['wall_fit']['growth']} (CPU: {s['cpu_fit']['growth']})"
+        label = f"plan (wall), {s['scenario']}: {growth}"
         line = ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
         color = line.lines[0].get_color()
         cpu = [p["cpu"]["median"] for p in pts]
@@ -304,8 +305,9 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     for s in result["series"]:
         f = {k: s[f"{k}_fit"] for k in ("wall", "cpu", "collect", "overlay")}
         lines.append(
-            f"- {s['scenario']}: plan time {f['wall']['growth']} in the number of hosts"
-            f" (log-log slope {f['wall']['slope']} wall, {f['cpu']['slope']} CPU);"
+            f"- {s['scenario']}: plan time {f['cpu']['growth']} in the number of hosts by CPU"
+            f" seconds (log-log slope {f['cpu']['slope']}), {f['wall']['growth']} by wall"
+            f" ({f['wall']['slope']});"
             f" the collector's pass {f['collect']['growth']} ({f['collect']['slope']});"
             f" one host's overlay {f['overlay']['growth']} ({f['overlay']['slope']})."
         )
