@@ -22,6 +22,13 @@
  *                    process group.
  *   agent -> client: 'o' stdout bytes, 'r' stderr bytes, 'x' the end: 2 bytes,
  *                    kind (0 exited, 1 killed by a signal) and the code.
+ *   terminal (pty.c, tty.c): client -> agent 't' before 'g': give the command
+ *                    a terminal (a pty in the guest; stdout and stderr are then
+ *                    one stream, 'o'); payload rows, cols (2 + 2 bytes
+ *                    big-endian), then TERM. 'w' after 'g': the window's size
+ *                    changed (the same 4 bytes). With a terminal, 's' goes to
+ *                    the terminal's foreground job, and an end of input is
+ *                    ignored (Ctrl-D is a byte like any other).
  *   channels (chan.c, pmixhs.c): client -> agent 'p' before 'g': the port of
  *                    the step's PMIx server (2 bytes big-endian), 'P' before
  *                    'g': a PMI-2 stream (PMI_FD); agent -> client 'C' channel
@@ -65,6 +72,29 @@ int hpvc_agent_connect(const char *ip, int port);
  * the connection ended without an end frame (*why says why). */
 int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *cwd,
 		   const char *fallback, int in_fd, const char **why);
+
+/* tty.c (client side of a terminal) */
+/* Before hpvc_agent_run: send 't' before 'g' and the window's size changes
+ * of tty as 'w' (client.c). */
+void hpvc_agent_use_tty(int tty, const char *term);
+/* 't' with tty's size and term (NULL: none); 'w' if tty's size changed since
+ * the last frame sent (0 when unchanged): 0, or -1. */
+int hpvc_tty_send_start(int sock, int tty, const char *term);
+int hpvc_tty_send_size(int sock, int tty);
+/* hpvc_agent_run with a terminal in the guest: tty (the client's stdin, a
+ * terminal) raw for the run and restored after; the same return values. */
+int hpvc_agent_run_tty(int sock, char *const argv[], char *const env[], const char *cwd,
+		       const char *fallback, int tty, const char *term, const char **why);
+
+/* pty.c (guest only) */
+/* A pty pair sized from 't''s payload: the master, the slave in *slave
+ * (both close-on-exec), or -1. */
+int hpvc_pty_open(int *slave, const unsigned char *size, uint32_t len);
+void hpvc_pty_resize(int master, const unsigned char *size, uint32_t len);
+/* sig to the terminal's foreground job (and the leader's group for an end). */
+void hpvc_pty_signal(int master, int leader, int sig);
+/* SIGKILL every process of session sid (the command and the jobs it made). */
+void hpvc_pty_kill_session(int sid);
 
 /* auth.c */
 /* HMAC-SHA256(key, a || b) into out. */

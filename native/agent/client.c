@@ -66,6 +66,16 @@ static void on_signal(int sig)
 static const int relayed[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
 				SIGUSR2, SIGCONT, SIGALRM, SIGTSTP };
 
+/* The client's terminal, when the command has one in the guest (tty.c). */
+static int tty_fd = -1;
+static const char *tty_term;
+
+void hpvc_agent_use_tty(int tty, const char *term)
+{
+	tty_fd = tty;
+	tty_term = term;
+}
+
 static int catch_signals(void)
 {
 	if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
@@ -79,6 +89,10 @@ static int catch_signals(void)
 	for (size_t i = 0; i < sizeof(relayed) / sizeof(relayed[0]); i++) {
 		sigaction(relayed[i], &sa, NULL);
 		sigaddset(&set, relayed[i]);
+	}
+	if (tty_fd >= 0) { /* the window's size, sent as 'w' (tty.c) */
+		sigaction(SIGWINCH, &sa, NULL);
+		sigaddset(&set, SIGWINCH);
 	}
 	signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill the relay */
 	return sigprocmask(SIG_UNBLOCK, &set, NULL);
@@ -111,6 +125,7 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 	if (send_words(sock, 'a', argv) < 0 || send_words(sock, 'e', env) < 0 ||
 	    (cwd && hpvc_frame_send(sock, 'd', cwd, (uint32_t)strlen(cwd)) < 0) ||
 	    (fallback && hpvc_frame_send(sock, 'd', fallback, (uint32_t)strlen(fallback)) < 0) ||
+	    (tty_fd >= 0 && hpvc_tty_send_start(sock, tty_fd, tty_term) < 0) ||
 	    hpvc_chan_send_asks(sock) < 0 ||
 	    hpvc_frame_send(sock, 'g', NULL, 0) < 0 ||
 	    (in_fd < 0 && hpvc_frame_send(sock, 'i', NULL, 0) < 0)) {
@@ -124,7 +139,13 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 	int nfds = in_fd >= 0 ? 3 : 2;
 	for (;;) {
 		int nch = hpvc_chan_poll(fds + 3); /* fds[2]: -1 once the input ended */
-		if (poll(fds, (nfds_t)(3 + nch), -1) < 0) {
+		/* With a terminal, its size is looked at twice a second too (tty.c). */
+		int ready = poll(fds, (nfds_t)(3 + nch), tty_fd >= 0 ? 500 : -1);
+		if (ready == 0 && hpvc_tty_send_size(sock, tty_fd) < 0) {
+			*why = "cannot send the window's size";
+			return -256;
+		}
+		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
 			*why = "poll failed";
@@ -133,7 +154,8 @@ int hpvc_agent_run(int sock, char *const argv[], char *const env[], const char *
 		if (fds[1].revents & POLLIN) {
 			unsigned char sig;
 			while (read(sig_pipe[0], &sig, 1) == 1)
-				if (hpvc_frame_send(sock, 's', &sig, 1) < 0)
+				if (sig == SIGWINCH ? hpvc_tty_send_size(sock, tty_fd) < 0
+						    : hpvc_frame_send(sock, 's', &sig, 1) < 0)
 					break;
 		}
 		if (nch && hpvc_chan_ready(sock, fds + 3, nch) < 0)

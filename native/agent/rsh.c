@@ -1,7 +1,7 @@
 /* hpvc-rsh: run a command on another node of the job, through its hpvc-agent.
  *
- *   hpvc-rsh [-x] [-n] [-l root] NODE COMMAND [WORDS...]
- *   hpvc-rsh -a [-k KEYFILE] [-e K=V]... [-C DIR] IP COMMAND [WORDS...]
+ *   hpvc-rsh [-x] [-n] [-t] [-l root] NODE COMMAND [WORDS...]
+ *   hpvc-rsh -a [-t] [-k KEYFILE] [-e K=V]... [-C DIR] IP COMMAND [WORDS...]
  *
  * The words after NODE are joined with spaces and run by /bin/sh -c on NODE,
  * as ssh does; stdin, stdout, stderr, the exit status and signals are carried
@@ -14,6 +14,10 @@
  * may have none), with the environment entries of -e and the working
  * directory of -C: how `hpvc exec` reaches a VM node from the host, with the
  * cluster's agent.key, when the node's image has no sshd (docs/vms.md).
+ *
+ * With -t, and stdin a terminal, the command gets a terminal in the guest
+ * (a pty; tty.c, pty.c): `hpvc exec -t` and `hpvc console`. As with ssh -t,
+ * a stdin that is no terminal gets none.
  *
  * NODE is looked up in /etc/hosts (which hpvc-init writes for the whole
  * cluster) and not with getaddrinfo: a static binary cannot load the guest's
@@ -77,7 +81,7 @@ static char *join_words(char *const words[])
 
 int main(int argc, char **argv)
 {
-	int i = 1, as_argv = 0, envc = 0;
+	int i = 1, as_argv = 0, envc = 0, tty = 0;
 	const char *key_file = HPVC_AGENT_KEY_FILE, *cwd = NULL;
 	char **env = calloc((size_t)argc + 1, sizeof(char *));
 	if (env == NULL)
@@ -87,6 +91,8 @@ int main(int argc, char **argv)
 			i++; /* the remote user: commands run as root in the guests */
 		else if (strcmp(argv[i], "-a") == 0)
 			as_argv = 1;
+		else if (strcmp(argv[i], "-t") == 0)
+			tty = isatty(STDIN_FILENO);
 		else if (strcmp(argv[i], "-k") == 0 && i + 1 < argc)
 			key_file = argv[++i];
 		else if (strcmp(argv[i], "-e") == 0 && i + 1 < argc)
@@ -99,7 +105,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (argc - i < 2) {
-		fprintf(stderr, "usage: hpvc-rsh [-x] [-n] [-a] [-k KEYFILE] [-e K=V] [-C DIR] NODE"
+		fprintf(stderr, "usage: hpvc-rsh [-x] [-n] [-t] [-a] [-k KEYFILE] [-e K=V] [-C DIR] NODE"
 				" COMMAND [WORDS...]\n");
 		return 2;
 	}
@@ -129,7 +135,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "hpvc-rsh: %s: %s\n", argv[i], why);
 		return 255;
 	}
-	int rc = hpvc_agent_run(sock, cmd, envc ? env : NULL, cwd, NULL, STDIN_FILENO, &why);
+	int rc = tty ? hpvc_agent_run_tty(sock, cmd, envc ? env : NULL, cwd, NULL, STDIN_FILENO,
+					  getenv("TERM"), &why)
+		     : hpvc_agent_run(sock, cmd, envc ? env : NULL, cwd, NULL, STDIN_FILENO, &why);
 	if (rc == -256) {
 		fprintf(stderr, "hpvc-rsh: %s: %s\n", argv[i], why);
 		return 255;

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -114,6 +115,9 @@ struct command {
 	char *env[HPVC_AGENT_WORDS + BASE_ENV + 3]; /* + PMI_FD (chan.c), TERM, NULL */
 	char *cwd[2]; /* tried in order (the job's, the image's WorkingDir), then /root */
 	int argc, envc, ndirs;
+	int tty;                 /* 't' came: a terminal (pty.c) */
+	unsigned char size[4];   /* its rows and columns */
+	char term[80];           /* "TERM=..." from 't', where the client sent one */
 };
 
 /* One command being relayed. */
@@ -122,6 +126,7 @@ struct relay {
 	pid_t child;
 	int pidfd;         /* -1 without pidfd_open: poll the child every 50 ms */
 	int in, out, err;  /* its stdin (write end), stdout, stderr (read ends); -1 once closed */
+	int tty;           /* the pty's master, which in and out are; -1 without a terminal */
 	/* Input waiting for the command to read it (the socket is not read meanwhile). */
 	unsigned char pending[HPVC_AGENT_MAX];
 	uint32_t pending_len, pending_off;
@@ -140,6 +145,13 @@ static void read_command(int sock, struct command *c)
 			_exit(1);
 		if (type == 'g')
 			break;
+		if (type == 't' && len >= 4 && len - 4 < sizeof(c->term) - 5) {
+			c->tty = 1;
+			memcpy(c->size, buf, 4);
+			if (len > 4)
+				snprintf(c->term, sizeof(c->term), "TERM=%.*s", (int)(len - 4), buf + 4);
+			continue;
+		}
 		if ((type == 'p' || type == 'P') && hpvc_chan_ask(type, buf, len) == 0)
 			continue; /* Slurm's PMIx / PMI-2 (chan.c); a malformed one ends below */
 		char *w = dup_word(buf, len);
@@ -163,6 +175,8 @@ static void read_command(int sock, struct command *c)
 		say(sock, "cannot set up the PMI channel", errno);
 		finish(sock, 0, 126);
 	}
+	if (c->term[0] && !has_key(c->env, c->envc, c->term))
+		c->env[c->envc++] = c->term;
 	for (int i = 0; i < BASE_ENV; i++)
 		if (!has_key(c->env, c->envc, base_env[i]))
 			c->env[c->envc++] = base_env[i];
@@ -178,6 +192,8 @@ static void __attribute__((noreturn)) exec_command(const struct command *c, int 
 	dup2(in, 0);
 	dup2(out, 1);
 	dup2(err, 2);
+	if (c->tty) /* the pty's slave: the session's controlling terminal (pty.c) */
+		ioctl(0, TIOCSCTTY, 0);
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = SIG_DFL;
@@ -200,11 +216,42 @@ static void __attribute__((noreturn)) exec_command(const struct command *c, int 
 	_exit(errno == ENOENT ? 127 : 126);
 }
 
+/* Start the command on a pty (pty.c): its master is r's input and output. */
+static void start_tty(int sock, const struct command *c, struct relay *r)
+{
+	int slave = -1, master = hpvc_pty_open(&slave, c->size, 4);
+	if (master < 0) {
+		say(sock, "cannot open a terminal", errno);
+		finish(sock, 0, 126);
+	}
+	pid_t child = fork();
+	if (child < 0) {
+		say(sock, "fork", errno);
+		finish(sock, 0, 126);
+	}
+	if (child == 0)
+		exec_command(c, slave, slave, slave);
+	close(slave);
+	fcntl(master, F_SETFL, O_NONBLOCK);
+	r->sock = sock;
+	r->child = child;
+	r->tty = master;
+	r->in = dup(master);
+	r->out = master;
+	r->err = -1;
+	r->pidfd = (int)syscall(SYS_pidfd_open, child, 0);
+}
+
 /* Start the command on non-blocking pipes into r; a failure ends the
  * connection with exit code 126. */
 static void start_command(int sock, const struct command *c, struct relay *r)
 {
 	int in[2], out[2], err[2];
+	r->tty = -1;
+	if (c->tty) {
+		start_tty(sock, c, r);
+		return;
+	}
 	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
 		say(sock, "pipe", errno);
 		finish(sock, 0, 126);
@@ -233,6 +280,8 @@ static void start_command(int sock, const struct command *c, struct relay *r)
 /* The client is gone: so is the command. */
 static void __attribute__((noreturn)) abandon(const struct relay *r)
 {
+	if (r->tty >= 0)
+		hpvc_pty_kill_session(r->child);
 	kill(-r->child, SIGKILL);
 	waitpid(r->child, NULL, 0);
 	_exit(0);
@@ -256,8 +305,14 @@ static void from_client(struct relay *r)
 	uint32_t len;
 	if (hpvc_frame_recv(r->sock, &type, r->pending, sizeof(r->pending), &len) != 1)
 		abandon(r);
-	if (type == 's' && len == 1)
+	if (type == 's' && len == 1 && r->tty >= 0)
+		hpvc_pty_signal(r->tty, r->child, r->pending[0]);
+	else if (type == 's' && len == 1)
 		kill(-r->child, r->pending[0]);
+	else if (type == 'w' && r->tty >= 0)
+		hpvc_pty_resize(r->tty, r->pending, len);
+	else if (type == 'i' && len == 0 && r->tty >= 0)
+		; /* a terminal's input does not end: Ctrl-D is a byte the command reads */
 	else if (type == 'i' && len == 0 && r->in >= 0) {
 		close(r->in);
 		r->in = -1;
@@ -283,6 +338,8 @@ static void __attribute__((noreturn)) end_exited(const struct relay *r)
 {
 	drain(r->out, r->sock, 'o');
 	drain(r->err, r->sock, 'r');
+	if (r->tty >= 0)
+		hpvc_pty_kill_session(r->child);
 	kill(-r->child, SIGKILL);
 	int status = 0;
 	while (waitpid(r->child, &status, 0) < 0 && errno == EINTR)

@@ -165,6 +165,24 @@ static void close_on_exec_fds(int keep)
 	closedir(d);
 }
 
+/* `srun --pty`: slurmstepd gave task 0 a pty as stdin, stdout and stderr.
+ * The command gets a pty in the guest (agent.h, 't'); the relay's own goes
+ * raw while it runs (native/agent/tty.c), so Ctrl-C and Ctrl-Z reach the
+ * guest's line discipline as bytes rather than this relay as signals, and
+ * its window size follows srun's (slurmstepd sets it on the pty). */
+static int vm_task_tty(char **argv, char **env, const char *dir)
+{
+	const char *term = NULL, *why = "";
+	for (int i = 0; env[i]; i++)
+		if (strncmp(env[i], "TERM=", 5) == 0)
+			term = env[i] + 5;
+	int rc = hpvc_agent_run_tty(vm_sock, argv, env, dir, vm_join ? vm_join->workdir : NULL,
+				    STDIN_FILENO, term, &why);
+	if (rc == -256)
+		slurm_error("hpvc: node %s: %s", vm_node, why);
+	return rc;
+}
+
 int hpvc_vm_task(spank_t sp)
 {
 	if (vm_sock < 0)
@@ -220,8 +238,10 @@ int hpvc_vm_task(spank_t sp)
 		slurm_error("hpvc: node %s: --mpi: %s", vm_node, why);
 		_exit(1);
 	}
-	int rc = hpvc_agent_run(vm_sock, argv, keep, dir, vm_join ? vm_join->workdir : NULL,
-				STDIN_FILENO, &why);
+	int rc = isatty(STDIN_FILENO) ? vm_task_tty(argv, keep, dir)
+				      : hpvc_agent_run(vm_sock, argv, keep, dir,
+						       vm_join ? vm_join->workdir : NULL, STDIN_FILENO,
+						       &why);
 	if (rc == -256) {
 		slurm_error("hpvc: node %s: %s", vm_node, why);
 		_exit(255);

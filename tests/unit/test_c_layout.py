@@ -212,7 +212,8 @@ def test_make_builds_the_agent_out_of_its_tree(tmp_path: Path) -> None:
     members = subprocess.run(
         ["ar", "t", str(tmp_path / "libhpvc-agent.a")], capture_output=True, text=True, check=True
     ).stdout.split()
-    assert members == ["frames.o", "auth.o", "client.o", "server.o", "chan.o", "pmixhs.o"]
+    objs = ["frames.o", "auth.o", "client.o", "server.o", "tty.o", "pty.o", "chan.o", "pmixhs.o"]
+    assert members == objs
     assert (tmp_path / "hpvc-rsh").is_file()
     assert sorted(p.name for p in (NATIVE / "agent").iterdir()) == before
 

@@ -335,7 +335,7 @@ def test_init_sources_hash_init_c_the_agent_and_their_makefile() -> None:
     assert set(sources) == {
         "init.c", "shmtool.c", "Makefile",
         "agent/agent.h", "agent/frames.c", "agent/auth.c", "agent/client.c", "agent/server.c",
-        "agent/rsh.c", "agent/chan.c", "agent/pmixhs.c",
+        "agent/rsh.c", "agent/chan.c", "agent/pmixhs.c", "agent/tty.c", "agent/pty.c",
         "agent/Makefile",
     }  # fmt: skip
     assert all(len(h) == 64 for h in sources.values())
