@@ -188,9 +188,10 @@ class Backend(Protocol):
         ...
 
     def exec_argv(
-        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], tty: bool = False
     ) -> list[str]:
-        """The host command that runs ``argv`` inside ``node``, stdio passed through."""
+        """The host command that runs ``argv`` inside ``node``, stdio passed through;
+        with ``tty``, on a terminal of its own in the node (``hpvc exec -t``)."""
         ...
 
     def exec_status(

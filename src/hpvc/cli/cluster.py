@@ -252,14 +252,33 @@ def exec_cmd(
     name: str = typer.Argument(..., help="Cluster name."),
     node: str = typer.Argument(..., help="Node name, e.g. compute0."),
     cmd: list[str] = typer.Argument(None, help="Command to run (after --)."),
+    interactive: bool = typer.Option(
+        False, "-i", "--interactive", help="Keep stdin open (it always is; as docker exec -i)."
+    ),
+    tty: bool = typer.Option(
+        False, "-t", "--tty", help="Give the command a terminal in the node (stdin must be one)."
+    ),
 ) -> None:
     """Run a command inside one node.
 
-    Example: hpvc exec small compute0 -- ip -br addr
+    Example: hpvc exec small compute0 -- ip -br addr; hpvc exec -it small compute0 -- bash
     """
     from hpvc.cluster import ops
 
-    raise typer.Exit(ops.exec_node(name, node, list(cmd or [])))
+    raise typer.Exit(ops.exec_node(name, node, list(cmd or []), tty=tty))
+
+
+def console_cmd(
+    name: str = typer.Argument(..., help="Cluster name."),
+    node: str = typer.Argument(..., help="Node name, e.g. compute0."),
+) -> None:
+    """Open an interactive login shell in one node (hpvc exec -it with root's shell).
+
+    Example: hpvc console small compute0
+    """
+    from hpvc.cluster import ops
+
+    raise typer.Exit(ops.console(name, node))
 
 
 def run_cmd(
@@ -359,6 +378,7 @@ def register(app: typer.Typer) -> None:
     app.command("ls")(ls_cmd)
     app.command("status")(status_cmd)
     app.command("exec")(exec_cmd)
+    app.command("console")(console_cmd)
     app.command("run")(run_cmd)
     app.command("scale")(scale_cmd)
     app.command("down")(down_cmd)

@@ -52,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ls": ("cluster", "List the clusters on this host."),
     "status": ("cluster", "Nodes, states, IPs, CPUs and limits, read back from the kernel."),
     "exec": ("cluster", "Run a command inside one node."),
+    "console": (
+        "cluster",
+        "Open an interactive login shell in one node (hpvc exec -it with root's shell).",
+    ),
     "run": (
         "cluster",
         "Launch an MPI job over the cluster's compute nodes, one rank per vCPU.",

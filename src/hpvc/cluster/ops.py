@@ -143,10 +143,13 @@ def _node(plan: Plan, name: str, node: str) -> PlannedNode:
         raise InputError(f"node {node!r}", f"not in cluster {name!r}", f"one of: {known}") from None
 
 
-def exec_argv(name: str, node: str, argv: list[str], store: Store | None = None) -> list[str]:
+def exec_argv(
+    name: str, node: str, argv: list[str], store: Store | None = None, tty: bool = False
+) -> list[str]:
     """The command that runs ``argv`` inside one node of a cluster, stdio passed
-    through. A node that does not run is refused at once, by name (not after
-    an ssh timeout or with the runtime's own message)."""
+    through (``tty``: on a terminal of its own there). A node that does not
+    run is refused at once, by name (not after an ssh timeout or with the
+    runtime's own message)."""
     backend, env, plan = _open(name, store)
     target = _node(plan, name, node)
     state = backend.node_state(env, plan, target)
@@ -156,7 +159,7 @@ def exec_argv(name: str, node: str, argv: list[str], store: Store | None = None)
             f"is {state}, not running",
             f"bring it back: hpvc restart {name} {node}",
         )
-    return backend.exec_argv(env, plan, target, argv)
+    return backend.exec_argv(env, plan, target, argv, tty=tty)
 
 
 def not_running(name: str, store: Store | None = None) -> dict[str, str]:
@@ -166,15 +169,43 @@ def not_running(name: str, store: Store | None = None) -> dict[str, str]:
     return {n: s for n, s in states.items() if s != "running"}
 
 
-def exec_node(name: str, node: str, argv: list[str], store: Store | None = None) -> int:
-    """Run a command inside one node, stdio attached; return its exit code."""
+def exec_node(
+    name: str, node: str, argv: list[str], store: Store | None = None, tty: bool = False
+) -> int:
+    """Run a command inside one node, stdio attached; return its exit code.
+    ``tty`` (``hpvc exec -t``, ``hpvc console``): on a pty in the node, the
+    caller's terminal relayed to it (raw) by the backend's own exec (crun exec
+    --tty, ssh -t, hpvc-rsh -t), so Ctrl-C and Ctrl-Z reach the node's
+    foreground job and window sizes follow."""
     if not argv:
         raise InputError("hpvc exec", "no command given", "hpvc exec NAME NODE -- CMD")
-    rc = subprocess.run(exec_argv(name, node, argv, store), check=False).returncode
+    if tty and not os.isatty(0):
+        raise InputError(
+            "hpvc exec -t", "stdin is not a terminal", "run it from a terminal, or drop -t"
+        )
+    rc = subprocess.run(exec_argv(name, node, argv, store, tty), check=False).returncode
     if rc == 0:
         return rc
     backend, env, plan = _open(name, store)
     return backend.exec_status(env, plan, _node(plan, name, node), argv, rc)
+
+
+# `hpvc console`: root's login shell in the node (its passwd entry, else
+# /bin/sh), started in its home, on a terminal (exec_node's tty).
+CONSOLE_ARGV = [
+    "/bin/sh",
+    "-c",
+    'pw=$(getent passwd root 2>/dev/null || grep "^root:" /etc/passwd); '
+    'sh=$(echo "$pw" | cut -d: -f7); home=$(echo "$pw" | cut -d: -f6); '
+    '[ -x "$sh" ] || sh=/bin/sh; cd "${home:-/}" 2>/dev/null || cd /; '
+    'HOME=${home:-/} exec "$sh" -l',
+]
+
+
+def console(name: str, node: str, store: Store | None = None) -> int:
+    """An interactive login shell in one node on the caller's terminal
+    (``hpvc exec -it NAME NODE -- <root's shell> -l``); its exit code."""
+    return exec_node(name, node, CONSOLE_ARGV, store, tty=True)
 
 
 # The cgroup v1 hierarchies whose limits make a node (hpvc writes them); a

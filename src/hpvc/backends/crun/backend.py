@@ -19,6 +19,7 @@ binaries (su, mount, passwd) give a user inside nothing. Root's own clusters
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -295,13 +296,21 @@ class CrunBackend:
         return ct.container_pid(ct.container_id(plan.cluster, node.name))
 
     def exec_argv(
-        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], tty: bool = False
     ) -> list[str]:
-        out = ct.exec_argv(ct.container_id(plan.cluster, node.name), argv)
+        cid = ct.container_id(plan.cluster, node.name)
+        env_kv = None
+        if tty:  # crun exec --env replaces the node's environment: give it all, TERM added
+            image_env = list(resolve_image(plan.image).env)
+            if not any(kv.startswith("PATH=") for kv in image_env):
+                image_env.append(f"PATH={DEFAULT_PATH}")
+            env_kv = [*image_env, *ct.tty_env()]
+        out = ct.exec_argv(cid, argv, env_kv)
         workdir = resolve_image(plan.image).workdir  # an imported image's WorkingDir
         if workdir != "/":
             out[2:2] = ["--cwd", workdir]  # after `crun exec`: crun does not take it from config
-        return out
+        # A terminal: crun's pty master relayed by hpvc itself (ttyrelay.py: resizes too).
+        return [sys.executable, "-m", "hpvc.backends.crun.ttyrelay", *out] if tty else out
 
     def exec_status(
         self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int

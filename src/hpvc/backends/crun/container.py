@@ -310,6 +310,12 @@ def exec_argv(cid: str, argv: list[str], env: list[str] | None = None) -> list[s
     return [*out, cid, *argv]
 
 
+def tty_env() -> list[str]:
+    """What a command on a terminal needs of the caller's environment: its
+    TERM (crun exec gives a node's command the node's environment only)."""
+    return [f"TERM={os.environ.get('TERM') or 'xterm'}"]
+
+
 def command_status(root: Path, argv0: str, path: str) -> int | None:
     """What a shell would exit with for ``argv0`` in the filesystem at ``root``:
     127 when there is no such command (on ``path``), 126 when it is not an

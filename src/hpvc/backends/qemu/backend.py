@@ -306,7 +306,7 @@ class QemuBackend:
         return pid
 
     def exec_argv(
-        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
+        self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], tty: bool = False
     ) -> list[str]:
         st = vm_state(env)
         if st.agent_rsh:  # no sshd in the image: through the guest's agent
@@ -317,9 +317,9 @@ class QemuBackend:
                     f"hpvc down {env.name}, then hpvc up again",
                 )
             return g.agent_argv(
-                st.agent_rsh, env.dir, node.ip, argv, st.image_env, st.image_workdir
+                st.agent_rsh, env.dir, node.ip, argv, st.image_env, st.image_workdir, tty=tty
             )
-        return g.ssh_argv(env.dir, node.ip, argv)
+        return g.ssh_argv(env.dir, node.ip, argv, tty=tty)
 
     def exec_status(
         self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int

@@ -129,12 +129,13 @@ def agent_key(store: Store, cluster: str, key_id: str = "") -> Path:
 
 
 def ssh_argv(
-    cluster_dir: Path, ip: str, argv: list[str], env: list[str] | None = None
+    cluster_dir: Path, ip: str, argv: list[str], env: list[str] | None = None, tty: bool = False
 ) -> list[str]:
-    """ssh into a guest as root and run ``argv`` (with ``env`` KEY=VALUE pairs)."""
+    """ssh into a guest as root and run ``argv`` (with ``env`` KEY=VALUE pairs);
+    ``tty``: on a pty in the guest (ssh -t, which also sends TERM and resizes)."""
     remote = shlex.join([*(["env", *env] if env else []), *argv])
     key = cluster_dir / "id_ed25519"
-    return ["ssh", "-i", str(key), *SSH_OPTS, f"root@{ip}", remote]
+    return ["ssh", *(["-t"] if tty else []), "-i", str(key), *SSH_OPTS, f"root@{ip}", remote]
 
 
 def agent_argv(
@@ -144,12 +145,14 @@ def agent_argv(
     argv: list[str],
     env: Sequence[str] = (),
     cwd: str = "",
+    tty: bool = False,
 ) -> list[str]:
     """Run ``argv`` as it is (no shell) in a guest through its agent: ``rsh`` is
     the guest build's static hpvc-rsh, run here as root (the agent trusts a
     reserved port on the cluster's subnet, the bridge's address) with the
-    cluster's agent key; ``env`` (KEY=VALUE) and ``cwd`` are the command's."""
-    out = [rsh, "-a", "-k", str(cluster_dir / AGENT_KEY)]
+    cluster's agent key; ``env`` (KEY=VALUE) and ``cwd`` are the command's;
+    ``tty``: on a pty in the guest (hpvc-rsh -t; native/agent/pty.c)."""
+    out = [rsh, "-a", *(["-t"] if tty else []), "-k", str(cluster_dir / AGENT_KEY)]
     for kv in env:
         out += ["-e", kv]
     out += ["-C", cwd] if cwd else []
