@@ -145,6 +145,7 @@ def test_agent_terminal_without_vm(tmp_path: Path) -> None:
 set -u
 ip link set lo up && ip addr add {ip}/24 dev lo || exit 90
 {drv} serve {ip}/24 {key} > {tmp_path}/serve.out &
+srv=$!
 for i in $(seq 100); do grep -q ready {tmp_path}/serve.out 2>/dev/null && break; sleep 0.05; done
 {sys.executable} -c 'import sys; sys.path.insert(0, sys.argv[1]); from tests.terminal import *
 t = Terminal(sys.argv[2:], env={{"TERM": "xterm", "PATH": "/usr/bin:/bin"}})
@@ -153,7 +154,8 @@ try:
 finally:
     t.close()' {AGENT.parent.parent} {tmp_path}/hpvc-rsh -a -t -k {key} {ip} bash
 rc=$?
-kill $(cut -d' ' -f2 {tmp_path}/serve.out)
+kill $(cut -d' ' -f2 {tmp_path}/serve.out)  # the listener (ours); the driver then exits
+wait $srv
 exit $rc
 """
     r = subprocess.run(["unshare", "--net", "--fork", "--kill-child", "sh", "-c", script],
