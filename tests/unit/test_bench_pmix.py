@@ -57,3 +57,13 @@ def test_mpirun_runs_inside_the_node_without_slurms_variables() -> None:
     assert "unset" in argv[-1] and "mpirun --mca plm isolated" in argv[-1]
     srun = runner._launch("srun", 8, Path("/w/one.toml"), "hpcc")
     assert "-n8" in srun and "--mpi=pmix" in srun
+
+
+def test_vm_nodes_are_refused_in_one_line_before_anything_runs() -> None:
+    import pytest
+
+    from hpvc.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        runner.preflight("vm")
+    assert e.value.exit_code == 2 and "scripts/bench/vm-pmix.py" in str(e.value)

@@ -71,6 +71,15 @@ def spec_text(name: str, subnet: str, kind: str, computes: int) -> str:
 def preflight(kind: str) -> None:
     if kind not in KINDS:
         raise InputError(f"--kind {kind}", "unknown", "--kind container or --kind vm")
+    if kind == "vm":
+        # The programs and HPCC's input live in the job's directory, which the
+        # site's binds share with containers but not into guests (docs/slurm.md,
+        # Limits): they would have to be staged into each guest first.
+        raise InputError(
+            "--kind vm",
+            "guests do not see the job's directory this benchmark runs its programs from",
+            "for VM figures of srun --mpi=pmix against mpirun run scripts/bench/vm-pmix.py",
+        )
     if os.geteuid() != 0:
         raise MissingDependency("bench pmix", "needs root (slurmd, containers)", "run as root")
     missing = [b for b in BINARIES if shutil.which(b) is None]
