@@ -3,6 +3,8 @@ srun/mpirun paired within a repetition, and the report (src/hpvc/bench/pmix)."""
 
 from __future__ import annotations
 
+import base64
+from pathlib import Path
 from typing import Any
 
 from hpvc.bench.pmix import report, runner
@@ -50,8 +52,6 @@ def test_report_shows_each_metric_and_the_added_launch_time() -> None:
 
 
 def test_mpirun_runs_inside_the_node_without_slurms_variables() -> None:
-    from pathlib import Path
-
     argv = runner._launch("mpirun", 8, Path("/w/one.toml"), "hpcc")
     assert argv[:4] == ["srun", "-N1", "-n1", "--hpvc=/w/one.toml"]  # one task: mpirun
     assert "unset" in argv[-1] and "mpirun --mca plm isolated" in argv[-1]
@@ -59,11 +59,14 @@ def test_mpirun_runs_inside_the_node_without_slurms_variables() -> None:
     assert "-n8" in srun and "--mpi=pmix" in srun
 
 
-def test_vm_nodes_are_refused_in_one_line_before_anything_runs() -> None:
-    import pytest
-
-    from hpvc.errors import InputError
-
-    with pytest.raises(InputError) as e:
-        runner.preflight("vm")
-    assert e.value.exit_code == 2 and "scripts/bench/vm-pmix.py" in str(e.value)
+def test_guests_get_the_program_in_the_command_line(tmp_path: Path) -> None:
+    """A guest sees nothing of the job's directory: the ping-pong travels in
+    the command, one copy per task, and HPCC's output comes back from rank 0."""
+    binary = tmp_path / "pingpong"
+    binary.write_bytes(b"\x7fELF-not-really")
+    before, path = runner._carried(binary)
+    assert path == "/tmp/pingpong.$$"
+    assert base64.b64encode(binary.read_bytes()).decode() in before
+    argv = runner._launch("srun", 2, Path("/w/one.toml"), f"{path} 1 1", before, runner.RANK0)
+    assert argv[-1].startswith(f"echo {base64.b64encode(binary.read_bytes()).decode()}")
+    assert argv[-1].endswith("then cat hpccoutf.txt; fi")

@@ -19,8 +19,8 @@ HPCC (N=1024) in one virtual node, launched by srun --mpi=pmix (tasks join the
 node, PMIx through hpvc's forwarder) and by mpirun run inside that node; and
 the launch time of srun -N2 -n4 --mpi=pmix true in a salloc -N2 allocation
 with --hpvc and without. Reports min/median/max and srun/mpirun paired per
-repetition. --kind vm is refused for now (guests do not see the job's
-directory the programs run from); scripts/bench/vm-pmix.py measures VMs.
+repetition. --kind vm: the same in VM guests (1 vCPU each, HPCC N=256 for
+TCG), the programs carried into each guest's /tmp in the command line.
 
 Examples:
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+HOW = {
+    "container": "nodes up, tasks join them, PMIx forwarded",
+    "vm": "guests up, tasks relayed into them with their PMIx",
+}
+
 
 def _mmm(s: dict[str, float], fmt: str = "{:.3f}") -> str:
     return " / ".join(fmt.format(s[k]) for k in ("min", "median", "max"))
@@ -36,7 +41,7 @@ def report_md(doc: dict[str, Any]) -> str:
         "| config | seconds min/median/max |",
         "| --- | --- |",
         f"| plain srun | {_mmm(launch['plain'])} |",
-        f"| --hpvc (nodes up, tasks join them, PMIx forwarded) | {_mmm(launch['hpvc'])} |",
+        f"| --hpvc ({HOW[doc['kind']]}) | {_mmm(launch['hpvc'])} |",
         "",
         f"Added by --hpvc (medians): {launch['added_median_s']:+.3f} s.",
         "",

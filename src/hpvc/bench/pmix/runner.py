@@ -15,6 +15,11 @@ jobs submitted by an ordinary user, per repetition, the order rotated:
   cost of every further step, tasks joining their nodes and the PMIx
   forwarder) and without, timed in the allocation's script.
 
+With ``kind = "vm"`` the same runs in VM guests (1 vCPU; HPCC at N = 256 for
+TCG): a guest does not see the job's directory, so the ping-pong binary and
+HPCC's input travel in the command line into the guest's /tmp and rank 0
+prints HPCC's output (``_carried``, ``RANK0``).
+
 Both MPI launches run in the same node of one job per measurement, so they
 share its CPUs, memory and image; only the launcher differs. A cross-host
 mpirun would need a remote shell between nodes that Slurm jobs' nodes do not
@@ -24,6 +29,7 @@ runs (tests/integration/test_slurm_pmix.py).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -47,6 +53,7 @@ PP_REPS = 200
 HPCC_RANKS = 8
 HPCC_N = 1024  # small: 8 MiB matrix, 8 ranks on the node's CPUs
 HPCC_NB = 64
+HPCC_N_VM = 256  # a TCG guest is 10-50x slower
 STEPS = 3  # timed steps per allocation, after one that brings it up
 TIMEOUT_S = 600
 # Ranks may outnumber CPUs (8 HPCC ranks on 2): both launchers yield when idle.
@@ -71,15 +78,6 @@ def spec_text(name: str, subnet: str, kind: str, computes: int) -> str:
 def preflight(kind: str) -> None:
     if kind not in KINDS:
         raise InputError(f"--kind {kind}", "unknown", "--kind container or --kind vm")
-    if kind == "vm":
-        # The programs and HPCC's input live in the job's directory, which the
-        # site's binds share with containers but not into guests (docs/slurm.md,
-        # Limits): they would have to be staged into each guest first.
-        raise InputError(
-            "--kind vm",
-            "guests do not see the job's directory this benchmark runs its programs from",
-            "for VM figures of srun --mpi=pmix against mpirun run scripts/bench/vm-pmix.py",
-        )
     if os.geteuid() != 0:
         raise MissingDependency("bench pmix", "needs root (slurmd, containers)", "run as root")
     missing = [b for b in BINARIES if shutil.which(b) is None]
@@ -103,21 +101,44 @@ def _submit(
     return r
 
 
-def _launch(how: str, ranks: int, spec: Path, command: str) -> list[str]:
+def _launch(
+    how: str, ranks: int, spec: Path, command: str, before: str = "", after: str = ""
+) -> list[str]:
     """srun argv running ``command`` as ``ranks`` MPI ranks in the spec's one
-    node: Slurm's PMIx launch, or mpirun as the step's one task in that node."""
+    node: Slurm's PMIx launch, or mpirun as the step's one task in that node;
+    ``before`` and ``after`` are shell run around it (per task under srun)."""
     if how == "srun":
         return ["srun", "-N1", f"-n{ranks}", "-O", "--mpi=pmix", f"--hpvc={spec}",
-                "sh", "-c", f"env {MPI_ENV} {command}"]  # fmt: skip
+                "sh", "-c", f"{before}env {MPI_ENV} {command}{after}"]  # fmt: skip
     mpirun = f"mpirun --mca plm isolated --host localhost:{ranks} -np {ranks} --bind-to none"
-    return ["srun", "-N1", "-n1", f"--hpvc={spec}",
-            "sh", "-c", f"{NO_SLURM}; exec env {MPI_ENV} {mpirun} {command}"]  # fmt: skip
+    run = f"{before}env {MPI_ENV} {mpirun} {command}{after}"
+    return ["srun", "-N1", "-n1", f"--hpvc={spec}", "sh", "-c", f"{NO_SLURM}; {run}"]
+
+
+# A guest sees nothing of the job's directory (the site's binds stay on the
+# host): its programs and input travel in the command line, into its /tmp.
+RANK0 = ' && if [ "${SLURM_PROCID:-0}" = 0 ]; then cat hpccoutf.txt; fi'
+
+
+def _carried(binary: Path) -> tuple[str, str]:
+    """Shell that writes ``binary`` into the node's /tmp, and its path there."""
+    data = base64.b64encode(binary.read_bytes()).decode()
+    path = "/tmp/pingpong.$$"  # one per task: tasks of one node write at once
+    return f"echo {data} | base64 -d > {path} && chmod +x {path} && ", path
 
 
 def pingpong(
-    cluster: SlurmCluster, user: Submitter, work: Path, spec: Path, how: str, binary: Path
+    cluster: SlurmCluster,
+    user: Submitter,
+    work: Path,
+    spec: Path,
+    how: str,
+    binary: Path,
+    carry: bool = False,
 ) -> dict[str, float]:
-    r = _submit(cluster, user, work, _launch(how, 2, spec, f"{binary} {PP_BYTES} {PP_REPS}"))
+    before, path = _carried(binary) if carry else ("", str(binary))
+    argv = _launch(how, 2, spec, f"{path} {PP_BYTES} {PP_REPS}", before)
+    r = _submit(cluster, user, work, argv)
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     if not rows or rows[-1]["bytes"] != PP_BYTES:
         why = (r.stdout + r.stderr).strip()[-400:]
@@ -127,16 +148,27 @@ def pingpong(
 
 
 def hpcc(
-    cluster: SlurmCluster, user: Submitter, work: Path, spec: Path, how: str, tag: str
+    cluster: SlurmCluster,
+    user: Submitter,
+    work: Path,
+    spec: Path,
+    how: str,
+    tag: str,
+    carry: bool = False,
 ) -> dict[str, float]:
+    n = HPCC_N_VM if carry else HPCC_N
+    p, q = hpcc_input.grid(HPCC_RANKS)
+    text = hpcc_input.input_text(n, HPCC_NB, p, q)
+    if carry:  # written in the node's /tmp, the output read back by rank 0
+        before = f"cd /tmp && printf '%s' '{text}' > hpccinf.$$ && mv -f hpccinf.$$ hpccinf.txt && "
+        out = _submit(cluster, user, work, _launch(how, HPCC_RANKS, spec, "hpcc", before, RANK0))
+        return hpcc_parse.checked(out.stdout, n, f"hpcc under {how}")
     d = work / f"hpcc-{tag}"
     d.mkdir()
-    p, q = hpcc_input.grid(HPCC_RANKS)
-    (d / "hpccinf.txt").write_text(hpcc_input.input_text(HPCC_N, HPCC_NB, p, q))
+    (d / "hpccinf.txt").write_text(text)
     os.chown(d, user.uid, user.gid)
     _submit(cluster, user, d, _launch(how, HPCC_RANKS, spec, "hpcc"))
-    text = (d / "hpccoutf.txt").read_text()
-    return hpcc_parse.checked(text, HPCC_N, f"hpcc under {how}")
+    return hpcc_parse.checked((d / "hpccoutf.txt").read_text(), n, f"hpcc under {how}")
 
 
 def launch_steps(
@@ -164,14 +196,16 @@ def one_rep(
     binary: Path,
     rep: int,
     progress: Progress,
+    carry: bool = False,
 ) -> list[dict[str, Any]]:
     runs: list[tuple[str, str, Any]] = []
+    one = specs["one"]
     for how in ("srun", "mpirun"):
         runs.append(
-            ("pingpong", how, lambda h=how: pingpong(cluster, user, work, specs["one"], h, binary))
+            ("pingpong", how, lambda h=how: pingpong(cluster, user, work, one, h, binary, carry))
         )
         runs.append(
-            ("hpcc", how, lambda h=how: hpcc(cluster, user, work, specs["one"], h, f"{rep}-{h}"))
+            ("hpcc", how, lambda h=how: hpcc(cluster, user, work, one, h, f"{rep}-{h}", carry))
         )
     for config in ("plain", "hpvc"):
         spec = specs["two"] if config == "hpvc" else None
@@ -257,7 +291,9 @@ def run(
             )
             version = r.stdout.strip() or "unknown"
             for rep in range(repeat):
-                rows += one_rep(cluster, submitter, work, specs, binary, rep, progress)
+                rows += one_rep(
+                    cluster, submitter, work, specs, binary, rep, progress, kind == "vm"
+                )
             left = cluster.sweep(cluster.env["HPVC_BIN"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
