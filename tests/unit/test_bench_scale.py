@@ -84,3 +84,23 @@ def test_host_counts_outside_the_test_cluster_are_refused(bad: list[int]) -> Non
 def test_host_list_must_be_numbers(bad: str) -> None:
     with pytest.raises(InputError):
         parse_hosts(bad)
+
+
+def test_forwarding_batch_is_the_full_mesh_in_bridge_batch_lines() -> None:
+    """What hpvc.host.vxlan writes with one `bridge -batch` (issue 33: one
+    batch, not one pyroute2 request per entry): per other host one all-zeros
+    entry, per remote node one entry on the link and one on the bridge port."""
+    from hpvc.host.vxlan import forwarding_batch
+    from hpvc.plan.overlay import Overlay, Vtep
+
+    remotes = tuple(
+        Vtep(f"n{h}", f"10.250.0.{h}", tuple((f"c{h}{k}", "ip", f"02:00:00:00:0{h}:0{k}")
+                                             for k in range(2)))
+        for h in (2, 3)
+    )  # fmt: skip
+    lines = forwarding_batch("hpvc-vx1", Overlay(42, "10.250.0.1", remotes, 1450)).splitlines()
+    assert len(lines) == 2 * (1 + 2 * 2)
+    assert lines[0] == "fdb append 00:00:00:00:00:00 dev hpvc-vx1 dst 10.250.0.2 self permanent"
+    assert "fdb replace 02:00:00:00:03:01 dev hpvc-vx1 dst 10.250.0.3 self permanent" in lines
+    assert lines[-1] == "fdb replace 02:00:00:00:03:01 dev hpvc-vx1 master static"
+    assert forwarding_batch("hpvc-vx1", Overlay(42, "10.250.0.1", (), 1450)) == ""
