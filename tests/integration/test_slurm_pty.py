@@ -52,6 +52,7 @@ def test_srun_pty_into_a_vm_guest(slurm: Env, one_guest: Path, how: str) -> None
         if status != 7:  # what a failed run left: the job, by its owner
             slurm.run("scancel", f"--user={slurm.user.name}")
     screen = term.out.decode(errors="replace")
+    print(screen[-3000:])  # what the terminal showed (pytest -rP)
     assert status == 7, screen[-1500:]
     assert "not a tty" not in screen
     wait_vm_clean(slurm, last_job(slurm), timeout=120)
