@@ -10,7 +10,6 @@ extras keeps the digest it had before extras existed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterable
@@ -152,6 +151,8 @@ class ImageSpec:
 
     @property
     def digest(self) -> str:
+        import hashlib  # here: `hpvc image ls` reads digests, it computes none (issue 33)
+
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
