@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.bench.slurm import cluster as bench_slurm
-from tests.helpers import ROOT
+from tests.helpers import ROOT, requires
 from tests.integration.conftest import slurm_env
 from tests.integration.slurm_env import Env, last_job, spec_text
 from tests.integration.test_cluster import hpvc_cgroups
@@ -220,3 +220,30 @@ def restart_host(big: Env, host: str) -> None:
             stdout=log, stderr=log, start_new_session=True,
         )  # fmt: skip
     wait_idle(big, host)
+
+
+UP = os.path.join(ROOT, "scripts", "slurm", "up.sh")
+
+
+def test_host_count_out_of_range_is_refused_before_anything(tmp_path: Path) -> None:
+    """HOSTS=40 (HPVC_SLURM_HOSTS): one line naming the fix, exit 2, nothing made."""
+    requires("root")
+    tmp_path.chmod(0o755)
+    d = tmp_path / "slurm"
+    env = dict(os.environ, HPVC_SLURM_DIR=str(d), HPVC_SLURM_HOSTS="40")
+    r = subprocess.run(["bash", UP], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "slurm-up: HOSTS=40: give a number of hosts from 1 to 32 (e.g. HOSTS=8 make slurm-up)"
+    )
+    assert not d.exists()
+
+
+def test_another_host_count_for_a_running_cluster_is_refused(big: Env) -> None:
+    """The module's 16-host cluster asked for 3 hosts: refused (exit 2), still 16 idle."""
+    env = dict(big.env, HPVC_SLURM_HOSTS="3")
+    r = subprocess.run(["bash", UP], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"holds a cluster of {HOSTS} hosts, not 3" in r.stderr, r.stderr
+    idle = big.run("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.split()
+    assert sum(int(x) for x in idle) == HOSTS, idle
