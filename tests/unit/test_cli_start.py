@@ -206,3 +206,24 @@ def test_no_page_is_kept_in_a_folder_of_another_user(tmp_path: Path) -> None:
     out, _ = _run(["up", "--help"], env, [])
     assert "Usage: hpvc up" in out
     assert not (theirs / "cache").exists()
+
+
+def test_the_cache_keeps_only_the_newest_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("HPVC_HELP_CACHE", raising=False)
+    monkeypatch.setattr(helpcache, "KEEP", 3)
+    pages = tmp_path / "hpvc" / "help"
+    pages.mkdir(parents=True)
+    for i in range(5):
+        (pages / f"old{i}").write_text("x")
+        os.utime(pages / f"old{i}", ns=(i * 10**9, i * 10**9))
+
+    def command(args: list[str]) -> None:
+        sys.stdout.write(" Usage: hpvc x [OPTIONS]\n")
+
+    helpcache.recorded(["x", "--help"], command)
+    assert sorted(p.name for p in pages.iterdir()) == sorted(
+        ["old3", "old4", helpcache.key(["x", "--help"])]
+    )

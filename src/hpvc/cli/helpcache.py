@@ -50,6 +50,7 @@ ENV_NAMES = frozenset(
 )  # fmt: skip
 ENV_PREFIXES = ("TYPER_", "_TYPER_", "HPVC_", "LC_", "PYTHON")
 USAGE = "Usage:"
+KEEP = 200  # pages kept per user (a few KiB each)
 
 
 def is_help(args: list[str]) -> bool:
@@ -192,5 +193,17 @@ def _keep(name: str, page: str) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(page.encode("utf-8", "surrogateescape"))
         os.replace(tmp, os.path.join(where, name))
+        _prune(where)
     except OSError:
         return  # a cache that cannot be written is no cache
+
+
+def _prune(where: str) -> None:
+    """Keep the newest ``KEEP`` pages: every edit or upgrade keys new ones."""
+    with os.scandir(where) as entries:
+        pages = [(e.stat().st_mtime_ns, e.path) for e in entries if e.is_file()]
+    for _, path in sorted(pages)[:-KEEP]:
+        try:
+            os.unlink(path)
+        except OSError:
+            continue  # another hpvc removed it first
