@@ -4,7 +4,7 @@ with the step's PMIx server (on the host's loopback) reached through the
 plugin's forwarder in each node (native/spank/pmixfwd.c); Open MPI across two
 hosts under PMIx and MPICH under PMI-2; and ``srun --pty`` (also inside a
 ``salloc``) giving a real terminal of the node's own (native/spank/ptyrelay.c),
-driven through a pty of the test's own (``Pty``) as a person at a terminal
+driven through a real pty (tests/terminal.py) as a person at a terminal
 would.
 
 Every job is an ordinary user's (tests/tenants.py) on a private Slurm test
@@ -13,17 +13,11 @@ cluster whose site allows the ``hpc`` and ``mpich`` images.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import json
 import os
-import pty
 import re
-import select
-import signal
-import struct
 import subprocess
-import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +30,7 @@ from tests.helpers import build_pingpong, requires
 from tests.integration.conftest import slurm_env
 from tests.integration.slurm_env import Env, last_job, spec_text
 from tests.integration.test_run_mpi import mpich_ready
+from tests.terminal import Terminal, scenario
 
 
 @pytest.fixture(scope="module")
@@ -177,78 +172,13 @@ def test_mpich_under_pmi2_across_two_hosts(slurm: Env) -> None:
     slurm.wait_clean(last_job(slurm))
 
 
-class Pty:
-    """``argv`` as the session leader of a new pty (its controlling terminal),
-    as a terminal emulator starts a shell; ``type``/``wait_for`` on the master."""
-
-    def __init__(self, argv: list[str], slurm: Env) -> None:
-        self.master, slave = pty.openpty()
-        self.resize(24, 80)
-        self.out = b""
-        self.seen = 0
-        user = slurm.user
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdin=slave, stdout=slave, stderr=slave, cwd=slurm.work,
-                env=slurm.cluster.user_env(user), user=user.uid, group=user.gid,
-                extra_groups=[], start_new_session=True,
-                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
-            )  # fmt: skip
-        finally:
-            os.close(slave)
-
-    def resize(self, rows: int, cols: int) -> None:
-        """As a terminal emulator's window: the kernel sends srun SIGWINCH."""
-        fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-    def type(self, text: str) -> None:
-        os.write(self.master, text.encode())
-
-    def _read(self, timeout: float) -> bool:
-        if not select.select([self.master], [], [], timeout)[0]:
-            return True
-        try:
-            chunk = os.read(self.master, 65536)
-        except OSError:  # EIO: srun and everything on the slave are gone
-            return False
-        self.out += chunk
-        return bool(chunk)
-
-    def wait_for(self, pattern: str, timeout: float = 60) -> bytes:
-        rx = re.compile(pattern.encode())
-        deadline = time.monotonic() + timeout
-        while not (m := rx.search(self.out, self.seen)):
-            alive = self._read(min(0.5, max(0.0, deadline - time.monotonic())))
-            if time.monotonic() > deadline or not alive:
-                if m := rx.search(self.out, self.seen):
-                    break
-                screen = self.out[-1500:].decode(errors="replace")
-                raise AssertionError(f"no {pattern!r} within {timeout} s; screen:\n{screen}")
-        self.seen = m.end()
-        return m.group(0)
-
-    def status(self, timeout: float = 60) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None and time.monotonic() < deadline:
-            self._read(0.2)
-        return self.proc.wait(timeout=1)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)  # srun or salloc: ours, by PID
-            self.proc.wait(timeout=30)
-        os.close(self.master)
-
-
-PROMPT = r"pmix-t> "
-
-
 @pytest.mark.parametrize("how", ["srun", "salloc"])
 def test_srun_pty_is_a_real_terminal_in_the_node(slurm: Env, spec: Path, how: str) -> None:
     """`srun --pty bash` (and `salloc` then `srun --pty bash`) through a real
-    pty: `tty` names a pty of the node's, `stty size` follows a resize,
-    Ctrl-C interrupts the foreground job, Ctrl-Z stops it and `jobs` says so,
-    and `exit 7` is srun's exit status."""
+    pty (tests/terminal.py): `tty` names a pty of the node's and the shell is
+    compute0's, `stty size` follows a resize, Ctrl-C interrupts the
+    foreground job, Ctrl-Z stops it and `jobs` says so, and `exit 7` is
+    srun's exit status."""
     srun = ["srun", "--pty", "-N1", "-n1"]
     shell = ["bash", "--norc", "--noprofile", "-i"]
     argv = (
@@ -256,56 +186,17 @@ def test_srun_pty_is_a_real_terminal_in_the_node(slurm: Env, spec: Path, how: st
         if how == "srun"
         else ["salloc", "-N1", f"--hpvc={spec}", *srun, *shell]
     )
-    term = Pty(argv, slurm)
+    user = slurm.user
+    term = Terminal(
+        argv, env=slurm.cluster.user_env(user), cwd=slurm.work, uid=user.uid, gid=user.gid
+    )
+    status = None
     try:
-        # Spelled so that the echo of the typed line cannot match the prompt.
-        term.type("PS1='pmix''-t> '; PROMPT_COMMAND=\r")
-        term.wait_for(PROMPT)
-        term.type("tty; echo node=$(hostname)\r")
-        assert re.match(rb"/dev/pts/\d+\r\n", term.wait_for(r"[^\n]*\r\nnode=\w+"))
-        term.wait_for(PROMPT)
-        term.type("stty size\r")
-        term.wait_for(r"\n24 80\r\n")
-        term.resize(33, 101)
-        term.wait_for(PROMPT)
-        deadline = time.monotonic() + 30
-        while True:  # srun passes the resize on asynchronously
-            term.type("stty size\r")
-            size = term.wait_for(r"\n\d+ \d+\r\n")
-            term.wait_for(PROMPT)
-            if b"33 101" in size:
-                break
-            assert time.monotonic() < deadline, f"stty size stayed {size!r} after a resize"
-            time.sleep(0.5)
-        term.type("sleep 1000; echo after-''sleep\r")
-        time.sleep(1.5)
-        term.type("\x03")  # Ctrl-C: the whole line interrupted, the shell stays
-        term.wait_for(PROMPT, 20)
-        term.type("echo alive$((6*7))\r")
-        term.wait_for("alive42")
-        term.wait_for(PROMPT)
-        assert b"after-sleep" not in term.out
-        term.type("sleep 1001\r")
-        time.sleep(1.5)
-        term.type("\x1a")  # Ctrl-Z
-        term.wait_for(r"Stopped", 20)
-        term.wait_for(PROMPT)
-        term.type("jobs\r")
-        term.wait_for(r"\[1\]\+\s+Stopped\s+sleep 1001")
-        term.wait_for(PROMPT)
-        term.type("kill -9 %1\r")
-        term.wait_for(PROMPT)
-        term.type("exit 7\r")
-        try:  # bash warns once if the killed job is still listed; then exits
-            term.wait_for("There are stopped jobs", 3)
-            term.type("exit 7\r")
-        except AssertionError:
-            pass
-        status = term.status()
+        status = scenario(term, 60, host="compute0")
     finally:
         term.close()
-        if term.proc.returncode != 7:  # a job a killed salloc or srun left
-            slurm.run("scancel", f"--user={slurm.user.name}")
+        if status != 7:  # a job a killed salloc or srun left
+            slurm.run("scancel", f"--user={user.name}")
             slurm.wait_clean(last_job(slurm))
     assert status == 7, term.out[-1500:].decode(errors="replace")
     assert b"not a tty" not in term.out
