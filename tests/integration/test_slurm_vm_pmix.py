@@ -7,24 +7,47 @@ PMIx connection carried by the task relay (native/agent/chan.c); ``--mpi=pmi2``
 gives each guest task a PMI_FD on which a PMI-1 dialogue with Slurm's server
 (init, kvsname, a barrier across both hosts, finalize) completes; a guest task
 that sends anything but its own PMIx connection request through the channel
-is refused on the host and gets nothing back.
+is refused on the host and gets nothing back. Debian's MPICH (the ``mpich``
+image, listed by the site beside ``hpc``) runs under ``--mpi=pmi2`` too.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from hpvc.bench.locality import runner as locality
+from hpvc.bench.slurm import cluster as bench_slurm
+from hpvc.image import resolve_image
+from hpvc.image.guest import build_guest
 from tests.helpers import requires
+from tests.integration.conftest import slurm_env
 from tests.integration.slurm_env import Env
+from tests.integration.test_cluster import image_ready
 from tests.integration.test_slurm_vm import (  # noqa: F401 (the module's fixtures)
-    slurm,
+    VM_SPEC,
     submit,
     vm_spec,
     wait_done,
     wait_vm_clean,
 )
+
+
+@pytest.fixture(scope="module")
+def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+    """The test cluster, its site allowing VM nodes of the hpc and mpich
+    images; their guests built before any job."""
+    requires("root", "qemu", "mpicc.mpich")
+    image_ready()
+    locality.ensure_image(locality.MPIS["mpich"], print)  # Debian's mpich alone, built once
+    for name in ("hpc", "mpich"):
+        build_guest(resolve_image(name))
+    yield from slurm_env(tenants, "kinds=container,vm images=hpc,mpich")
+
 
 # Every rank: its rank, the world's size, its guest, the sum of all ranks
 # (an allreduce) and, for rank 0, a token passed once round the ring (each
@@ -134,4 +157,35 @@ def test_srun_mpi_pmix_and_pmi2_start_ranks_in_the_guests(slurm: Env, vm_spec: P
     m = re.search(r"compute0 port=(\d+) answered (\d+)", part["foreign"])
     assert m is not None and m.group(2) == "0", text
     assert "PMIx channel from the guest refused: not a PMIx connection request" in text, text
+    wait_vm_clean(slurm, job)
+
+
+MPICH_JOB = """set -u
+srun -N2 -n2 --input=all sh -c 'cat > /root/ring && chmod +x /root/ring' < ring-mpich
+echo "step mpich:"
+srun -N2 -n2 --mpi=pmi2 /root/ring
+echo "mpich status $?"
+"""
+
+
+def test_debians_mpich_runs_under_srun_mpi_pmi2_in_the_guests(slurm: Env) -> None:
+    """The mpich image's MPICH 4.0.2, a rank in each host's guest with
+    Slurm's pmi2 as its process manager (PMI_FD carried by the relays): both
+    report, the allreduce and the ring across the hosts are right."""
+    (slurm.work / "ring.c").write_text(RING_C)
+    cc = ["mpicc.mpich", "-O2", "-o", str(slurm.work / "ring-mpich"), str(slurm.work / "ring.c")]
+    subprocess.run(cc, check=True)
+    spec = slurm.work / "vm-mpich.toml"
+    spec.write_text(VM_SPEC.replace('image = "hpc"', 'image = "mpich"'))
+    out = slurm.work / "mpich-job.out"
+    job = submit(slurm, spec, MPICH_JOB, out)
+    wait_done(slurm, job, timeout=300)
+    text = out.read_text()
+    part = sections(text)
+    ranks = sorted(ln for ln in part["mpich"].splitlines() if ln.startswith("rank "))
+    assert ranks == [
+        "rank 0 of 2 on compute0 sum 1 token 101",
+        "rank 1 of 2 on compute1 sum 1 token 0",
+    ], text
+    assert "mpich status 0" in part["mpich"], text
     wait_vm_clean(slurm, job)
