@@ -98,6 +98,29 @@ def test_listings_import_no_typer_and_print_what_typer_would(
         assert "c" in (json.loads(out)[0]["name"] if "--json" in argv else out)
 
 
+@pytest.mark.parametrize("argv", [["status", "c"], ["status", "c", "--json"],
+                                  ["status", "--json", "c"]])  # fmt: skip
+def test_status_imports_no_typer_schema_netlink_or_planner_and_prints_what_typer_would(
+    argv: list[str], tmp_path: Path
+) -> None:
+    """A record of a cluster whose nodes do not run here: status reads the kernel
+    (no container, no namespace, no cgroup: each said so per node) as typer's."""
+    now = time.time() - 5
+    rec = ClusterRecord("c", spec(), "c.toml", plan_json(spec()), "running", now, now,
+                        backend="crun")  # fmt: skip
+    Store(tmp_path / "state").save(rec)
+    env = _env(tmp_path, PATH=os.environ["PATH"])  # crun, nsenter and ip, where they are
+    out, loaded = _run(argv, env, [*HEAVY, "hpvc.spec.model", "hpvc.render.libvirt"])
+    assert loaded == []
+    assert out == _by_typer(argv, env)
+    if "--json" in argv:
+        doc = json.loads(out)
+        assert [n["name"] for n in doc["nodes"]] == ["head0", "compute0", "compute1"]
+        assert "does not exist" in doc["nodes"][0]["network"]["error"]
+    else:
+        assert "cluster c: running" in out and "head0" in out
+
+
 def test_image_ls_with_a_store_runs_quick_and_reads_that_store(tmp_path: Path) -> None:
     store = tmp_path / "images"
     store.mkdir()
@@ -112,8 +135,9 @@ def test_image_ls_with_a_store_runs_quick_and_reads_that_store(tmp_path: Path) -
     "argv",
     [["ls", "--jsn"], ["ls", "x"], ["image", "ls", "--store"],
      ["image", "ls", "--json", "--json"], ["image", "ls", "--store", "--json"],
-     ["image", "rm", "x"], ["--debug", "ls"], ["status", "c"], ["node", "ls", "-h"],
-     ["node", "up"]],
+     ["image", "rm", "x"], ["--debug", "ls"], ["status"], ["status", "--json"],
+     ["status", "c", "d"], ["status", "c", "--json", "--json"], ["status", "--help"],
+     ["status", "-x"], ["status", "c", "-h"], ["node", "ls", "-h"], ["node", "up"]],
 )  # fmt: skip
 def test_anything_but_the_exact_quick_forms_is_left_to_typer(argv: list[str]) -> None:
     assert quick.run(argv) is False

@@ -128,11 +128,12 @@ def cli(argv: list[str]) -> None:
 
 def test_status_json_carries_the_digests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hpvc.cluster import ops
+    from hpvc.cluster import status as status_mod  # where ops.status lives (issue 33)
 
     store = saved(tmp_path, spec(), {"head0": OLD, "compute0": OLD, "compute1": OLD})
-    monkeypatch.setattr(ops, "_node_status", lambda *a: {})
-    monkeypatch.setattr(ops, "_shared_dir", lambda env: None)
-    monkeypatch.setattr(ops, "_across_hosts", lambda *a: None)
+    monkeypatch.setattr(status_mod, "_node_status", lambda *a: {})
+    monkeypatch.setattr(status_mod, "_shared_dir", lambda env: None)
+    monkeypatch.setattr(status_mod, "_across_hosts", lambda *a: None)
     st = ops.status("c", store)
     assert st["image"] == "mine"
     assert st["image_digests"] == {OLD: ["compute0", "compute1", "head0"]}

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
-from hpvc.spec import Spec
 from hpvc.store import ClusterRecord, Store
 
 if TYPE_CHECKING:  # host.orphans loads netlink: only gc needs it
     from hpvc.host.orphans import Keep, Orphan
+    from hpvc.spec import Spec  # the schema (pydantic): not on status's path (issue 33)
 
 
 class State:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from typing import TYPE_CHECKING
 
 from hpvc.backends.base import Backend
 from hpvc.errors import HpvcError, SpecError
-from hpvc.spec import Spec
+
+if TYPE_CHECKING:  # the schema (pydantic): not on status's path (issue 33 item 4)
+    from hpvc.spec import Spec
 
 # name -> "module:Class". The name is stored in each cluster's record.
 BACKENDS: dict[str, str] = {

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpvc.backends.base import ClusterEnv
-from hpvc.coordinator.coordinator import server_io
 from hpvc.errors import InputError
 from hpvc.host import nfs_backing, nfs_mount, nfs_server
 from hpvc.image import resolve_image
@@ -31,7 +30,9 @@ from hpvc.image.rootfs import in_root
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SharedPlan
 from hpvc.spark.model import IMAGE_JAVA_HOME, IMAGE_SPARK_HOME
-from hpvc.spec import Spec
+
+if TYPE_CHECKING:  # the spec's schema (pydantic): not on status's path (issue 33 item 4)
+    from hpvc.spec import Spec
 
 MOUNT_TIMEOUT_S = 30.0  # a node waits this long for the server (another host may be slower)
 SERVER_TIMEOUT_S = 20.0
@@ -125,6 +126,10 @@ def before_container(env: ClusterEnv, plan: Plan, name: str, netns_path: str) ->
     j = env.node_journal(name)
     node_dir = env.node_dir(name)
     if name == sh.node:
+        # imported here: the coordinator loads the site config's schema (pydantic),
+        # which status and the nodes without the NFS server never need (issue 33)
+        from hpvc.coordinator.coordinator import server_io
+
         io = server_io(j, env.name, export_dir(env, sh))  # docs/io.md
         nfs_server.start(
             j,

@@ -1,4 +1,4 @@
-"""The listing commands run without typer: ``hpvc ls``, ``hpvc image ls``, ``hpvc node ls``.
+"""Commands run without typer: ``hpvc ls``, ``image ls``, ``node ls``, ``status NAME``.
 
 Why a hand-made dispatcher in front of typer: for these commands typer
 itself is the cost. Importing it (and the click it vendors) and building
@@ -38,6 +38,18 @@ def _image_ls(rest: list[str]) -> bool:
     return True
 
 
+def _status(rest: list[str]) -> bool:
+    """``status NAME [--json]``, ``--json`` before or after NAME; a NAME that
+    looks like an option (``-x``, ``--help``) is typer's to judge."""
+    words = [w for w in rest if w != "--json"]
+    if len(words) != 1 or len(rest) - len(words) > 1 or words[0].startswith("-"):
+        return False
+    from hpvc.cli.status_view import run_status
+
+    run_status(words[0], as_json=len(rest) == 2)
+    return True
+
+
 def run(args: list[str]) -> bool:
     """Run ``args`` here if it is one of the quick forms; False to leave it to typer."""
     if args in (["ls"], ["ls", "--json"]):
@@ -47,6 +59,8 @@ def run(args: list[str]) -> bool:
         return True
     if args[:2] == ["image", "ls"]:
         return _image_ls(args[2:])
+    if args[:1] == ["status"] and _status(args[1:]):
+        return True
     if args in (["node", "ls"], ["node", "ls", "--json"]):
         from hpvc.cli.listings import show_shares
 

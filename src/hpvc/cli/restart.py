@@ -6,8 +6,8 @@ import time
 
 import typer
 
-from hpvc.cli.cluster import show_status
 from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.status_view import show_status
 from hpvc.cluster import ops
 from hpvc.cluster.restart import restart
 from hpvc.errors import InputError, require_root

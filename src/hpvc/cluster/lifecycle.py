@@ -27,6 +27,7 @@ from typing import Any
 from hpvc.backends import registry
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.cluster import images, pages
+from hpvc.cluster.status import open_env as open_env
 from hpvc.cluster.subnets import claim_subnet
 from hpvc.cluster.teardown import down as down
 from hpvc.cluster.teardown import teardown as teardown
@@ -62,17 +63,6 @@ def preflight(spec: Spec, origin: str = "<spec>") -> Backend:
 
 def hostname() -> str:
     return socket.gethostname() or "localhost"
-
-
-def open_env(store: Store, rec: ClusterRecord) -> tuple[Backend, ClusterEnv]:
-    """A cluster's backend and the typed view of its state on this host."""
-    backend = registry.get(rec.backend or _legacy_backend(rec))
-    return backend, ClusterEnv(store, rec, backend.load_state(rec.backend_state))
-
-
-def _legacy_backend(rec: ClusterRecord) -> str:
-    """Records written before backends were named: the backend their spec asks for."""
-    return registry.name_for(parse_spec(rec.spec, rec.spec_path))
 
 
 def _prepare(

@@ -4,7 +4,8 @@
 the runtime, pools from the kernel, and whether the ``up``/``scale``/``down``
 a record says is under way still runs (its holder of the cluster's lock). A
 record stuck in ``creating`` with nobody holding the lock is an interrupted
-``up``: its nodes may run, and ``hpvc down NAME`` takes them away.
+``up``: its nodes may run, and ``hpvc down NAME`` takes them away. It lives in
+hpvc.cluster.status, which loads less than this module (issue 33 item 4).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hpvc.backends.base import Backend, ClusterEnv
+from hpvc.backends.base import ClusterEnv
 from hpvc.cluster import hydra, pmi
-from hpvc.cluster.lifecycle import open_env
-from hpvc.cluster.listing import under_way
+from hpvc.cluster.status import open_cluster as _open
+from hpvc.cluster.status import open_env
+from hpvc.cluster.status import status as status
 from hpvc.errors import HpvcError, InputError, MissingDependency, require_root
-from hpvc.host import cgroupfs, hugepages, procfs, vxlan
+from hpvc.host import cgroupfs, procfs, vxlan
 from hpvc.image import resolve_image
 from hpvc.image.mpi import MPICH, ImageMpi, find_mpi
 from hpvc.plan import Plan, PlannedNode
@@ -30,109 +31,6 @@ from hpvc.render.files import mpi_nodes
 from hpvc.store import Store
 
 MPIRUN = "mpirun.openmpi"
-
-
-def _node_status(
-    backend: Backend, env: ClusterEnv, plan: Plan, node: PlannedNode
-) -> dict[str, Any]:
-    return {
-        "name": node.name,
-        "role": node.role,
-        "host": node.host,
-        "planned": {"cpus": list(node.cpuset), "memory_mib": node.memory_mib, "ip": node.ip},
-        **backend.node_status(env, plan, node),
-    }
-
-
-def _pools(plan: Plan) -> list[dict[str, Any]]:
-    """The host pools the plan draws on, as the kernel counts them now."""
-    out = []
-    for h in plan.hosts:
-        for g in h.hugepages:
-            try:
-                total, free = hugepages.pool_state(g.host_node, g.size_kib)
-            except (OSError, HpvcError):
-                total = free = -1
-            out.append(
-                {
-                    "host": h.name,
-                    "host_node": g.host_node,
-                    "size_kib": g.size_kib,
-                    "planned": g.count,
-                    "total": total,
-                    "free": free,
-                    "in_use": total - free if total >= 0 else None,
-                }
-            )
-    return out
-
-
-def _across_hosts(name: str, overlay: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The cluster network across hosts: as planned, and as the kernel has it."""
-    if not overlay or not overlay.get("remotes"):
-        return None
-    try:
-        kernel = vxlan.read_back(name, int(overlay["vni"]))
-    except (OSError, HpvcError) as e:
-        kernel = {"error": str(e)}
-    return {
-        "vni": overlay["vni"],
-        "local": overlay["local"],
-        "hosts": [r["address"] for r in overlay["remotes"]],
-        "kernel": kernel,
-    }
-
-
-def _shared_dir(env: ClusterEnv) -> dict[str, Any] | None:
-    """The directory every node sees at /shared, where the backend made one (a
-    backend that shares none, VMs, says ``"shared_dir": None`` in its summary)."""
-    host = env.dir / "shared"
-    return {"server": "host", "path": "/shared", "host": str(host)} if host.is_dir() else None
-
-
-def _spark(plan: Plan) -> dict[str, Any]:
-    """A Spark cluster's master and live workers (read from the master itself)."""
-    if plan.spark is None:
-        return {}
-    from hpvc.cluster import spark  # only Spark clusters pay its import
-
-    return {"spark": spark.status(plan)}
-
-
-def status(name: str, store: Store | None = None) -> dict[str, Any]:
-    """Nodes, states, addresses and limits as the kernel reports them now."""
-    store = store or Store()
-    backend, env, plan = _open(name, store)
-    rec = env.rec
-    return {
-        "cluster": name,
-        "status": rec.status,
-        **under_way(store, rec),
-        "kind": plan.kind,
-        "image": plan.image,
-        "image_digests": rec.image_digests(),  # digest -> its nodes (hpvc.cluster.images)
-        "bridge": plan.network.bridge,
-        "subnet": plan.network.subnet,
-        "mtu": plan.network.mtu,
-        "locality": rec.spec.get("tuning", {}).get("locality", "shm"),
-        "up_seconds": rec.up_seconds,
-        "phases": rec.phases,
-        "shared_dir": _shared_dir(env),
-        "hugepages": _pools(plan),
-        "accelerator": None,
-        "accelerator_warning": None,
-        **backend.summary(env),
-        "across_hosts": _across_hosts(rec.name, rec.overlay),
-        **_spark(plan),
-        "nodes": [_node_status(backend, env, plan, n) for n in plan.nodes],
-    }
-
-
-def _open(name: str, store: Store | None) -> tuple[Backend, ClusterEnv, Plan]:
-    """A cluster's backend, its typed state on this host and its plan."""
-    store = store or Store()
-    backend, env = open_env(store, store.get(name))
-    return backend, env, env.rec.the_plan()
 
 
 def _node(plan: Plan, name: str, node: str) -> PlannedNode:

@@ -28,41 +28,24 @@ import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypedDict
-
-from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
+from typing import Any
 
 from hpvc.errors import HpvcError
 from hpvc.host import netns as nsenter
 from hpvc.host.journal import Args, Journal, undoer
+from hpvc.host.linkinfo import NETNS_DIR as NETNS_DIR
+from hpvc.host.linkinfo import NODE_IFNAME as NODE_IFNAME
+from hpvc.host.linkinfo import LinkInfo as LinkInfo
+from hpvc.host.linkinfo import Neighbor as Neighbor
+from hpvc.host.linkinfo import netns_path as netns_path
+from hpvc.host.linkinfo import read_link as read_link
 from hpvc.host.probe import BRIDGE_NF_KNOBS
 
-NETNS_DIR = "/run/netns"
-NODE_IFNAME = "eth0"
 IFNAME_MAX = 15  # IFNAMSIZ - 1
 NUD_PERMANENT = 0x80
 _ENODEV = 19
 _NETNS_NAME = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 _PREFIX = re.compile(r"[a-z][a-z0-9]{0,6}")
-
-
-class Neighbor(TypedDict):
-    """One permanent ARP entry."""
-
-    ip: str
-    mac: str
-
-
-class LinkInfo(TypedDict):
-    """What the kernel says about a node's interface (read back, not planned)."""
-
-    ifname: str
-    address: str | None
-    prefixlen: int | None
-    mac: str
-    mtu: int
-    operstate: str
-    neighbors: list[Neighbor]
 
 
 def short_ifname(prefix: str, *parts: str) -> str:
@@ -80,13 +63,17 @@ def short_ifname(prefix: str, *parts: str) -> str:
     return prefix + digest[: IFNAME_MAX - len(prefix)]
 
 
-def netns_path(netns: str) -> str:
-    """The bind-mount path of a named namespace; a path (with '/') is returned as is."""
-    return netns if "/" in netns else f"{NETNS_DIR}/{netns}"
+def _pyroute2() -> tuple[Any, type[Exception]]:
+    """pyroute2's IPRoute and NetlinkError, imported when a change needs them:
+    its import is ~0.04-0.09 s, which a reader (status: hpvc.host.linkinfo)
+    does not pay (issue 33 item 4)."""
+    from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
+
+    return IPRoute, NetlinkError
 
 
 def _fail(what: str, err: Exception, fix: str = "") -> HpvcError:
-    code = getattr(err, "code", None) if isinstance(err, NetlinkError) else None
+    code = getattr(err, "code", None) if isinstance(err, _pyroute2()[1]) else None
     if code is None and isinstance(err, OSError):
         code = err.errno
     why = os.strerror(code) if isinstance(code, int) and code > 0 else str(err)
@@ -98,6 +85,7 @@ def _rtnl(what: str, netns: str | None = None) -> Iterator[Any]:
     """A netlink socket (inside ``netns`` when given); failures become ``HpvcError(what)``."""
     if netns is not None and not os.path.exists(netns_path(netns)):
         raise HpvcError(what, f"network namespace {netns_path(netns)} does not exist")
+    IPRoute, NetlinkError = _pyroute2()
     try:
         ipr = IPRoute() if netns is None else nsenter.call_in(netns_path(netns), IPRoute)
     except (NetlinkError, OSError) as e:
@@ -268,30 +256,6 @@ def set_static_neighbors(
             ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=index, state=NUD_PERMANENT)
 
 
-def read_link(netns: str, dev: str = NODE_IFNAME) -> LinkInfo:
-    """What the kernel reports for ``dev`` in ``netns``: IPv4 address, MAC, MTU, state, ARP."""
-    what = f"{dev} in {netns}"
-    with _rtnl(what, netns) as ipr:
-        index = _require_index(ipr, dev, what, f"in {netns}")
-        link = ipr.link("get", index=index)[0]
-        addrs = list(ipr.addr("dump", index=index, family=socket.AF_INET))
-        neighbors = [
-            Neighbor(ip=str(n.get("NDA_DST")), mac=str(n.get("NDA_LLADDR")))
-            for n in ipr.neigh("dump", ifindex=index, family=socket.AF_INET)
-            if n["state"] & NUD_PERMANENT
-        ]
-    first = addrs[0] if addrs else None
-    return LinkInfo(
-        ifname=dev,
-        address=None if first is None else str(first.get("IFA_LOCAL")),
-        prefixlen=None if first is None else int(first["prefixlen"]),
-        mac=str(link.get("IFLA_ADDRESS")),
-        mtu=int(link.get("IFLA_MTU")),
-        operstate=str(link.get("IFLA_OPERSTATE")),
-        neighbors=sorted(neighbors, key=lambda n: ipaddress.ip_address(n["ip"])),
-    )
-
-
 def _delete_link(ifname: str, kind: str) -> None:
     """Delete ``ifname`` if it exists and is of ``kind``; anything else of that name is not ours."""
     with _rtnl(f"{kind} {ifname}") as ipr:
@@ -300,8 +264,9 @@ def _delete_link(ifname: str, kind: str) -> None:
             return
         try:
             ipr.link("del", index=index)
-        except NetlinkError as e:
-            if e.code != _ENODEV:  # gone meanwhile (its veth peer's namespace went)
+        except _pyroute2()[1] as e:
+            # gone meanwhile (its veth peer's namespace went)
+            if getattr(e, "code", None) != _ENODEV:
                 raise
 
 
@@ -366,8 +331,8 @@ def _undo_tap(args: Args) -> None:
             return  # gone, or an interface of that name that is not our tap
         try:
             ipr.link("del", index=index)
-        except NetlinkError as e:
-            if e.code != _ENODEV:
+        except _pyroute2()[1] as e:
+            if getattr(e, "code", None) != _ENODEV:
                 raise
 
 

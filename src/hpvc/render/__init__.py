@@ -1,28 +1,35 @@
-"""Pure renderers: Plan (+ RenderContext) -> domain XML, QEMU argv, OCI config, files."""
+"""Pure renderers: Plan (+ RenderContext) -> domain XML, QEMU argv, OCI config, files.
+
+The names below are loaded on first use (``hpvc.lazy``): a reader of one
+renderer (the container backend reads ``files``; ``hpvc status`` loads it)
+does not import the others, the topology and the VM renderers (issue 33
+item 4). ``render_cluster`` and ``qemu_script`` live in hpvc.render.cluster.
+"""
 
 from __future__ import annotations
 
-import shlex
+from typing import TYPE_CHECKING
 
-from hpvc.plan.model import Plan
-from hpvc.render.context import RenderContext, tap_name
-from hpvc.render.files import (
-    arp_entries,
-    ethers,
-    guest_network,
-    guest_network_script,
-    hostfile,
-    hosts,
-    locality_json,
-    mpi_nodes,
-    plan_json,
-)
-from hpvc.render.libvirt import domain_name, render_domain_xml
-from hpvc.render.network import network_script, network_scripts
-from hpvc.render.oci import dumps as oci_dumps
-from hpvc.render.oci import render_oci_config
-from hpvc.render.qemu import QemuLaunch, QemuPinning, qemu_argv, qemu_pinning, render_qemu
-from hpvc.units import format_cpulist
+from hpvc.lazy import exports
+
+if TYPE_CHECKING:
+    from hpvc.render.cluster import qemu_script, render_cluster
+    from hpvc.render.context import RenderContext, tap_name
+    from hpvc.render.files import (
+        arp_entries,
+        ethers,
+        guest_network,
+        guest_network_script,
+        hostfile,
+        hosts,
+        locality_json,
+        mpi_nodes,
+        plan_json,
+    )
+    from hpvc.render.libvirt import domain_name, render_domain_xml
+    from hpvc.render.network import network_script, network_scripts
+    from hpvc.render.oci import render_oci_config
+    from hpvc.render.qemu import QemuLaunch, QemuPinning, qemu_argv, qemu_pinning, render_qemu
 
 __all__ = [
     "QemuLaunch",
@@ -50,38 +57,31 @@ __all__ = [
     "tap_name",
 ]
 
-
-def qemu_script(launch: QemuLaunch) -> str:
-    """A shell script that execs the QEMU command (pinning is applied after start)."""
-    pins = " ".join(f"{v}:{format_cpulist(c)}" for v, c in launch.pinning.vcpus)
-    return (
-        "#!/bin/sh\n"
-        f"# vCPU pinning after start (vcpu:cpus): {pins}\n"
-        f"# emulator threads: {format_cpulist(launch.pinning.emulator) or 'not pinned'}\n"
-        f"exec {shlex.join(launch.argv)}\n"
-    )
-
-
-def render_cluster(plan: Plan, ctx: RenderContext) -> dict[str, str]:
-    """Every artifact of a cluster: relative path -> text, in a stable order.
-
-    VM nodes: ``NODE.xml``, ``NODE.qemu.sh``, ``NODE.network``; container nodes:
-    ``NODE/config.json``; then ``hostfile``, ``hosts``, ``ethers``,
-    ``locality.json`` and ``plan.json``; for a plan across hosts,
-    ``network-HOST.sh`` per host (its VXLAN port, forwarding and filter).
-    """
-    out: dict[str, str] = {}
-    for node in plan.nodes:
-        if node.kind == "vm":
-            out[f"{node.name}.xml"] = render_domain_xml(plan, node, ctx)
-            out[f"{node.name}.qemu.sh"] = qemu_script(render_qemu(plan, node, ctx))
-            out[f"{node.name}.network"] = guest_network(plan, node)
-        else:
-            out[f"{node.name}/config.json"] = oci_dumps(render_oci_config(plan, node, ctx))
-    out["hostfile"] = hostfile(plan)
-    out["hosts"] = hosts(plan)
-    out["ethers"] = ethers(plan)
-    out["locality.json"] = locality_json(plan)
-    out["plan.json"] = plan_json(plan)
-    out.update(network_scripts(plan))
-    return out
+__getattr__ = exports(
+    __name__,
+    {
+        "hpvc.render.cluster": ["qemu_script", "render_cluster"],
+        "hpvc.render.context": ["RenderContext", "tap_name"],
+        "hpvc.render.files": [
+            "arp_entries",
+            "ethers",
+            "guest_network",
+            "guest_network_script",
+            "hostfile",
+            "hosts",
+            "locality_json",
+            "mpi_nodes",
+            "plan_json",
+        ],
+        "hpvc.render.libvirt": ["domain_name", "render_domain_xml"],
+        "hpvc.render.network": ["network_script", "network_scripts"],
+        "hpvc.render.oci": ["render_oci_config"],
+        "hpvc.render.qemu": [
+            "QemuLaunch",
+            "QemuPinning",
+            "qemu_argv",
+            "qemu_pinning",
+            "render_qemu",
+        ],
+    },
+)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpvc.backends import shared
 from hpvc.backends.base import (
@@ -34,12 +34,10 @@ from hpvc.backends.base import (
     undo_nodes,
 )
 from hpvc.backends.crun import container as ct
-from hpvc.backends.crun import leftovers
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
 from hpvc.host import blkio, cgroups, layer, net, procfs, tree
-from hpvc.host.orphans import Keep, Orphan
 from hpvc.image import oci, resolve_image
 from hpvc.image.rootfs import missing_for_node
 from hpvc.plan import Plan, PlannedNode
@@ -47,8 +45,11 @@ from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
 from hpvc.render import files as render_files
 from hpvc.render.context import DEFAULT_ENV, RenderContext
-from hpvc.spec import Spec
 from hpvc.units import format_cpulist
+
+if TYPE_CHECKING:  # the spec's schema (pydantic), gc's netlink: not on status's path (issue 33)
+    from hpvc.host.orphans import Keep, Orphan
+    from hpvc.spec import Spec
 
 SHM_MIB = 1024
 
@@ -343,7 +344,11 @@ class CrunBackend:
 
     def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
         """Containers and namespace holders (``hpvc.backends.crun.leftovers``)."""
+        from hpvc.backends.crun import leftovers  # gc's: it loads netlink (host.orphans)
+
         return leftovers.find(keep, prefix)
 
     def remove_orphan(self, orphan: Orphan) -> None:
+        from hpvc.backends.crun import leftovers
+
         leftovers.remove(orphan)
