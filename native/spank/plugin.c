@@ -101,14 +101,21 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return hpvc_remote_user_init(sp, &config);
 }
 
+/* In slurmstepd, for an --hpvc step of a job (not the batch script, the
+ * extern step or an interactive allocation's shell step). */
+static int job_step_with_spec(spank_t sp)
+{
+	uint32_t step = 0;
+	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
+		return 0;
+	return spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step < SLURM_INTERACTIVE_STEP;
+}
+
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
 	(void)ac;
 	(void)av;
-	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
-		return 0;
-	uint32_t step = 0;
-	if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= SLURM_INTERACTIVE_STEP)
+	if (!job_step_with_spec(sp))
 		return 0;
 	return hpvc_task_join(sp);
 }
@@ -120,10 +127,7 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 {
 	(void)ac;
 	(void)av;
-	if (hpvc_spec_arg == NULL || spank_context() != S_CTX_REMOTE)
-		return 0;
-	uint32_t step = 0;
-	if (spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS || step >= SLURM_INTERACTIVE_STEP)
+	if (!job_step_with_spec(sp))
 		return 0;
 	return hpvc_pmix_forward(sp);
 }
