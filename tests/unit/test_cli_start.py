@@ -121,6 +121,42 @@ def test_status_imports_no_typer_schema_netlink_or_planner_and_prints_what_typer
         assert "cluster c: running" in out and "head0" in out
 
 
+@pytest.mark.parametrize("argv", [["plan", "SPEC"], ["plan", "--json", "SPEC"]])
+def test_plan_imports_no_typer_and_prints_what_typer_would(argv: list[str], tmp_path: Path) -> None:
+    """The spec is still read by its schema (pydantic): only typer is left out."""
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo.toml"
+    argv = [str(demo) if a == "SPEC" else a for a in argv]
+    env = _env(tmp_path)
+    out, loaded = _run(argv, env, ["typer", "hpvc.cli.tree", "pydantic"])
+    assert loaded == ["pydantic"]
+    assert out == _by_typer(argv, env)
+    if "--json" in argv:
+        assert [n["name"] for n in json.loads(out)["nodes"]] == ["head0", "compute0", "compute1"]
+    else:
+        assert "cluster demo: container" in out
+
+
+def test_a_spec_mistake_through_the_quick_plan_is_the_one_line_typer_s_way_gives(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nkind = "container"\nimage = "hpc"\nnodes = []\n')
+    env = _env(tmp_path)
+    typer_here = "import sys\nfrom hpvc.cli import quick, run_here\nquick.run = lambda a: False\n"
+    by_typer = subprocess.run(
+        [sys.executable, "-c", f"{typer_here}run_here(sys.argv[1:])", "plan", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    quick_way = subprocess.run([sys.executable, "-m", "hpvc", "plan", str(bad)],
+                               capture_output=True, text=True, env=env)  # fmt: skip
+    assert (quick_way.returncode, quick_way.stdout) == (2, "")
+    assert quick_way.stderr.startswith(f"hpvc: {bad}: nodes: ")
+    assert len(quick_way.stderr.splitlines()) == 1
+    assert (by_typer.returncode, by_typer.stderr) == (2, quick_way.stderr)
+
+
 def test_image_ls_with_a_store_runs_quick_and_reads_that_store(tmp_path: Path) -> None:
     store = tmp_path / "images"
     store.mkdir()
@@ -137,7 +173,9 @@ def test_image_ls_with_a_store_runs_quick_and_reads_that_store(tmp_path: Path) -
      ["image", "ls", "--json", "--json"], ["image", "ls", "--store", "--json"],
      ["image", "rm", "x"], ["--debug", "ls"], ["status"], ["status", "--json"],
      ["status", "c", "d"], ["status", "c", "--json", "--json"], ["status", "--help"],
-     ["status", "-x"], ["status", "c", "-h"], ["node", "ls", "-h"], ["node", "up"]],
+     ["status", "-x"], ["status", "c", "-h"], ["plan"], ["plan", "a.toml", "--hosts", "h.toml"],
+     ["plan", "a.toml", "--topology-root", "r"], ["plan", "a.toml", "b.toml"], ["plan", "-h"],
+     ["node", "ls", "-h"], ["node", "up"]],
 )  # fmt: skip
 def test_anything_but_the_exact_quick_forms_is_left_to_typer(argv: list[str]) -> None:
     assert quick.run(argv) is False

@@ -115,7 +115,7 @@ def run_here(args: list[str]) -> None:
     from hpvc.errors import HpvcError
 
     try:
-        if args[:1] in (["ls"], ["image"], ["node"], ["status"]):  # without typer (cli.quick)
+        if args[:1] in (["ls"], ["image"], ["node"], ["status"], ["plan"]):  # cli.quick
             from hpvc.cli import quick
 
             if quick.run(args):

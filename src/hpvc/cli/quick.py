@@ -1,4 +1,4 @@
-"""Commands run without typer: ``hpvc ls``, ``image ls``, ``node ls``, ``status NAME``.
+"""Without typer: ``hpvc ls``, ``image ls``, ``node ls``, ``status NAME``, ``plan SPEC``.
 
 Why a hand-made dispatcher in front of typer: for these commands typer
 itself is the cost. Importing it (and the click it vendors) and building
@@ -7,8 +7,9 @@ the command from its signature takes ~20 ms of the 2-CPU machines' ~0.1 s
 (issue 33 item 4: every command within Python's own start + 0.06 s). Only
 the exact forms below are taken here; any other word, a typo, ``--help``
 or ``--debug`` goes to typer as before, so what typer would say about a
-mistake is unchanged. The work itself is hpvc.cli.listings, which the
-typer commands call too: both ways print the same.
+mistake is unchanged. The work itself is hpvc.cli.listings,
+hpvc.cli.status_view and hpvc.cli.plan_view, which the typer commands call
+too: both ways print the same.
 """
 
 from __future__ import annotations
@@ -50,6 +51,19 @@ def _status(rest: list[str]) -> bool:
     return True
 
 
+def _plan(rest: list[str]) -> bool:
+    """``plan SPEC [--json]``, ``--json`` before or after SPEC (the spec is read by
+    its schema as before: hpvc.cli.plan_view); any other option is typer's."""
+    words = [w for w in rest if w != "--json"]
+    if len(words) != 1 or len(rest) - len(words) > 1 or words[0].startswith("-"):
+        return False
+    from hpvc.cli.plan_view import plan_and_show
+    from hpvc.spec import load_spec
+
+    plan_and_show(load_spec(words[0]), None, None, as_json=len(rest) == 2)
+    return True
+
+
 def run(args: list[str]) -> bool:
     """Run ``args`` here if it is one of the quick forms; False to leave it to typer."""
     if args in (["ls"], ["ls", "--json"]):
@@ -60,6 +74,8 @@ def run(args: list[str]) -> bool:
     if args[:2] == ["image", "ls"]:
         return _image_ls(args[2:])
     if args[:1] == ["status"] and _status(args[1:]):
+        return True
+    if args[:1] == ["plan"] and _plan(args[1:]):
         return True
     if args in (["node", "ls"], ["node", "ls", "--json"]):
         from hpvc.cli.listings import show_shares
