@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import cgroups, console_ring, mountns, net, procfs, tree
+from hpvc.host import cgroups, console_ring, mountns, net, procfs, sysmount, tree
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.paths import private_dir
 from hpvc.plan.model import Plan, PlannedNode
@@ -152,10 +152,8 @@ def mount_tmpfs(journal: Journal, path: Path, size_mib: int, *, tenant: bool = F
     private_dir(path)
     journal.record("tmpfs", path=str(path))
     opts = f"{USER_MOUNT_OPTS}," if tenant else ""
-    _run(
-        ["mount", "-t", "tmpfs", "-o", f"{opts}size={size_mib}m,mode=1777", "tmpfs", str(path)],
-        f"tmpfs {path}",
-    )
+    data = f"{opts}size={size_mib}m,mode=1777"
+    sysmount.mount("tmpfs", str(path), "tmpfs", data, f"tmpfs {path}")  # no mount(8)
 
 
 def write_in_place(path: Path, text: str) -> None:
@@ -209,7 +207,7 @@ def mount_overlay(
     opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
     if tenant:
         opts = f"{USER_MOUNT_OPTS},{opts}"
-    _run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], f"overlay {merged}")
+    sysmount.mount("overlay", str(merged), "overlay", opts, f"overlay {merged}")  # no mount(8)
     return merged
 
 
