@@ -3,10 +3,13 @@ goals built from runs, the tasks' lines, and the refusals of bad input."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpvc.bench.scale import report
 from hpvc.bench.scale.slurm import check_hosts, parse_tasks, spec_text
+from hpvc.bench.scale.vm import vm_spec_text
 from hpvc.cli.bench_scale import parse_hosts
 from hpvc.errors import InputError
 
@@ -104,3 +107,70 @@ def test_forwarding_batch_is_the_full_mesh_in_bridge_batch_lines() -> None:
     assert "fdb replace 02:00:00:00:03:01 dev hpvc-vx1 dst 10.250.0.3 self permanent" in lines
     assert lines[-1] == "fdb replace 02:00:00:00:03:01 dev hpvc-vx1 master static"
     assert forwarding_batch("hpvc-vx1", Overlay(42, "10.250.0.1", (), 1450)) == ""
+
+
+# --kind vm (issue 33 item 2: VMs at what TCG allows)
+
+
+def test_vm_counts_past_what_tcg_allows_are_refused_in_one_line() -> None:
+    assert check_hosts([4, 1, 2], "vm") == [1, 2, 4]
+    assert check_hosts([8], "container") == [8]
+    with pytest.raises(InputError) as e:
+        check_hosts([1, 2, 8], "vm")
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    assert "TCG" in str(e.value) and "--hosts 1,2,4" in str(e.value)
+    with pytest.raises(InputError):
+        check_hosts([1], "kvm")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--kind", "vm", "--hosts", "1,2,8"], ["--kind", "kvm", "--hosts", "1"],
+     ["--kind", "vm", "--part", "all", "--hosts", "1"]],
+)  # fmt: skip
+def test_cli_refuses_bad_vm_runs_before_starting_anything(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 2, no results directory, and the Slurm run never entered."""
+    from typer.testing import CliRunner
+
+    from hpvc.bench.scale import slurm as scale_slurm
+    from hpvc.cli import app
+
+    entered: list[object] = []
+    monkeypatch.setattr(scale_slurm, "run", lambda *a, **k: entered.append(a))
+    part = [] if "--part" in args else ["--part", "slurm"]
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["bench", "scale", *part, *args, "--out", str(out)])
+    assert isinstance(r.exception, InputError) and r.exception.exit_code == 2
+    assert not entered and not out.exists()
+
+
+def test_vm_spec_has_one_vm_per_host() -> None:
+    text = vm_spec_text("10.1.2.0/24", 4)
+    assert 'kind = "vm"' in text and "count = 4" in text and 'role = "head"' not in text
+
+
+def test_parse_tasks_reads_guest_lines_without_a_host() -> None:
+    assert parse_tasks("first-task 2.5 7 \nfirst-task 2.0 7 n2\n") == [(2.5, 7, ""), (2.0, 7, "n2")]
+
+
+def test_vm_document_labels_growth_as_emulation_and_reports_qemu_memory() -> None:
+    rows = []
+    for h in (1, 2, 4):
+        for rep in range(3):
+            rows.append(run(True, h, rep, "plain", 0.5, 1.0))
+            hp = run(True, h, rep, "hpvc", 3.0 + h, 2.0 + 4 * h)
+            rows.append(hp | {"qemu_rss_per_host_mib": 200.0 + rep})
+    doc = report.document({"kind": "vm", "hosts": [1, 2, 4]}, rows)
+    top = doc["table"]["resident"][-1]
+    assert top["qemu_rss_per_host_mib"]["median"] == pytest.approx(201.0)
+    growth = doc["growth"]["resident"]
+    assert growth["qemu_memory_per_host"]["growth"] == "about constant (TCG emulation)"
+    assert all(f["growth"].endswith("(TCG emulation)") for f in growth.values())
+    assert doc["goals"] == []
+    md = report.report_md(doc | FACTS | {"kind": "vm", "nodes_per_host": 1})
+    assert "QEMU MiB per host" in md and "| 4 |" in md and "200 / 201 / 202" in md
+    assert "one VM node per host (TCG emulation)" in md and "not judged for VMs" in md
+    container = report.report_md(report.document({"hosts": [1, 2, 4]}, rows) | FACTS)
+    assert "QEMU" not in container and "TCG emulation)" not in container

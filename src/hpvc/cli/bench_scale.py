@@ -22,8 +22,10 @@ host and once without, per host count h: `srun -N<h> --hpvc=SPEC` (two
 container nodes per host, one network, VXLAN across hosts) against plain
 `srun -N<h>`, alternated; time to the first task, its phases, the epilog's
 teardown per host, hpvc's CPU seconds per host and each host's resident
-memory. Jobs are submitted by an ordinary user (--user). VMs are not
-measured (TCG: see report.md). --part planner: the planner on simulated
+memory. Jobs are submitted by an ordinary user (--user). --kind vm: one
+VM node per host instead, at most 4 hosts (VMs run under TCG emulation on
+this machine: the figures and growth words are the emulator's too), QEMU's
+memory per host measured as well. --part planner: the planner on simulated
 inventories of 100 to 10,000 hosts. --part all: both.
 
 Writes results.json, report.md (tables, the fitted growth in words, the
@@ -34,6 +36,8 @@ Examples:
   hpvc bench scale --hosts 1,2,4,8 --reps 3
 
   hpvc bench scale --hosts 1,2,4,8,16,32 --reps 3 --out /tmp/scale --json
+
+  hpvc bench scale --part slurm --kind vm --hosts 1,2,4 --reps 3 --resident yes
 """
 
 PARTS = ("slurm", "planner", "all")
@@ -77,6 +81,9 @@ def scale_cmd(
     resident: str = typer.Option(
         "both", help="both: with and without a resident hpvc; yes or no: one of them."
     ),
+    kind: str = typer.Option(
+        "container", help="container, or vm: one VM per host, 1 to 4 hosts (TCG)."
+    ),
     out: Path = typer.Option(Path("bench/results/scale"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
@@ -86,6 +93,12 @@ def scale_cmd(
     if resident not in modes:
         raise InputError(f"--resident {resident}", "unknown", "--resident both, yes or no")
     counts = parse_hosts(hosts)
+    if kind != "container" and part != "slurm":
+        raise InputError(f"--kind {kind}", "only --part slurm has VM nodes", "--part slurm")
+    if part in ("slurm", "all"):
+        from hpvc.bench.scale.slurm import check_hosts
+
+        check_hosts(counts, kind)  # refused before anything starts
     planner = planner_module() if part in ("planner", "all") else None
     doc: dict[str, Any] = {}
     lines: list[str] = []
@@ -93,8 +106,9 @@ def scale_cmd(
         from hpvc.bench.scale import report
         from hpvc.bench.scale import slurm as scale_slurm
 
-        scale_slurm.check_hosts(counts)
-        sdoc = scale_slurm.run(counts, reps, _progress, user=user, residents=modes[resident])
+        sdoc = scale_slurm.run(
+            counts, reps, _progress, user=user, residents=modes[resident], kind=kind
+        )
         sdoc["plots"] = report.plots(sdoc, out)
         doc["slurm"] = sdoc
         lines.append(report.report_md(sdoc))

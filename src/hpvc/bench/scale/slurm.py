@@ -20,9 +20,13 @@ and ``--hpvc`` swapped every repetition):
   ``--hpvc`` run's less the plain run's, divided by h), and the resident
   memory of every host's slurmd and ``hpvc serve`` (``ps``).
 
-VMs are not measured here: under TCG on this 2-CPU machine a guest boots in
-2-3 s and 32 at once take about a minute (HOST-NOTES.md), so the curve would
-show the emulator; ``hpvc bench slurm --kind vm`` measures VM jobs on 1-2 hosts.
+With ``kind="vm"`` (``--kind vm``): one VM node per host, at 1 to 4 hosts
+only: under TCG on this 2-CPU machine every guest is emulated and 32 booting
+at once take about a minute (docs/architecture.md, HOST-NOTES.md), so larger
+counts measure the emulator, not hpvc. The tasks run in the guests, whose
+clocks are not the host's: the first task is when its line reaches srun's
+output on the host. Each host's QEMU memory is its peak resident set during
+the ``--hpvc`` job (``ps``, every 0.2 s). The growth words are the emulation's.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 from hpvc.bench import common
 from hpvc.bench.scale import report
+from hpvc.bench.scale.vm import VM_KIND_NOTE, vm_spec_text, watched_submit
 from hpvc.bench.slurm.cluster import SlurmCluster, Submitter, private_slurm
 from hpvc.bench.slurm.runner import TASK as TIMES_TASK
 from hpvc.bench.slurm.runner import breakdown, preflight
@@ -47,6 +52,8 @@ from hpvc.progress import Progress, quiet
 
 MAX_HOSTS = 32  # scripts/slurm/common.sh: hosts .1-.32 of the fabric's /24
 NODES_PER_HOST = 2
+KINDS = ("container", "vm")
+MAX_VM_HOSTS = 4  # TCG on 2 CPUs: more guests at once measure the emulator
 POLL_S = 0.02
 EPILOG_TIMEOUT_S = 120
 # One line per task: its clock when it started, its job and host; then the
@@ -75,12 +82,13 @@ def spec_text(subnet: str, hosts: int, per_host: int = NODES_PER_HOST) -> str:
 
 
 def parse_tasks(out: str) -> list[tuple[float, int, str]]:
-    """(clock, job, host) of every task's ``first-task`` line."""
+    """(clock, job, host) of every task's ``first-task`` line; the host is ""
+    where the task had no SLURMD_NODENAME (in a VM guest)."""
     got = []
     for line in out.splitlines():
         f = line.split()
-        if len(f) == 4 and f[0] == "first-task":
-            got.append((float(f[1]), int(f[2]), f[3]))
+        if len(f) in (3, 4) and f[0] == "first-task":
+            got.append((float(f[1]), int(f[2]), f[3] if len(f) == 4 else ""))
     return got
 
 
@@ -117,7 +125,12 @@ def _busy() -> float:
 
 
 def one_srun(
-    cluster: SlurmCluster, user: Submitter, cwd: Path, hosts: int, spec: Path | None
+    cluster: SlurmCluster,
+    user: Submitter,
+    cwd: Path,
+    hosts: int,
+    spec: Path | None,
+    kind: str = "container",
 ) -> dict[str, Any]:
     """One new job of ``hosts`` hosts, one task each: its times, its phases,
     its epilog per host and the machine's busy CPU seconds over all of it."""
@@ -125,7 +138,10 @@ def one_srun(
     cpu0 = _busy()
     t0 = time.time()
     m0 = time.monotonic()
-    r = cluster.submit(user, argv, cwd)
+    if kind == "vm":
+        r, seen, qemu, locks = watched_submit(cluster, user, argv, cwd)
+    else:
+        r, seen, qemu, locks = cluster.submit(user, argv, cwd), None, {}, set()
     end = time.monotonic()
     wall = end - m0
     if r.returncode != 0:
@@ -133,9 +149,18 @@ def one_srun(
     tasks = parse_tasks(r.stdout)
     if len(tasks) != hosts:
         raise HpvcError(f"bench scale: srun -N{hosts}", f"{len(tasks)} tasks answered: {r.stdout}")
-    first = min(t for t, _, _ in tasks) - t0
+    first = seen - m0 if seen is not None else min(t for t, _, _ in tasks) - t0
     job = tasks[0][1]
-    epilog = _epilog(cluster, job, [h for _, _, h in tasks], end) if spec else {}
+    names = [h for _, _, h in tasks]
+    if kind == "vm" and spec:
+        names = sorted(h for h, j in locks if j == str(job))
+        if str(job) not in qemu:
+            raise HpvcError(f"bench scale: job {job}", "no QEMU of it seen while it ran")
+        if len(names) != hosts:
+            raise HpvcError(
+                f"bench scale: job {job}", f"its lock seen on {names}, not {hosts} hosts"
+            )
+    epilog = _epilog(cluster, job, names, end) if spec else {}
     return {
         "config": "hpvc" if spec else "plain",
         "hosts": hosts,
@@ -145,6 +170,11 @@ def one_srun(
         "phases": breakdown(r.stdout, "1", first) if spec else None,
         "epilog_s": epilog,
         "cpu_s": _busy() - cpu0,
+        **(
+            {"qemu_rss_per_host_mib": qemu.get(str(job), 0.0) / hosts}
+            if kind == "vm" and spec
+            else {}
+        ),
     }
 
 
@@ -182,6 +212,7 @@ def measure(
     reps: int,
     resident: bool,
     progress: Progress,
+    kind: str = "container",
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     label = "resident" if resident else "no resident"
@@ -192,12 +223,18 @@ def measure(
                 configs.reverse()
             for spec in configs:
                 progress(f"{label}, repetition {rep + 1}: srun -N{h}{' --hpvc' if spec else ''}")
-                row = one_srun(cluster, user, work, h, spec)
+                row = one_srun(cluster, user, work, h, spec, kind)
                 rows.append({**row, "resident": resident, "rep": rep, "order": order})
     return rows
 
 
-def check_hosts(hosts: Sequence[int]) -> list[int]:
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise InputError(f"--kind {kind}", "unknown", "--kind container or --kind vm")
+    return kind
+
+
+def check_hosts(hosts: Sequence[int], kind: str = "container") -> list[int]:
     if not hosts:
         raise InputError("--hosts", "no host count given", "--hosts 1,2,4,8,16,32")
     bad = [h for h in hosts if not 1 <= h <= MAX_HOSTS]
@@ -206,6 +243,14 @@ def check_hosts(hosts: Sequence[int]) -> list[int]:
             f"--hosts {bad[0]}",
             f"the test cluster has 1 to {MAX_HOSTS} hosts",
             "--hosts 1,2,4,8,16,32",
+        )
+    over = [h for h in hosts if h > MAX_VM_HOSTS]
+    if check_kind(kind) == "vm" and over:
+        raise InputError(
+            f"--kind vm --hosts {max(over)}",
+            f"VMs run under TCG emulation on this machine; more than {MAX_VM_HOSTS} guests"
+            " booting at once measure the emulator, not hpvc",
+            f"--kind vm --hosts 1,2,4 (at most {MAX_VM_HOSTS})",
         )
     return sorted(set(hosts))
 
@@ -216,15 +261,19 @@ def run(
     progress: Progress = quiet,
     user: str = "nobody",
     residents: Sequence[bool] = (True, False),
+    kind: str = "container",
 ) -> dict[str, Any]:
     """Both paths at every host count, ``reps`` alternated repetitions, with
-    and without residents; every job submitted by ``user`` (an ordinary user)."""
-    counts = check_hosts(hosts)
+    and without residents; every job submitted by ``user`` (an ordinary user);
+    container nodes or (``kind="vm"``) one VM per host."""
+    counts = check_hosts(hosts, kind)
     if reps < 1:
         raise InputError("--reps", "must be at least 1", "--reps 3")
     submitter = Submitter.named(user)
     preflight()
     common.ensure_image("hpc", progress)
+    if kind == "vm":
+        common.ensure_guest("hpc", progress)
     facts = common.host_facts(mpi=False)
     tmp = Path(tempfile.mkdtemp(prefix="hpvc-bench-scale-"))
     os.chmod(tmp, 0o755)  # munged wants its socket's directories searchable by all
@@ -239,16 +288,17 @@ def run(
         specs = {}
         for h in counts:
             specs[h] = work / f"scale-{h}.toml"
-            specs[h].write_text(spec_text(subnet, h))
+            specs[h].write_text(vm_spec_text(subnet, h) if kind == "vm" else spec_text(subnet, h))
         for resident in residents:
             key = "resident" if resident else "no_resident"
             t = time.monotonic()
+            site = "kinds=container,vm" if kind == "vm" else ""
             with private_slurm(
-                tmp, subnet, progress, resident=resident, hosts=max(counts)
+                tmp, subnet, progress, extra_args=site, resident=resident, hosts=max(counts)
             ) as cluster:
                 started[key] = time.monotonic() - t
                 mem[key] = memory(cluster)
-                rows += measure(cluster, submitter, work, specs, reps, resident, progress)
+                rows += measure(cluster, submitter, work, specs, reps, resident, progress, kind)
                 mem[key + "_after"] = memory(cluster)
                 left += cluster.sweep(cluster.env["HPVC_BIN"])
     finally:
@@ -261,11 +311,12 @@ def run(
             "benchmark": "scale-slurm",
             "hosts": counts,
             "reps": reps,
-            "nodes_per_host": NODES_PER_HOST,
+            "kind": kind,
+            "nodes_per_host": 1 if kind == "vm" else NODES_PER_HOST,
             "submitted_by": submitter.name,
             "cluster_up_s": started,
             "memory": mem,
-            "vm": VM_NOTE,
+            "vm": VM_KIND_NOTE if kind == "vm" else VM_NOTE,
         },
         rows,
     )
