@@ -89,7 +89,10 @@ def _failed(what: str, r: subprocess.CompletedProcess[str]) -> HpvcError:
 
 
 # Rank 0 writes the input (only rank 0 reads it), notes the BLAS files its hpcc has
-# mapped (blas.MAPPED lines) and prints the output when hpcc is done. Every rank
+# mapped (blas.MAPPED lines) once hpcc has begun its output file (by then the loader
+# has mapped every library it links: read earlier, the maps could hold Debian's
+# libblas.so.3 wrapper without the OpenBLAS it loads next) and prints the output
+# when hpcc is done. Every rank
 # gets the same BLAS settings ($3: LD_LIBRARY_PATH, empty for the alternatives').
 # One line, as it passes through ssh's quoting for VM ranks.
 NODE_SCRIPT = (
@@ -98,8 +101,7 @@ NODE_SCRIPT = (
     'if [ -n "$3" ]; then export LD_LIBRARY_PATH="$3"; fi; '
     'if [ "$r" = 0 ]; then printf \'%b\' "$2" > hpccinf.txt; rm -f hpccoutf.txt; fi; '
     'hpcc & p=$!; if [ "$r" = 0 ]; then '
-    'while kill -0 "$p" 2>/dev/null && ! grep -q blas "/proc/$p/maps" 2>/dev/null; '
-    "do sleep 0.05; done; "
+    'while kill -0 "$p" 2>/dev/null && ! [ -f hpccoutf.txt ]; do sleep 0.05; done; '
     'grep -o "/[^ ]*blas[^ ]*" "/proc/$p/maps" 2>/dev/null | sort -u | sed "s|^|'
     + blas.MAPPED
     + '|"; fi; '
