@@ -73,6 +73,9 @@ int hpvc_pmix_forward(spank_t sp);
  * node's own; this process stays to copy between it and slurmstepd's pty
  * and exits as the program did (ptyrelay.c). 0 (the program's way), or -1. */
 int hpvc_task_tty(spank_t sp);
+/* Exit as a waited-for child did: its exit code (128 for neither), or
+ * raise the signal that killed it, unblocked and at its default (ptyrelay.c). */
+void hpvc_exit_as(int status) __attribute__((noreturn));
 
 /* VM nodes (vm.c): connect to the node's agent as root (task_init_privileged),
  * then relay the task through it as the user (task_init; does not return

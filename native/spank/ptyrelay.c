@@ -113,7 +113,8 @@ static int copy(int master, pid_t child)
 	return status;
 }
 
-static void __attribute__((noreturn)) exit_as(int status)
+/* Exit as a waited-for child did: its exit code, or the same signal. */
+void hpvc_exit_as(int status)
 {
 	if (WIFSIGNALED(status)) {
 		int sig = WTERMSIG(status);
@@ -201,5 +202,5 @@ int hpvc_task_tty(spank_t sp)
 	if (have_mode)
 		tcsetattr(0, TCSANOW, &mode);
 	close(master);
-	exit_as(status);
+	hpvc_exit_as(status);
 }

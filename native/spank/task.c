@@ -169,15 +169,7 @@ static void relay(pid_t child, pid_t stepd)
 		if (errno != EINTR)
 			_exit(127);
 	}
-	if (WIFSIGNALED(status)) {
-		int sig = WTERMSIG(status);
-		signal(sig, SIG_DFL);
-		sigemptyset(&set);
-		sigaddset(&set, sig);
-		sigprocmask(SIG_UNBLOCK, &set, NULL);
-		raise(sig);
-	}
-	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+	hpvc_exit_as(status);
 }
 
 void hpvc_task_chdir(void)
