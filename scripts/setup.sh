@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   busybox-static   # tests' non-Debian images (hpvc image import): a busybox-only rootfs
   cpio             # packs the VM guests' initramfs
+  criu             # checkpoint of container nodes (docs/checkpoint.md; 3.17 cannot run on kernels 6.13+)
   crun             # OCI runtime for container nodes
   debootstrap      # builds the Debian image rootfs
   e2fsprogs        # mkfs.ext4: VM disk images, the I/O tests' loop file systems
