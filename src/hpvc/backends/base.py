@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
+from hpvc.errors import InputError
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress
@@ -56,6 +57,10 @@ class Capabilities:
     # preallocate); True, its programs map them as they go, and the kernel's
     # hugetlb cgroup of the cluster (``/hpvc/<cluster>/<node>``) counts them.
     pages_on_demand: bool = False
+    # Checkpoint and restore of whole nodes (``freeze``/``thaw``/``save``/
+    # ``restore_nodes``, docs/checkpoint.md): False, ``hpvc checkpoint`` refuses
+    # the cluster in one line before anything is frozen.
+    checkpoint: bool = False
 
 
 # Seconds per phase of a backend's ``start`` (``{"boot": 12.3, ...}``), in the
@@ -211,6 +216,42 @@ class Backend(Protocol):
         whose server cannot reach tasks in these nodes."""
         ...
 
+    # --- checkpoint and restore (issue 28, docs/checkpoint.md) ----------------
+    # ``hpvc checkpoint`` calls freeze on every node first, then save on each,
+    # then thaw (or stop with --stop): one consistent cut of the cluster.
+    # ``hpvc restore`` re-plans, ``prepare``s, calls restore_nodes (nodes come
+    # back frozen), then thaw on all at once. Only called where
+    # ``capabilities.checkpoint`` is True.
+
+    def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+        """Stop the named nodes from running (VMs: vCPUs stopped; containers: cgroup
+        frozen) without losing anything; a frozen node sends and takes no packet."""
+        ...
+
+    def thaw(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+        """Let frozen (or restored) nodes run again."""
+        ...
+
+    def save(
+        self, env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
+    ) -> dict[str, Any]:
+        """Write one frozen node's whole state (memory, devices, its writable disk or
+        layer) as files under ``dest_dir`` (made empty by the caller); the node stays
+        frozen. Returns the node's manifest fields, JSON-able: ``files`` (paths
+        relative to ``dest_dir``, every file written), and whatever else restore
+        needs (``image_digest`` is added by the cluster layer from the record; the
+        checkpoint layer adds each file's size and sha256)."""
+        ...
+
+    def restore_nodes(
+        self, env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
+    ) -> None:
+        """Start the named nodes of ``plan`` (a fresh plan for this host, the saved
+        names, addresses and MACs) from their saved state under ``src_dir / name``,
+        journaled as ``start`` journals, and leave them frozen: the caller thaws all
+        at once. Raises HpvcError when one cannot start (the caller undoes all)."""
+        ...
+
     def orphans(self, keep: Keep, prefix: str) -> list[Orphan]:
         """What this backend's nodes left on this host for clusters with no record
         here (``hpvc gc``: the journals that would undo it are lost), named by
@@ -223,6 +264,16 @@ class Backend(Protocol):
         """Remove one of ``orphans``' finds, as its journal's undo would; raises
         HpvcError, OSError or CalledProcessError when it stays."""
         ...
+
+
+def no_checkpoint(backend: str) -> InputError:
+    """What a backend without ``capabilities.checkpoint`` raises from the
+    checkpoint methods (the cluster layer refuses before calling them)."""
+    return InputError(
+        f"checkpoint of {backend} nodes",
+        "not supported by this backend yet",
+        "see docs/checkpoint.md for the backends that checkpoint",
+    )
 
 
 def undo_nodes(env: ClusterEnv, names: list[str], progress: Progress) -> list[str]:

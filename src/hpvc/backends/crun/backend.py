@@ -21,6 +21,7 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpvc.backends import shared
@@ -31,6 +32,7 @@ from hpvc.backends.base import (
     Phases,
     State,
     TaskEntry,
+    no_checkpoint,
     undo_nodes,
 )
 from hpvc.backends.crun import container as ct
@@ -352,3 +354,21 @@ class CrunBackend:
         from hpvc.backends.crun import leftovers
 
         leftovers.remove(orphan)
+
+    # Checkpoint (issue 28): container nodes through CRIU are C2's work in
+    # progress; until then ``capabilities.checkpoint`` is False and these refuse.
+    def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+        raise no_checkpoint(self.name)
+
+    def thaw(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+        raise no_checkpoint(self.name)
+
+    def save(
+        self, env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
+    ) -> dict[str, Any]:
+        raise no_checkpoint(self.name)
+
+    def restore_nodes(
+        self, env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
+    ) -> None:
+        raise no_checkpoint(self.name)

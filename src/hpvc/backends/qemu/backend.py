@@ -15,6 +15,7 @@ import shlex
 import shutil
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from hpvc.backends.base import (
@@ -24,6 +25,7 @@ from hpvc.backends.base import (
     Phases,
     State,
     TaskEntry,
+    no_checkpoint,
     undo_nodes,
 )
 from hpvc.backends.qemu import leftovers
@@ -354,3 +356,21 @@ class QemuBackend:
 
     def remove_orphan(self, orphan: Orphan) -> None:
         leftovers.remove(orphan)
+
+    # --- checkpoint (issue 28, docs/checkpoint.md) -------------------------------
+    # Being written (C1): until then ``capabilities.checkpoint`` is False.
+    def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+        raise no_checkpoint(self.name)
+
+    def thaw(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+        raise no_checkpoint(self.name)
+
+    def save(
+        self, env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
+    ) -> dict[str, Any]:
+        raise no_checkpoint(self.name)
+
+    def restore_nodes(
+        self, env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
+    ) -> None:
+        raise no_checkpoint(self.name)
