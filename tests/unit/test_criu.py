@@ -1,0 +1,100 @@
+"""The host's CRIU verdict (hpvc.host.criu) and the crun backend's refusal built
+from it (hpvc.backends.crun.checkpoint, docs/checkpoint.md "Containers")."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from hpvc.backends.crun import checkpoint as crun_ckpt
+from hpvc.errors import InputError, MissingDependency
+from hpvc.host import criu
+
+# criu 3.17.1's stderr for `criu check` on kernel 6.18 (this project's hosts).
+CHECK_6_18 = """\
+Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds
+Error (criu/vdso.c:613): vdso: Failed to fill self vdso symtable
+Error (criu/kerndat.c:1615): kerndat_vdso_fill_symtable failed when initializing kerndat.
+Error (criu/crtools.c:260): Could not initialize kernel features detection.
+"""
+
+
+def test_first_error_takes_criu_s_first_error_line() -> None:
+    assert criu.first_error(CHECK_6_18) == (
+        "vdso: Unexpected rt vDSO area bounds (criu/vdso.c:381)"
+    )
+
+
+def test_first_error_reads_log_lines_with_timestamps() -> None:
+    log = "(00.009512) vdso: Parsing at 7f84\n(00.009524) Error (criu/vdso.c:381): vdso: bad\n"
+    assert criu.first_error(log) == "vdso: bad (criu/vdso.c:381)"
+
+
+def test_first_error_without_an_error_line_is_the_first_line() -> None:
+    assert criu.first_error("\n  Looks odd\nmore\n") == "Looks odd"
+    assert criu.first_error("") == ""
+
+
+def test_parse_version() -> None:
+    assert criu.parse_version("Version: 3.17.1\n") == "3.17.1"
+    assert criu.parse_version("Version: 4.1\nGitID: v4.1\n") == "4.1"
+    assert criu.parse_version("nothing") == ""
+
+
+def _fake_criu(tmp_path: Path, check_rc: int, check_err: str) -> Path:
+    """A stand-in criu for the two verdicts this host cannot show (missing, passing)."""
+    exe = tmp_path / "criu"
+    exe.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "Version: 9.9"; exit 0; fi\n'
+        f"printf '%s' '{check_err}' >&2\nexit {check_rc}\n"
+    )
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def test_check_reads_a_failing_criu(tmp_path: Path) -> None:
+    exe = _fake_criu(tmp_path, 1, "Error (criu/x.c:1): broken here\n")
+    found = criu.check(which=lambda _: str(exe))
+    assert found == criu.CriuCheck(True, False, "9.9", "broken here (criu/x.c:1)")
+
+
+def test_check_reads_a_passing_criu(tmp_path: Path) -> None:
+    exe = _fake_criu(tmp_path, 0, "")
+    assert criu.check(which=lambda _: str(exe)) == criu.CriuCheck(True, True, "9.9", "")
+
+
+def test_check_without_criu() -> None:
+    found = criu.check(which=lambda _: None)
+    assert not found.installed and not found.ok
+
+
+def test_this_host_s_criu_gives_a_consistent_verdict() -> None:
+    if shutil.which("criu") is None:
+        pytest.fail("criu is not installed (make setup installs it)")
+    found = criu.check()
+    assert found.installed and found.version
+    assert found.ok == (found.error == "")
+    assert "\n" not in found.error
+
+
+def test_refusal_names_criu_s_error_and_the_way_out() -> None:
+    err = crun_ckpt.refusal(criu.CriuCheck(True, False, "3.17.1", "vdso: bad (criu/vdso.c:381)"))
+    assert type(err) is InputError and err.exit_code == 2
+    line = err.line()
+    assert "CRIU 3.17.1 cannot run on this kernel" in line
+    assert "vdso: bad (criu/vdso.c:381)" in line and "CRIU 4.1 or newer" in line
+    assert "\n" not in line
+
+
+def test_refusal_without_criu_is_a_missing_dependency() -> None:
+    err = crun_ckpt.refusal(criu.CriuCheck(False, False, "", "criu not found"))
+    assert isinstance(err, MissingDependency) and "apt-get install criu" in err.line()
+
+
+def test_refusal_with_a_working_criu_says_it_is_not_built() -> None:
+    err = crun_ckpt.refusal(criu.CriuCheck(True, True, "4.1", ""))
+    assert "not built" in err.line() and err.exit_code == 2
