@@ -98,3 +98,23 @@ def test_refusal_without_criu_is_a_missing_dependency() -> None:
 def test_refusal_with_a_working_criu_says_it_is_not_built() -> None:
     err = crun_ckpt.refusal(criu.CriuCheck(True, True, "4.1", ""))
     assert "not built" in err.line() and err.exit_code == 2
+
+
+def test_the_crun_backend_refuses_with_criu_s_reason_and_does_not_claim_checkpoint() -> None:
+    from typing import Any, cast
+
+    from hpvc.backends.crun.backend import CrunBackend
+
+    backend = CrunBackend()
+    assert backend.capabilities.checkpoint is False
+    anything = cast(Any, None)  # the refusal comes before env or plan is looked at
+    for call in (
+        lambda: backend.freeze(anything, anything, ["head0"]),
+        lambda: backend.thaw(anything, anything, ["head0"]),
+        lambda: backend.save(anything, anything, "head0", Path("/nonexistent"), print),
+        lambda: backend.restore_nodes(anything, anything, [], Path("/nonexistent"), print),
+    ):
+        with pytest.raises(InputError) as e:
+            call()
+        assert e.value.exit_code == 2 and "criu" in e.value.line().lower()
+        assert e.value.line().startswith("checkpoint of crun (container) nodes: ")

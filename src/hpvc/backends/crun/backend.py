@@ -32,7 +32,6 @@ from hpvc.backends.base import (
     Phases,
     State,
     TaskEntry,
-    no_checkpoint,
     undo_nodes,
 )
 from hpvc.backends.crun import container as ct
@@ -355,20 +354,28 @@ class CrunBackend:
 
         leftovers.remove(orphan)
 
-    # Checkpoint (issue 28): container nodes through CRIU are C2's work in
-    # progress; until then ``capabilities.checkpoint`` is False and these refuse.
+    # Checkpoint (issue 28): refused, with CRIU's own reason (hpvc.backends.crun.
+    # checkpoint: Debian's CRIU 3.17 cannot run on kernels 6.13+, docs/checkpoint.md).
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
-        raise no_checkpoint(self.name)
+        from hpvc.backends.crun.checkpoint import refusal
+
+        raise refusal()
 
     def thaw(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
-        raise no_checkpoint(self.name)
+        from hpvc.backends.crun.checkpoint import refusal
+
+        raise refusal()
 
     def save(
         self, env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
     ) -> dict[str, Any]:
-        raise no_checkpoint(self.name)
+        from hpvc.backends.crun.checkpoint import refusal
+
+        raise refusal()
 
     def restore_nodes(
         self, env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
     ) -> None:
-        raise no_checkpoint(self.name)
+        from hpvc.backends.crun.checkpoint import refusal
+
+        raise refusal()
