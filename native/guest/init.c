@@ -5,7 +5,8 @@
  *                    default /dev/vda), mount it (ext4) on /newroot, move /dev there,
  *                    switch root (MS_MOVE + chroot), exec /sbin/hpvc-init; on error,
  *                    power off. /sbin/hpvc-init (PID 1 of the guest) mounts the API
- *                    filesystems, sets the hostname, brings up lo and eth0, installs
+ *                    filesystems, sets the hostname, brings up lo and eth0, gives the
+ *                    ivshmem region's PCI files to root alone (the device enabled), installs
  *                    root's ssh key, starts the agent that runs Slurm tasks on eth0's
  *                    address (native/agent) with the job's key (QEMU's fw_cfg entry
  *                    opt/hpvc/agent-key, kept in /run/hpvc/agent-key), starts sshd when the
@@ -26,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
@@ -400,6 +402,64 @@ out:
 	return hosts >= 0 ? close(hosts) : -1;
 }
 
+/* ---- the ivshmem region co-resident guests share (PCI 1af4:1110, BAR 2) ------------- */
+
+#define PCI_DEVICES "/sys/bus/pci/devices"
+
+/* The first line of a sysfs file as a number (base 0: "0x1af4", "1"); -1 when unreadable. */
+static long sysfs_number(const char *dir, const char *name)
+{
+	char path[512], buf[32];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+	if (fd >= 0) close(fd);
+	if (n <= 0) return -1;
+	buf[n] = '\0';
+	return strtol(buf, NULL, 0);
+}
+
+/* One ivshmem device: memory decoding on (as no driver binds it), and its region
+ * files root's alone, 0600: the job's user in hpvc's guests is root (the agent runs
+ * Slurm tasks as root, hpvc run's ranks come in over root's ssh), so the UCX
+ * transport (native/ucx) maps resource2 without writing to sysfs, and no other user
+ * of the guest can map, read or write the region (the kernel's default is 0600 too;
+ * here it is said, and checked by tests/integration/test_vm_ucx_ivshmem.py). */
+static void expose_one_ivshmem(const char *dir)
+{
+	static const char *const region[] = { "resource2", "resource2_wc" };
+	char path[512];
+	if (sysfs_number(dir, "enable") == 0) {
+		snprintf(path, sizeof path, "%s/enable", dir);
+		int fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, "1", 1) != 1)
+			fail("enable %s: %s", dir, strerror(errno));
+		if (fd >= 0) close(fd);
+	}
+	for (size_t i = 0; i < sizeof region / sizeof region[0]; i++) {
+		snprintf(path, sizeof path, "%s/%s", dir, region[i]);
+		if (access(path, F_OK) != 0) continue; /* no write-combining file: fine */
+		if (chown(path, 0, 0) != 0 || chmod(path, 0600) != 0)
+			fail("%s: %s", path, strerror(errno));
+	}
+}
+
+/* Every ivshmem-plain device of the guest (hpvc gives one where the guest shares a
+ * host with others of its cluster; none otherwise, which is no failure). */
+static void expose_ivshmem(void)
+{
+	char dir[384];
+	DIR *d = opendir(PCI_DEVICES);
+	if (!d) return;
+	for (struct dirent *e; (e = readdir(d));) {
+		if (e->d_name[0] == '.') continue;
+		snprintf(dir, sizeof dir, PCI_DEVICES "/%s", e->d_name);
+		if (sysfs_number(dir, "vendor") == 0x1af4 && sysfs_number(dir, "device") == 0x1110)
+			expose_one_ivshmem(dir);
+	}
+	closedir(d);
+}
+
 static pid_t spawn(char *const argv[])
 {
 	static char *const env[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
@@ -507,6 +567,7 @@ static int guest_main(void)
 	else if (sethostname(name, strlen(name)) != 0)
 		fail("sethostname %s: %s", name, strerror(errno));
 	configure_network();
+	expose_ivshmem();
 	install_peers();
 	install_key();
 	start_agent();

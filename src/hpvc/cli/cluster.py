@@ -165,17 +165,22 @@ def run_cmd(
     name: str = typer.Argument(..., help="Cluster name."),
     cmd: list[str] = typer.Argument(None, help="Program and arguments (after --)."),
     n: int | None = typer.Option(None, "-n", help="Ranks (default: one per vCPU)."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Say which transport each pair of nodes' ranks uses."
+    ),
 ) -> None:
     """Launch an MPI job over the cluster's compute nodes, one rank per vCPU.
 
     A cluster without compute nodes runs it on the nodes it has (the head's
-    included), and says so on stderr.
+    included), and says so on stderr. VM guests on one host talk through their
+    shared ivshmem region (UCX) where their image has hpvc's module; --verbose
+    says so per pair of nodes, and has each rank's UCX name its transports.
 
     Example: hpvc run small -n 2 -- hostname
     """
     from hpvc.cluster import ops
 
-    rc = ops.run(name, list(cmd or []), n, progress=_progress)
+    rc = ops.run(name, list(cmd or []), n, progress=_progress, verbose=verbose)
     raise typer.Exit(rc if isinstance(rc, int) else rc.returncode)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.backends.base import ClusterEnv
-from hpvc.cluster import hydra, pmi
+from hpvc.cluster import hydra, pmi, ucx
 from hpvc.cluster.status import open_cluster as _open
 from hpvc.cluster.status import open_env
 from hpvc.cluster.status import status as status
@@ -203,11 +203,14 @@ def run(
     store: Store | None = None,
     capture: bool = False,
     progress: Progress = quiet,
+    verbose: bool = False,
 ) -> int | subprocess.CompletedProcess[str]:
     """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code
     (or, with ``capture``, the finished process with its stdout and stderr).
     A cluster without compute nodes runs the job on the nodes it has, and
-    says so (``progress``)."""
+    says so (``progress``). Co-resident VM guests talk through their ivshmem
+    region where they can (``hpvc.cluster.ucx``); ``verbose`` says which
+    transport each pair of the job's nodes uses, and has UCX say it too."""
     require_root("hpvc run")
     store = store or Store()
     rec = store.get(name)
@@ -239,6 +242,15 @@ def run(
     # whether co-resident nodes share memory: the backend says (architecture rule 3)
     shm = backend.capabilities.shared_memory
     shm = shm and rec.spec.get("tuning", {}).get("locality", "shm") == "shm"
+    # Co-resident guests' ivshmem region, through UCX: its variables go in front of
+    # the program (``env K=V ... CMD``), the one way into ranks that every launcher
+    # below passes on as it is (the VM rank script forwards only MPI's own variables).
+    choice = ucx.for_job(store.root, plan, node_counts(plan, n or total), verbose)
+    if choice.chosen:
+        progress(f"mpi: UCX over the guests' ivshmem region ({ucx.UCX_TLS})")
+        argv = ["env", *choice.env_list(), *argv]
+    for line in choice.lines if verbose else ():
+        progress(f"mpi transport: {line}")
     if mpi.kind == MPICH and shm:  # co-resident nodes one host to MPICH (hpvc.cluster.pmi)
         launch = backend.mpi_launch(env, plan)
         counts = node_counts(plan, n or total)

@@ -5,9 +5,11 @@ kernel, an initramfs whose ``/init`` loads the virtio modules and switches to th
 root disk (and a second one that loads the NFS client's modules too, for
 clusters whose shared directory is NFS), and a base ext4 disk of the image's
 rootfs with ``/sbin/hpvc-init`` (``native/guest/init.c``) as PID 1 and
-``/usr/local/sbin/hpvc-shm`` (``native/guest/shmtool.c``). Built artifacts are
-cached by (image digest, kernel release, module lists, init.c, shmtool.c and
-their Makefile, builder format)::
+``/usr/local/sbin/hpvc-shm`` (``native/guest/shmtool.c``), and, where the image's
+UCX is the one it is built for, the UCX transport over the ivshmem region
+(``hpvc.image.ucx``: ``libuct_ivshmem.so`` in ``/usr/local/lib/hpvc/ucx``). Built
+artifacts are cached by (image digest, kernel release, module lists, init.c,
+shmtool.c, native/ucx and their Makefiles, builder format)::
 
     <store>/guest/<kver>/                       the kernel (hpvc.image.guest_kernel)
     <store>/guest/<kver>/builds/<key>/          initrd.img, initrd-nfs.img, disk.raw
@@ -40,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from hpvc.errors import HpvcError, InputError, MissingDependency
-from hpvc.image import guest_kernel
+from hpvc.image import guest_kernel, ucx
 from hpvc.image.builder import _sigterm_interrupts as sigterm_interrupts
 from hpvc.image.catalog import StoreArg, as_store
 from hpvc.image.guest_disk import DISK_MODES, DiskMode, make_base_disk, node_disk
@@ -187,6 +189,11 @@ def init_sources() -> dict[str, str]:
             f"agent/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted([*agent.glob("*.[ch]"), agent / "Makefile"])
         },
+        # the UCX transport over the ivshmem region (hpvc.image.ucx)
+        **{
+            f"ucx/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in ucx.module_sources()
+        },
     }
 
 
@@ -259,7 +266,10 @@ def _populate(build: _Build, tmp: Path) -> None:
     build.progress(f"making the base disk of image {build.image.name} (mkfs.ext4 -d)")
     shm_tool = init.with_name("hpvc-shm")
     rsh_tool = init.with_name("hpvc-rsh")
-    size = make_base_disk(build.image.rootfs, init, tmp / "disk.raw", tmp, shm_tool, rsh_tool)
+    module, ucx_why = _ucx_module(build, tmp)
+    size = make_base_disk(
+        build.image.rootfs, init, tmp / "disk.raw", tmp, shm_tool, rsh_tool, module
+    )
     os.chmod(tmp / "disk.raw", 0o444)
     doc = {
         "key": build.key,
@@ -268,10 +278,28 @@ def _populate(build: _Build, tmp: Path) -> None:
         "modules": list(MODULES),
         "nfs_modules": list(NFS_MODULES),
         "disk_bytes": size,
+        "ucx_module": {"installed": module is not None, "why": ucx_why},
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "build_seconds": round(time.monotonic() - started, 3),
     }
     (tmp / "guest.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _ucx_module(build: _Build, tmp: Path) -> tuple[Path | None, str]:
+    """The UCX transport module for the image's guests, or None and why not
+    (``hpvc.image.ucx``: only for the UCX it is built against). A module that
+    fails to build leaves the guests without it, said in progress and guest.json:
+    their MPI then goes over TCP, as before the module."""
+    found = ucx.verdict(build.image.rootfs)
+    if not found.ok:
+        build.progress(f"no UCX ivshmem module in the guests: {found.why}")
+        return None, found.why
+    build.progress(f"building {ucx.MODULE} for UCX {ucx.MODULE_UCX}")
+    try:
+        return ucx.compile_module(tmp), ""
+    except HpvcError as e:
+        build.progress(f"no UCX ivshmem module in the guests: {e}")
+        return None, str(e)
 
 
 def _build_locked(build: _Build) -> GuestArtifacts:

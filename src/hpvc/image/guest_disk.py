@@ -4,9 +4,10 @@
 builds a hard-link farm of the rootfs (``cp -al``, no data copied) in a scratch
 directory, adds ``/sbin/hpvc-init`` (and ``/usr/local/sbin/hpvc-shm``, the tool for
 the ivshmem region co-resident VMs share, and ``/usr/local/sbin/hpvc-rsh``, which
-runs a command on another node through its agent) there as new files, removes the image's ssh
-host keys from the farm (unlinking a link leaves the image untouched) so that
-every node makes its own on first boot, adds the mount points hpvc-init needs
+runs a command on another node through its agent, and the UCX transport module over
+the ivshmem region where the image gets one: ``hpvc.image.ucx``) there as new files,
+removes the image's ssh host keys from the farm (unlinking a link leaves the image
+untouched) so that every node makes its own on first boot, adds the mount points hpvc-init needs
 that the image lacks (an imported image may have no ``/dev`` or ``/proc``:
 ``MOUNT_POINTS``, made in the farm only), and hands the farm to
 ``mkfs.ext4 -d``. ``node_disk`` gives each node a writable disk over the base:
@@ -31,6 +32,7 @@ LABEL = "hpvc-root"
 INIT_PATH = "sbin/hpvc-init"
 SHM_TOOL_PATH = "usr/local/sbin/hpvc-shm"
 RSH_TOOL_PATH = "usr/local/sbin/hpvc-rsh"  # a command on another node, through its agent
+UCX_MODULE_DIR = "usr/local/lib/hpvc/ucx"  # hpvc.image.ucx.GUEST_MODULE_DIR, relative
 # What the initramfs moves /dev onto and hpvc-init mounts or writes in (/etc/hosts).
 MOUNT_POINTS = ("dev", "proc", "sys", "run", "tmp", "etc")
 DiskMode = Literal["raw", "qcow2"]
@@ -115,9 +117,10 @@ def make_base_disk(
     workdir: Path,
     shm_tool: Path | None = None,
     rsh_tool: Path | None = None,
+    ucx_module: Path | None = None,
 ) -> int:
     """Write the base ext4 image of ``rootfs`` plus ``init`` (and ``shm_tool``,
-    ``rsh_tool``) to ``dest``.
+    ``rsh_tool``, the UCX transport module ``ucx_module``) to ``dest``.
 
     Returns the disk's size in bytes.
     """
@@ -131,6 +134,8 @@ def make_base_disk(
             _add_init(farm, shm_tool, SHM_TOOL_PATH, mkdir=True)
         if rsh_tool is not None:
             _add_init(farm, rsh_tool, RSH_TOOL_PATH, mkdir=True)
+        if ucx_module is not None:
+            _add_init(farm, ucx_module, f"{UCX_MODULE_DIR}/{ucx_module.name}", mkdir=True)
         _drop_host_keys(farm)
         os.chmod(farm, rootfs.stat().st_mode & 0o7777)
         argv = ["mkfs.ext4", "-q", "-F", "-d", str(farm), "-L", LABEL, "-m", "0"]
