@@ -195,8 +195,36 @@ def _forwarding(name: str, overlay: Overlay) -> None:
     33-93 us in one batch (docs/benchmarks.md, "Scale"). The entries go with the
     link (its undo), so nothing more is journaled."""
     text = forwarding_batch(name, overlay)
-    if not text:
-        return
+    if text:
+        _batch(name, text)
+
+
+def follow_batch(name: str, mac: str, dst: str | None, was: str | None) -> str:
+    """``bridge -batch`` lines that point a node's ``mac`` at the host it now lives
+    on (issue 27, live migration across hosts): at fabric address ``dst``, or
+    here (``dst`` None: its old entries go, the bridge learns it on its tap).
+    ``was``: the fabric address the link's entry had (None: none, the node was
+    here), whose entry a ``del`` names."""
+    if dst is None:
+        lines = [f"fdb del {mac} dev {name} master"] if was is not None else []
+        lines += [f"fdb del {mac} dev {name} dst {was} self"] if was is not None else []
+    else:
+        lines = [
+            f"fdb replace {mac} dev {name} dst {dst} self permanent",
+            f"fdb replace {mac} dev {name} master static",
+        ]
+    return "".join(line + "\n" for line in lines)
+
+
+def follow(name: str, mac: str, dst: str | None, was: str | None) -> None:
+    """Apply ``follow_batch`` in one ``bridge -batch`` (as ``_forwarding`` does). Not
+    journaled: the entries go with the link, which the cluster's journal removes."""
+    text = follow_batch(name, mac, dst, was)
+    if text:
+        _batch(name, text)
+
+
+def _batch(name: str, text: str) -> None:
     bridge = shutil.which("bridge")
     if bridge is None:
         raise MissingDependency(f"VXLAN {name}", "bridge not found", "apt-get install iproute2")

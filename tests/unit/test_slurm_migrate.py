@@ -1,0 +1,80 @@
+"""The pure parts of moving a VM node between a Slurm job's hosts (hpvc.slurm.migrate,
+hpvc.host.vxlan.follow_batch): the job's memory per host from scontrol, the
+site's remote command, the forwarding entries each host gets, what the guest
+sees of a placement."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpvc.backends.vm.migration import MigrationSettings
+from hpvc.errors import InputError
+from hpvc.host.vxlan import follow_batch
+from hpvc.slurm.migrate import allocation_memory, guest_view, settings_args, via_argv
+
+SCONTROL = """JobId=7 JobName=wrap
+   NodeList=n[1-2]
+   TRES=cpu=2,mem=800M,node=2,billing=2
+     Nodes=n1 CPU_IDs=0 Mem=400 GRES=
+     Nodes=n2 CPU_IDs=1 Mem=500 GRES=
+   MinCPUsNode=1 MinMemoryNode=400M
+"""
+
+
+def test_allocation_memory_per_host() -> None:
+    assert allocation_memory(SCONTROL) == {"n1": 400, "n2": 500}
+    ranged = "     Nodes=n[3-4] CPU_IDs=0-1 Mem=1024 GRES=\n"
+    assert allocation_memory(ranged) == {"n3": 1024, "n4": 1024}
+    assert allocation_memory("JobId=7 NodeList=n1\n") == {}
+
+
+def test_via_puts_the_host_in_the_template_quoted() -> None:
+    argv = via_argv("ssh -o BatchMode=yes {host}", "n2", ["hpvc", "node", "ls"])
+    assert argv == ["ssh", "-o", "BatchMode=yes", "n2", "hpvc", "node", "ls"]
+    odd = via_argv("on.sh {host}", "a b", ["x"])
+    assert odd == ["on.sh", "a b", "x"]
+    with pytest.raises(InputError, match="has no"):
+        via_argv("ssh n2", "n2", ["x"])
+
+
+def test_settings_travel_to_the_target() -> None:
+    s = MigrationSettings(bandwidth_mib_s=100, downtime_ms=30, multifd=0, timeout_s=60)
+    assert settings_args(s) == [
+        "--bandwidth=100",
+        "--downtime-ms=30",
+        "--multifd=0",
+        "--timeout=60",
+    ]
+
+
+def test_follow_points_the_mac_at_the_new_host() -> None:
+    away = follow_batch("vxabc", "52:54:00:00:00:05", "10.250.0.3", "10.250.0.2")
+    assert away.splitlines() == [
+        "fdb replace 52:54:00:00:00:05 dev vxabc dst 10.250.0.3 self permanent",
+        "fdb replace 52:54:00:00:00:05 dev vxabc master static",
+    ]
+    # The node arrived here: the link forgets it; the bridge learns it on its tap.
+    here = follow_batch("vxabc", "52:54:00:00:00:05", None, "10.250.0.2")
+    assert here.splitlines() == [
+        "fdb del 52:54:00:00:00:05 dev vxabc master",
+        "fdb del 52:54:00:00:00:05 dev vxabc dst 10.250.0.2 self",
+    ]
+    assert follow_batch("vxabc", "52:54:00:00:00:05", None, None) == ""
+
+
+def _node(pcpu: int, host_node: int, mac: str = "52:54:00:00:00:05") -> dict[str, object]:
+    return {
+        "vcpus": [{"vcpu": 0, "pcpu": pcpu, "guest_node": 0}],
+        "numa": [{"guest_node": 0, "host_node": host_node, "memory_mib": 384, "vcpus": [0]}],
+        "memory_mib": 384,
+        "hugepages": None,
+        "mac": mac,
+        "ip": "10.88.60.3",
+    }
+
+
+def test_guest_view_ignores_the_host_side_only() -> None:
+    assert guest_view(_node(0, 0)) == guest_view(_node(1, 1))  # other CPUs and host node
+    assert guest_view(_node(0, 0)) != guest_view(_node(0, 0, mac="52:54:00:00:00:06"))
+    bigger = {**_node(0, 0), "memory_mib": 512}
+    assert guest_view(_node(0, 0)) != guest_view(bigger)
