@@ -248,3 +248,9 @@ def enter_cmd(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(node_app, name="node")
+
+
+# hpvc node migrate and its steps on the other hosts (issue 27): a module of their own.
+from hpvc.cli import node_migrate  # noqa: E402
+
+node_migrate.register(node_app)
