@@ -78,3 +78,20 @@ def test_guest_view_ignores_the_host_side_only() -> None:
     assert guest_view(_node(0, 0)) != guest_view(_node(0, 0, mac="52:54:00:00:00:06"))
     bigger = {**_node(0, 0), "memory_mib": 512}
     assert guest_view(_node(0, 0)) != guest_view(bigger)
+
+
+def test_guards_let_only_the_source_reach_the_target() -> None:
+    from hpvc.host.migration_guard import source_rules, target_rules
+
+    t = target_rules("hpvc-mig-x", "10.250.0.3", 40000, "10.250.0.2")
+    assert (
+        "add rule inet hpvc-mig-x input ip daddr 10.250.0.3 tcp dport 40000"
+        " ip saddr != 10.250.0.2 counter drop" in t.splitlines()
+    )
+    s = source_rules("hpvc-mig-x", "10.250.0.3", 40000, 1234).splitlines()
+    assert (
+        "add rule inet hpvc-mig-x output ip daddr 10.250.0.3 tcp dport 40000"
+        " meta skuid != { 0, 1234 } counter drop" in s
+    )
+    assert "add rule inet hpvc-mig-x forward ip daddr 10.250.0.3 tcp dport 40000 counter drop" in s
+    assert s.count("add table inet hpvc-mig-x") == 1

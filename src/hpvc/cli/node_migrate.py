@@ -84,6 +84,7 @@ def migrate_in_cmd(
     job: int = typer.Option(..., min=1),
     vnode: str = typer.Option(..., "--node"),
     mem_mib: int = typer.Option(0, "--mem-mib", min=0),
+    source: str = typer.Option(..., "--source-address"),
     bandwidth: int = BANDWIDTH,
     downtime_ms: int = DOWNTIME,
     multifd: int = MULTIFD,
@@ -95,7 +96,7 @@ def migrate_in_cmd(
 
     view = json.loads(sys.stdin.read())
     settings = _settings(bandwidth, downtime_ms, multifd, timeout)
-    out = migrate.receive(Store(), job, vnode, view, settings, mem_mib, quiet)  # type: ignore[arg-type]
+    out = migrate.receive(Store(), job, vnode, view, settings, mem_mib, source, quiet)  # type: ignore[arg-type]
     print_json(out)
 
 

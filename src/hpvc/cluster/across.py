@@ -74,14 +74,15 @@ def receive(
     place: Placer,
     settings: MigrationSettings,
     address: str,
+    source: str,
     mem_limit_mib: int = 0,
     progress: Progress = quiet,
 ) -> dict[str, Any]:
     """Book ``node`` in record ``name`` and start it as a migration target
-    listening on ``address``; ``{"uri", "pid"}``. ``mem_limit_mib``: the memory
-    the record's nodes may have together here (a Slurm job's on this host; 0:
-    no limit). Refused (``InputError``/``DoesNotFit``) before any change when
-    the node is here already or does not fit."""
+    listening on ``address`` for the host at ``source``; ``{"uri", "pid"}``.
+    ``mem_limit_mib``: the memory the record's nodes may have together here (a
+    Slurm job's on this host; 0: no limit). Refused (``InputError``/``DoesNotFit``)
+    before any change when the node is here already or does not fit."""
     what = f"node {node} into {name}"
     with store.cluster_lock(name, "hpvc node migrate", waiting(name, progress)):
         with store.lock():
@@ -120,7 +121,7 @@ def receive(
         try:
             _grow_pages(env, plan, progress)
             pid, uri = mod.receive(backend, env, plan, plan.node(node), settings, address,
-                                   progress)  # fmt: skip
+                                   source, progress)  # fmt: skip
             env.save()
         except BaseException:
             errors = _forget(store, name, node, progress)

@@ -171,16 +171,18 @@ def drop_join_cache(store: Store, share: str) -> None:
 
 
 def receive(store: Store, job: int, node: str, source_view: dict[str, Any],
-            settings: MigrationSettings, mem_mib: int, progress: Progress = quiet,
-            ) -> dict[str, object]:  # fmt: skip
+            settings: MigrationSettings, mem_mib: int, source: str,
+            progress: Progress = quiet) -> dict[str, object]:  # fmt: skip
     with job_lock(store, job):
         share = share_of(store, job)
         rec = store.get(share)
         if not rec.overlay:
             raise InputError(f"job {job}", "runs on one host", "")
         local = Overlay.from_json(rec.overlay).local
+        if source not in Overlay.from_json(rec.overlay).peers():
+            raise InputError(f"--source-address {source}", "not a host of the job", "")
         out = across.receive(store, share, node, placer(node, source_view), settings, local,
-                             mem_mib, progress)  # fmt: skip
+                             source, mem_mib, progress)  # fmt: skip
         drop_join_cache(store, share)
         new = store.get(share).the_plan().node(node).to_json()
         if guest_view(new) != guest_view(source_view):
@@ -269,7 +271,8 @@ def migrate(
     pn = store.get(here.share).the_plan().node(node)
     progress(f"{node}: planning on {target}")
     got = json.loads(remote(target, "migrate-in", f"--job={job}", f"--node={node}",
-                            f"--mem-mib={mem}", *settings_args(settings),
+                            f"--mem-mib={mem}", f"--source-address={here.overlay.local}",
+                            *settings_args(settings),
                             stdin=json.dumps(pn.to_json())))  # fmt: skip
     uri = str(got["uri"])
     progress(f"{node}: sending to {target} ({uri})")

@@ -31,7 +31,7 @@ from hpvc.backends.qemu.backend import QemuBackend, qmp_wait_s, vm_state
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import migration
 from hpvc.errors import HpvcError, InputError
-from hpvc.host import net
+from hpvc.host import migration_guard, net, qemu_user
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
@@ -56,11 +56,14 @@ def receive(
     node: PlannedNode,
     settings: migration.MigrationSettings,
     address: str,
+    source: str,
     progress: Progress,
 ) -> tuple[int, str]:
     """Start ``node`` of ``plan`` (already booked in ``env``'s record) as a paused
-    migration target listening on ``address``; (QEMU's PID, the URI to send to).
-    Everything is journaled in the node's journal: undoing it removes the target."""
+    migration target listening on ``address``, reachable from the fabric address
+    ``source`` only (``hpvc.host.migration_guard``); (QEMU's PID, the URI to send
+    to). Everything is journaled in the node's journal: undoing it removes the
+    target and its guard."""
     st = vm_state(env)
     guest = backend._guest(plan.image, progress)
     # The context of this node alone: no ivshmem region (the moved guest has
@@ -86,7 +89,10 @@ def receive(
     run = migration.socket_runner(launch.qmp_socket, pid)
     run(*BLOCK)
     migration.listen(run, settings, migration.tcp_uri(address, 0))
-    return pid, migration.tcp_uri(address, _listening_port(run))
+    port = _listening_port(run)
+    # Before anyone is told the port: only the source host reaches it.
+    migration_guard.guard_target(j, launch.tap, address, port, source)
+    return pid, migration.tcp_uri(address, port)
 
 
 def _listening_port(run: migration.Runner) -> int:
@@ -130,5 +136,13 @@ def send(
     run = migration.socket_runner(qmp_socket(env, plan, node), pid, command_s=30.0)
     run(*BLOCK)
     migration.apply_settings(run, settings)
-    migration.start(run, uri)
-    return migration.wait(run, settings.timeout_s, progress)
+    address, _, port = uri.removeprefix("tcp:").rpartition(":")
+    # No other user of this host (nor a guest routed through it) connects first.
+    uid = qemu_user.find(env.store.root, plan.cluster) or 0
+    j = env.node_journal(node)
+    table = migration_guard.guard_source(j, tap_name(plan.cluster, node), address, int(port), uid)
+    try:
+        migration.start(run, uri)
+        return migration.wait(run, settings.timeout_s, progress)
+    finally:
+        migration_guard.remove(table)
