@@ -15,7 +15,9 @@
  * Settings come from the kernel command line: hpvc.name=NAME, hpvc.ip=A.B.C.D/N,
  * hpvc.mtu=N, hpvc.key=BASE64 (the authorized_keys line in standard base64, so its
  * comment may hold spaces), hpvc.peers=BASE64 (the cluster's name, then "IP MAC NAME"
- * per node, a line each: /etc/hosts and permanent ARP entries, before sshd starts). Errors are "hpvc-init: ..." lines on the console. Once sshd
+ * per node, a line each: /etc/hosts and permanent ARP entries, before sshd starts),
+ * hpvc.binds=BASE64 ("TAG PATH" lines: virtiofs mounts of the host folders a Slurm site
+ * shares, whose modules the initramfs then loads from /modules/binds). Errors are "hpvc-init: ..." lines on the console. Once sshd
  * accepts connections on 127.0.0.1:22 (or gave up), or, in an image without sshd (an
  * imported one: hpvc then reaches the node through the agent alone), once the agent
  * listens, exactly one line follows: "hpvc-ready NAME" if every step succeeded, else
@@ -119,24 +121,34 @@ static void must_mount(const char *src, const char *dir, const char *type, unsig
 	if (mount(src, dir, type, flags, NULL) != 0) die(dir);
 }
 
-/* finit_module each file named in /modules/order, then delete it (frees its memory). */
-static void load_modules(void)
+/* finit_module each file named in the list (if load), then delete it (frees its memory). */
+static void load_list(const char *list, int load)
 {
 	char name[128], path[256];
-	FILE *order = fopen(MODULES "/order", "re");
-	if (!order) die(MODULES "/order");
+	FILE *order = fopen(list, "re");
+	if (!order) die(list);
 	while (fgets(name, sizeof name, order)) {
 		name[strcspn(name, "\n")] = '\0';
 		if (!name[0]) continue;
 		snprintf(path, sizeof path, MODULES "/%s", name);
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) != 0 && errno != EEXIST))
+		int fd = load ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+		if (load && (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) != 0 && errno != EEXIST)))
 			die(path);
-		close(fd);
+		if (fd >= 0) close(fd);
 		unlink(path);
 	}
 	fclose(order);
-	unlink(MODULES "/order");
+	unlink(list);
+}
+
+/* /modules/order, then /modules/binds (virtiofs) only for a command line with
+ * hpvc.binds= (host folders to mount; an initramfs without that list has none). */
+static void load_modules(void)
+{
+	char probe[2];
+	load_list(MODULES "/order", 1);
+	if (access(MODULES "/binds", F_OK) == 0)
+		load_list(MODULES "/binds", cmdline_get("hpvc.binds", probe, sizeof probe) != 0);
 	rmdir(MODULES);
 }
 
@@ -460,6 +472,51 @@ static void expose_ivshmem(void)
 	closedir(d);
 }
 
+/* ---- host folders shared into the guest (virtiofs, served as the job's user) ------- */
+
+/* mkdir -p path (0755 for what it makes); 0 or -1 with errno. */
+static int make_dirs(char *path)
+{
+	for (char *p = path + 1;; p++) {
+		if (*p != '/' && *p) continue;
+		char c = *p;
+		*p = '\0';
+		int bad = mkdir(path, 0755) != 0 && errno != EEXIST;
+		*p = c;
+		if (bad) return -1;
+		if (!c) return 0;
+	}
+}
+
+/* hpvc.binds=BASE64 of "TAG PATH" lines: mount virtiofs TAG on PATH, nosuid,nodev.
+ * The host's virtiofsd serves TAG with the job's user's rights (hpvc.host.virtiofsd),
+ * so this guest's root sees under PATH what that user may see, no more. */
+static int mount_binds(void)
+{
+	static char b64[2048], text[1600];
+	int found = cmdline_get("hpvc.binds", b64, sizeof b64);
+	if (found <= 0)
+		return found < 0 ? fail("hpvc.binds= is too long") : 0;
+	long n = b64_decode(b64, (unsigned char *)text, sizeof text - 1);
+	if (n <= 0)
+		return fail("hpvc.binds=: not base64");
+	text[n] = '\0';
+	char *save = NULL;
+	for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *path = strchr(line, ' ');
+		if (!path || path[1] != '/') {
+			fail("hpvc.binds=: bad line %.80s", line);
+			continue;
+		}
+		*path++ = '\0';
+		if (make_dirs(path) != 0)
+			fail("mkdir %s: %s", path, strerror(errno));
+		else if (mount(line, path, "virtiofs", MS_NOSUID | MS_NODEV, NULL) != 0)
+			fail("mount virtiofs %s on %s: %s", line, path, strerror(errno));
+	}
+	return 0;
+}
+
 static pid_t spawn(char *const argv[])
 {
 	static char *const env[] = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
@@ -570,6 +627,7 @@ static int guest_main(void)
 	expose_ivshmem();
 	install_peers();
 	install_key();
+	mount_binds();
 	start_agent();
 	serve(name[0] ? name : "(unnamed)", start_sshd(), &signals);
 	return 0;

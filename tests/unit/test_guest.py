@@ -18,6 +18,7 @@ from hpvc.errors import HpvcError, InputError
 from hpvc.image import guest, guest_kernel, ucx
 from hpvc.image.guest import (
     CMDLINE_MAX,
+    CmdlineError,
     GuestArtifacts,
     build_guest,
     cache_key,
@@ -34,6 +35,7 @@ from hpvc.image.guest_initramfs import (
 )
 from hpvc.image.guest_kernel import (
     ALL_MODULES,
+    BIND_MODULES,
     MODULES,
     NFS_MODULES,
     Kernel,
@@ -75,6 +77,12 @@ REAL_NFS_DEPENDS: dict[str, tuple[str, ...]] = {
     "nfs": ("sunrpc", "fscache", "lockd"),
     "nfsv3": ("nfs", "lockd", "sunrpc", "nfs_acl"),
 }
+# virtiofs's, as modinfo printed them (loaded only for hpvc.binds=).
+REAL_BIND_DEPENDS: dict[str, tuple[str, ...]] = {
+    "fuse": (),
+    "virtiofs": ("fuse", "virtio", "virtio_ring"),
+}
+ALL_DEPENDS = {**REAL_DEPENDS, **REAL_NFS_DEPENDS, **REAL_BIND_DEPENDS}
 
 
 def words(line: str) -> dict[str, str]:
@@ -99,6 +107,23 @@ def test_cmdline_leaves_out_what_is_not_given() -> None:
     line = kernel_cmdline("testnode", None, None, None)
     assert "hpvc.name=testnode" in line
     assert "hpvc.ip" not in line and "hpvc.mtu" not in line and "hpvc.key" not in line
+
+
+def test_cmdline_carries_the_binds_as_tag_and_path_lines() -> None:
+    """hpvc-init mounts each tag at its path (native/guest/init.c, mount_binds)."""
+    binds = (("hpvcfs0", "/home"), ("hpvcfs1", "/scratch/with space"))
+    w = words(kernel_cmdline("n", "10.0.0.2/8", None, None, binds=binds))
+    text = base64.b64decode(w["hpvc.binds"]).decode()
+    assert text == "hpvcfs0 /home\nhpvcfs1 /scratch/with space\n"
+    assert "hpvc.binds" not in kernel_cmdline("n", None, None, None)
+
+
+@pytest.mark.parametrize(
+    "binds", [(("fs 0", "/home"),), (("hpvcfs0", "home"),), (("hpvcfs0", "/a\nb"),)]
+)
+def test_cmdline_refuses_bad_binds(binds: tuple[tuple[str, str], ...]) -> None:
+    with pytest.raises(CmdlineError):
+        kernel_cmdline("n", None, None, None, binds=binds)
 
 
 def test_cmdline_strips_a_trailing_newline_of_the_key() -> None:
@@ -177,8 +202,12 @@ def test_module_order_loads_every_dependency_first() -> None:
 
 
 def test_nfs_modules_load_after_the_virtio_ones_each_after_its_dependencies() -> None:
-    assert set(NFS_MODULES) == set(REAL_NFS_DEPENDS) and ALL_MODULES == MODULES + NFS_MODULES
-    check_order({**REAL_DEPENDS, **REAL_NFS_DEPENDS}, ALL_MODULES)
+    assert set(NFS_MODULES) == set(REAL_NFS_DEPENDS) and set(BIND_MODULES) == set(REAL_BIND_DEPENDS)
+    assert ALL_MODULES == MODULES + NFS_MODULES + BIND_MODULES
+    check_order(ALL_DEPENDS, ALL_MODULES)
+    check_order(ALL_DEPENDS, MODULES + BIND_MODULES)  # the plain initramfs, with hpvc.binds=
+    with pytest.raises(HpvcError, match="virtiofs"):
+        check_order(ALL_DEPENDS, [*MODULES, "virtiofs", "fuse"])
     with pytest.raises(HpvcError, match="nfsv3"):
         check_order(REAL_NFS_DEPENDS, ["sunrpc", "grace", "lockd", "nfs_acl", "nfsv3"])
 
@@ -194,7 +223,7 @@ def test_a_kernel_fetched_with_fewer_modules_is_completed_in_place(
     (kdir / "vmlinuz").write_bytes(b"kernel")
     (kdir / "kernel.json").write_text(json.dumps({"version": KVER, "modules": list(MODULES)}))
     assert not Kernel(KVER, kdir).is_complete()
-    depends = {**REAL_DEPENDS, **REAL_NFS_DEPENDS}
+    depends = ALL_DEPENDS
 
     def unpack(kver: str, tmp: Path) -> tuple[Path, str]:
         tree = tmp / "tree"
@@ -216,7 +245,8 @@ def test_a_kernel_fetched_with_fewer_modules_is_completed_in_place(
     assert sorted(p.name for p in (kdir / "modules").iterdir()) == sorted(
         f"{m}.ko" for m in ALL_MODULES
     )
-    assert [p.name for p in kernel.nfs_modules] == [f"{m}.ko" for m in ALL_MODULES]
+    assert [p.name for p in kernel.nfs_modules] == [f"{m}.ko" for m in MODULES + NFS_MODULES]
+    assert [p.name for p in kernel.bind_modules] == ["fuse.ko", "virtiofs.ko"]
     assert not list(tmp_path.glob(f"{KVER}.tmp-*"))
 
 
@@ -284,6 +314,28 @@ def test_initramfs_holds_init_and_the_modules_in_load_order(tmp_path: Path) -> N
     assert {"newroot", "proc", "sys", "modules/order"} <= set(members)
     assert module_order(MODULES).splitlines() == [f"{m}.ko" for m in MODULES]
     assert not (tmp_path / "initramfs").exists()  # the scratch stage is gone
+
+
+def test_initramfs_lists_the_bind_modules_apart_after_the_others(tmp_path: Path) -> None:
+    """virtiofs's modules are packed after modules/order, in modules/binds, which
+    hpvc-init loads only for a command line with hpvc.binds=."""
+    init = tmp_path / "hpvc-init"
+    init.write_bytes(b"\x7fELF init")
+    binds = []
+    for name in BIND_MODULES:
+        binds.append(tmp_path / "bmods" / f"{name}.ko")
+        binds[-1].parent.mkdir(exist_ok=True)
+        binds[-1].write_bytes(name.encode())
+    dest = tmp_path / "initrd.img"
+    members = pack_initramfs(init, fake_modules(tmp_path / "mods"), dest, tmp_path, binds)
+    assert members == initramfs_members(MODULES, BIND_MODULES) == list_initramfs(dest)
+    order = members.index("modules/order")
+    assert members[order + 1 : order + 4] == [
+        "modules/fuse.ko",
+        "modules/virtiofs.ko",
+        "modules/binds",
+    ]
+    assert "modules/binds" not in initramfs_members(MODULES)
 
 
 def test_initramfs_members_are_root_owned_and_the_archive_reproducible(tmp_path: Path) -> None:

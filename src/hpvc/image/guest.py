@@ -47,7 +47,7 @@ from hpvc.image.builder import _sigterm_interrupts as sigterm_interrupts
 from hpvc.image.catalog import StoreArg, as_store
 from hpvc.image.guest_disk import DISK_MODES, DiskMode, make_base_disk, node_disk
 from hpvc.image.guest_initramfs import pack_initramfs
-from hpvc.image.guest_kernel import MODULES, NFS_MODULES, Kernel
+from hpvc.image.guest_kernel import BIND_MODULES, MODULES, NFS_MODULES, Kernel
 from hpvc.image.model import Image
 from hpvc.locks import file_lock
 from hpvc.progress import Progress, quiet
@@ -109,6 +109,7 @@ def kernel_cmdline(
     mtu: int | None = None,
     pubkey: str | None = None,
     peers: str | None = None,
+    binds: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """The guest's kernel command line; CmdlineError (a ValueError) if invalid or too long.
 
@@ -116,7 +117,9 @@ def kernel_cmdline(
     (one ``authorized_keys`` line) goes to root's authorized_keys, base64-encoded
     so that its comment may hold spaces; ``peers`` (``peers_text``: the
     cluster's name, then ``IP MAC NAME`` per node) becomes /etc/hosts and the
-    ARP table before the guest is ready. A line of 2048 bytes or more is refused.
+    ARP table before the guest is ready; ``binds`` (virtiofs tag, guest path)
+    are mounted by hpvc-init before it is ready (``hpvc.binds=``). A line of 2048
+    bytes or more is refused.
     """
     words = [*BASE_CMDLINE, f"hpvc.name={_hostname(name)}"]
     if ip_cidr is not None:
@@ -129,6 +132,8 @@ def kernel_cmdline(
         words.append(f"hpvc.key={_encode_key(pubkey)}")
     if peers is not None:
         words.append(f"hpvc.peers={base64.b64encode(peers.encode()).decode()}")
+    if binds:
+        words.append(f"hpvc.binds={_encode_binds(binds)}")
     line = " ".join(words)
     if len(line.encode()) >= CMDLINE_MAX:
         raise CmdlineError(
@@ -161,6 +166,20 @@ def _interface(ip_cidr: str) -> str:
     if "/" not in ip_cidr:
         raise CmdlineError(f"guest address {ip_cidr!r}", "no prefix length", "e.g. 10.88.0.3/24")
     return iface.with_prefixlen
+
+
+_TAG = re.compile(r"[A-Za-z0-9_-]{1,36}")
+
+
+def _encode_binds(binds: tuple[tuple[str, str], ...]) -> str:
+    """``TAG PATH`` lines, base64: a tag is a short word, a path absolute, in one line."""
+    for tag, path in binds:
+        if not _TAG.fullmatch(tag):
+            raise CmdlineError(f"virtiofs tag {tag!r}", "not a short word", "e.g. hpvcfs0")
+        if not path.startswith("/") or any(c in path for c in "\n\0"):
+            raise CmdlineError(f"guest path {path!r}", "not an absolute path", "e.g. /home")
+    text = "".join(f"{tag} {path}\n" for tag, path in binds)
+    return base64.b64encode(text.encode()).decode()
 
 
 def _encode_key(pubkey: str) -> str:
@@ -205,6 +224,7 @@ def cache_key(image_digest: str, kernel_version: str, sources: dict[str, str]) -
         "kernel": kernel_version,
         "modules": list(MODULES),
         "nfs_modules": list(NFS_MODULES),
+        "bind_modules": list(BIND_MODULES),
         "init": dict(sorted(sources.items())),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -261,8 +281,9 @@ def _populate(build: _Build, tmp: Path) -> None:
     build.progress("compiling hpvc-init")
     init = compile_init(tmp)
     build.progress("packing the initramfs")
-    pack_initramfs(init, build.kernel.modules, tmp / "initrd.img", tmp)
-    pack_initramfs(init, build.kernel.nfs_modules, tmp / "initrd-nfs.img", tmp)
+    binds = build.kernel.bind_modules  # loaded only for hpvc.binds= (virtiofs)
+    pack_initramfs(init, build.kernel.modules, tmp / "initrd.img", tmp, binds)
+    pack_initramfs(init, build.kernel.nfs_modules, tmp / "initrd-nfs.img", tmp, binds)
     build.progress(f"making the base disk of image {build.image.name} (mkfs.ext4 -d)")
     shm_tool = init.with_name("hpvc-shm")
     rsh_tool = init.with_name("hpvc-rsh")
@@ -277,6 +298,7 @@ def _populate(build: _Build, tmp: Path) -> None:
         "kernel": build.kernel.version,
         "modules": list(MODULES),
         "nfs_modules": list(NFS_MODULES),
+        "bind_modules": list(BIND_MODULES),
         "disk_bytes": size,
         "ucx_module": {"installed": module is not None, "why": ucx_why},
         "created": datetime.now(UTC).isoformat(timespec="seconds"),

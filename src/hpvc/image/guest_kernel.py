@@ -13,9 +13,11 @@ initramfs in ``MODULES`` order (each after the modules it depends on, which is
 checked against the modules' own ``depends=``). The NFS client is modules too
 (``NFS_MODULES``): only the NFS initramfs loads them, after the virtio ones,
 for clusters whose shared directory is served over NFS (under TCG they cost
-about 0.8 s of boot; docs/vms.md). A kernel fetched by an hpvc that kept
-fewer modules is completed in place (its guest builds stay). Compressed modules (``.ko.xz``,
-``.ko.gz``, ``.ko.zst``) are decompressed here, so the initramfs never needs the
+about 0.8 s of boot; docs/vms.md). virtiofs (``BIND_MODULES``) is in every
+initramfs but loaded only when the command line asks for host folders. A
+kernel fetched by an hpvc that kept fewer modules is completed in place (its
+guest builds stay). Compressed modules (``.ko.xz``, ``.ko.gz``, ``.ko.zst``)
+are decompressed here, so the initramfs never needs the
 kernel's in-kernel decompression (``MODULE_INIT_COMPRESSED_FILE``).
 """
 
@@ -64,7 +66,11 @@ NFS_MODULES: tuple[str, ...] = (
     "nfs",
     "nfsv3",
 )
-ALL_MODULES = MODULES + NFS_MODULES  # what a fetched kernel keeps
+# virtiofs (the FUSE core, then its virtio transport): loaded only by a guest
+# whose command line names host folders to mount (``hpvc.binds=``: a Slurm
+# site's binds, served by virtiofsd as the job's user, hpvc.host.virtiofsd).
+BIND_MODULES: tuple[str, ...] = ("fuse", "virtiofs")
+ALL_MODULES = MODULES + NFS_MODULES + BIND_MODULES  # what a fetched kernel keeps
 _KVER = re.compile(r"[0-9][0-9A-Za-z.+~-]*-cloud-amd64")
 _DEPENDS = re.compile(r"^\s*\|?(?:Pre)?Depends:\s*linux-image-(\S+-cloud-amd64)\s*$", re.M)
 _MODINFO_DEPENDS = re.compile(rb"(?:^|\0)depends=([^\0]*)\0")
@@ -89,7 +95,12 @@ class Kernel:
     @property
     def nfs_modules(self) -> tuple[Path, ...]:
         """The virtio modules, then the NFS client's: the NFS initramfs's load order."""
-        return tuple(self.path / "modules" / f"{name}.ko" for name in ALL_MODULES)
+        return tuple(self.path / "modules" / f"{name}.ko" for name in MODULES + NFS_MODULES)
+
+    @property
+    def bind_modules(self) -> tuple[Path, ...]:
+        """virtiofs's modules, which the initramfs loads only for ``hpvc.binds=``."""
+        return tuple(self.path / "modules" / f"{name}.ko" for name in BIND_MODULES)
 
     def is_complete(self) -> bool:
         """Fetched, with every module this hpvc loads."""
