@@ -331,6 +331,34 @@ def test_qemu_ram_backend_without_hugepages_or_cells() -> None:
     assert not _opts(argv, "-numa")
 
 
+def test_qemu_virtiofs_shares_the_memory_and_adds_a_device_per_bind() -> None:
+    """vhost-user needs the guest's memory shared: RAM becomes a memfd with
+    share=on (its preallocation and host-node binding kept), hugetlbfs stays."""
+    plan = hand_vm_plan()
+    fs = (("hpvcfs0", f"{BASE}/run/demo/compute1/hpvcfs0.sock"), ("hpvcfs1", "/r/a,b.sock"))
+    flat = qemu_argv(plan, plan.node("compute1"), ctx(virtiofs=fs))
+    assert _opts(flat, "-object") == [
+        "memory-backend-memfd,id=mem0,size=2048M,prealloc=on,share=on"
+    ]
+    assert _opts(flat, "-chardev")[-2:] == [
+        f"socket,id=fs0,path={BASE}/run/demo/compute1/hpvcfs0.sock",
+        "socket,id=fs1,path=/r/a,,b.sock",
+    ]
+    devices = _opts(flat, "-device")
+    assert "vhost-user-fs-pci,chardev=fs0,tag=hpvcfs0" in devices
+    assert "vhost-user-fs-pci,chardev=fs1,tag=hpvcfs1" in devices
+    cells = _opts(qemu_argv(plan, plan.node("compute0"), ctx(virtiofs=fs)), "-object")
+    assert all(o.startswith("memory-backend-file") and "share=on" in o for o in cells)
+    numa = make_plan(make_node("compute2", 3, hugepages=None))
+    cells = _opts(qemu_argv(numa, numa.node("compute2"), ctx(virtiofs=fs)), "-object")
+    assert cells == [
+        f"memory-backend-memfd,id=mem{i},size=1024M,prealloc=on,share=on,host-nodes={i},policy=bind"
+        for i in (0, 1)
+    ]
+    plain = qemu_argv(plan, plan.node("compute1"), ctx())
+    assert not any("vhost-user-fs" in d for d in _opts(plain, "-device"))
+
+
 def test_qemu_accel_cpu_and_devices() -> None:
     plan = hand_vm_plan()
     node = plan.node("compute0")

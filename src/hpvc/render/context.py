@@ -98,6 +98,11 @@ class RenderContext:
     # VMs, ``[shared] server = "nfs"``: the raw ext4 image the serving node gets as
     # its second disk (``shared_disk``); None: the default path under ``base_dir``.
     shared_image: str | None = None
+    # VMs: host folders shared into the guest (a Slurm site's binds), each a
+    # vhost-user-fs device on the socket of a virtiofsd that runs with the job's
+    # user's rights (hpvc.host.virtiofsd): (tag, socket path). The guest's memory
+    # is then shared with those daemons (share=on), as vhost-user needs.
+    virtiofs: tuple[tuple[str, str], ...] = ()
 
     def cluster_dir(self, cluster: str) -> str:
         """State directory of one cluster (rendered artifacts, the hosts file)."""

@@ -46,11 +46,17 @@ def _v(value: str) -> str:
     return value.replace(",", ",,")
 
 
-def _backend(cell_id: int, mib: int, cell: NumaCell | None, node: PlannedNode, hp: str) -> str:
-    """A memory-backend object: hugetlbfs file or RAM, preallocated, bound to its host node."""
+def _backend(
+    cell_id: int, mib: int, cell: NumaCell | None, node: PlannedNode, hp: str, shared: bool
+) -> str:
+    """A memory-backend object: hugetlbfs file or RAM, preallocated, bound to its
+    host node; ``shared`` (virtiofs: vhost-user maps the guest's memory) makes
+    RAM a memfd with share=on (hugetlbfs files are shared already)."""
     if node.hugepages is not None:
         opts = f"memory-backend-file,id=mem{cell_id},size={mib}M,mem-path={_v(hp)}"
         opts += ",prealloc=on,share=on"
+    elif shared:
+        opts = f"memory-backend-memfd,id=mem{cell_id},size={mib}M,prealloc=on,share=on"
     else:
         opts = f"memory-backend-ram,id=mem{cell_id},size={mib}M,prealloc=on"
     if cell is not None:
@@ -61,11 +67,12 @@ def _backend(cell_id: int, mib: int, cell: NumaCell | None, node: PlannedNode, h
 def _memory_args(node: PlannedNode, ctx: RenderContext) -> list[str]:
     hp = ctx.hugetlbfs_path(node.hugepages.size_kib) if node.hugepages else ""
     args = ["-m", f"{node.memory_mib}M"]
+    shared = bool(ctx.virtiofs)
     if not node.numa:
-        return [*args, "-object", _backend(0, node.memory_mib, None, node, hp)]
+        return [*args, "-object", _backend(0, node.memory_mib, None, node, hp, shared)]
     for cell in sorted(node.numa, key=lambda c: c.guest_node):
         i = cell.guest_node
-        args += ["-object", _backend(i, cell.memory_mib, cell, node, hp)]
+        args += ["-object", _backend(i, cell.memory_mib, cell, node, hp, shared)]
         cpus = "".join(f",cpus={r}" for r in format_cpulist(cell.vcpus).split(",") if r)
         args += ["-numa", f"node,nodeid={i}{cpus},memdev=mem{i}"]
     return args
@@ -121,6 +128,16 @@ def shared_disk_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[
         "-device",
         f"virtio-blk-pci,drive=disk1,serial={SHARED_DISK_SERIAL}",
     ]
+
+
+def virtiofs_args(ctx: RenderContext) -> list[str]:
+    """One vhost-user-fs device per shared host folder, on its virtiofsd's socket
+    (QEMU connects as root, before it drops to its cluster's uid)."""
+    args: list[str] = []
+    for i, (tag, sock) in enumerate(ctx.virtiofs):
+        args += ["-chardev", f"socket,id=fs{i},path={_v(sock)}"]
+        args += ["-device", f"vhost-user-fs-pci,chardev=fs{i},tag={_v(tag)}"]
+    return args
 
 
 def ivshmem_args(ctx: RenderContext) -> list[str]:
@@ -190,6 +207,7 @@ def qemu_argv(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:
         *_memory_args(node, ctx),
         *_device_args(plan, node, ctx),
         *shared_disk_args(plan, node, ctx),
+        *virtiofs_args(ctx),
         *ivshmem_args(ctx),
         *_boot_args(ctx),
         *agent_key_args(ctx),

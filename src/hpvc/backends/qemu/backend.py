@@ -31,6 +31,7 @@ from hpvc.backends.base import (
 from hpvc.backends.qemu import leftovers
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S
+from hpvc.backends.vm import binds as vm_binds
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import guest_shared, tasks
 from hpvc.errors import HpvcError, InputError, MissingDependency
@@ -194,12 +195,16 @@ class QemuBackend:
         remotes = [n for v in overlay.remotes for n in v.nodes] if overlay else []
         t0 = time.perf_counter()
         over_ssh = []
+        vm_binds.check(env)  # the site's binds: served as the job's user, or refused
+        binds = vm_binds.tags(env)
         for name in names:
             progress(f"node {name}: starting QEMU")
-            node_ctx = g.node_context(env.store, plan, plan.node(name), guest, ctx, remotes)
+            node = plan.node(name)
+            node_ctx = g.node_context(env.store, plan, node, guest, ctx, remotes, binds)
             if not g.configured_at_boot(node_ctx):
                 over_ssh.append(name)
-            st.pids[name] = self.start_node(env, plan, plan.node(name), node_ctx)
+            node_ctx = vm_binds.serve(env, plan, node, node_ctx)  # virtiofsd per bind
+            st.pids[name] = self.start_node(env, plan, node, node_ctx)
             inject(f"node:{name}")
         t1 = time.perf_counter()
         progress(f"waiting for {len(names)} guest(s) to boot ({ctx.accel})")

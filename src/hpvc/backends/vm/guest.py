@@ -217,11 +217,13 @@ def node_context(
     guest: GuestArtifacts,
     ctx: RenderContext,
     remotes: Sequence[tuple[str, str, str]] = (),
+    binds: tuple[tuple[str, str], ...] = (),
 ) -> RenderContext:
     """``ctx`` for one node: its own disk over the image's (journaled with the
     node's tree) and a kernel command line with its address and the cluster key.
     ``remotes`` (name, ip, mac): the cluster's nodes on its other hosts (a Slurm
-    job's shares), in the guest's hosts and ARP table beside the plan's own."""
+    job's shares), in the guest's hosts and ARP table beside the plan's own;
+    ``binds`` (virtiofs tag, path): what the guest mounts (``hpvc.backends.vm.binds``)."""
     j = store.node_journal(plan.cluster, node.name)
     node_dir = store.node_dir(plan.cluster, node.name)
     tree.record(j, node_dir)
@@ -235,9 +237,9 @@ def node_context(
     here = [(n.ip, n.mac, n.name) for n in plan.nodes]
     peers = peers_text(plan.cluster, here + [(ip, mac, name) for name, ip, mac in remotes])
     try:  # the cluster's hosts and ARP at boot, where they fit on the command line
-        cmdline = kernel_cmdline(*args, peers=peers)
+        cmdline = kernel_cmdline(*args, peers=peers, binds=binds)
     except CmdlineError:  # a big cluster: configure() sends them over ssh
-        cmdline = kernel_cmdline(*args)
+        cmdline = kernel_cmdline(*args, binds=binds)
     return replace(ctx, cmdline=cmdline, disk_images=((node.name, str(disk)),))
 
 
