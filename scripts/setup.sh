@@ -68,6 +68,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# CRIU 4.2+ for container checkpoints, from Debian testing's source (the script says why).
+bash scripts/setup-criu.sh
+
 # Python 3.11 or newer for the virtualenv.
 PY=""
 for cand in python3.13 python3.12 python3.11 python3; do
