@@ -11,6 +11,7 @@ APT_PACKAGES=(
   criu             # checkpoint of container nodes (docs/checkpoint.md; 3.17 cannot run on kernels 6.13+)
   crun             # OCI runtime for container nodes
   debootstrap      # builds the Debian image rootfs
+  dpkg-dev         # dpkg-source: unpacks UCX's Debian source for native/ucx (apt-get source)
   e2fsprogs        # mkfs.ext4: VM disk images, the I/O tests' loop file systems
   fio              # block-I/O throttle measurements
   hpcc             # HPC Challenge (native side of the benchmarks)
@@ -26,6 +27,7 @@ APT_PACKAGES=(
   iproute2         # ip, bridge: inspected by tests
   iputils-ping     # ping: tests check reachability and the MTU (-M do) across hosts
   libopenmpi-dev   # mpicc: builds the MPI micro-benchmarks in native/bench
+  libucx-dev       # libuct/libucs to link native/ucx's transport module against
   libmpich-dev     # mpicc.mpich: programs for MPICH images (tests, bench locality --mpi mpich)
   openmpi-bin      # mpirun: launches MPI jobs over virtual nodes
   openssh-client   # ssh into VM guests (keys made per cluster)
@@ -48,6 +50,7 @@ APT_PACKAGES=(
   libslurm-dev     # slurm/spank.h: builds the SPANK plugin in native/spank
   stress-ng        # the competing commodity load of `hpvc bench isolation`
   umoci            # hpvc image import: unpacks OCI images (whiteouts, hard links, xattrs, paths kept inside)
+  ucx-utils        # ucx_info, ucx_perftest: native/ucx's transport listed and measured (tests)
   python3-venv
 )
 
@@ -94,6 +97,32 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   .venv/bin/pip install -q -e '.[dev]'
   echo "$want" > "$stamp"
 fi
+
+# libuct_ivshmem.so (native/ucx, docs/vms.md "MPI over the shared region (UCX)") is built
+# against the source of the installed UCX: `apt-get source` (a deb-src entry added for
+# it) into a cache that stays on the machine and never enters the repository.
+UCX_CACHE=/var/cache/hpvc/ucx-src
+ucx_version=$(dpkg-query -W -f='${source:Upstream-Version}' libucx0)
+if [ ! -f "$UCX_CACHE/ucx-$ucx_version/src/uct/sm/mm/base/mm_iface.h" ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "hpvc setup: UCX's source is not in $UCX_CACHE (run 'sudo make setup')" >&2
+    exit 2
+  fi
+  src_list=/etc/apt/sources.list.d/hpvc-deb-src.sources
+  if [ ! -f "$src_list" ]; then
+    printf '%s\n' "# hpvc scripts/setup.sh: Debian source packages (UCX's, for native/ucx)" \
+      'Types: deb-src' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm' \
+      'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' > "$src_list"
+    apt-get update -qq
+  fi
+  mkdir -p "$UCX_CACHE"
+  (cd "$UCX_CACHE" && apt-get source -qq --download-only "ucx=$(dpkg-query -W -f='${Version}' libucx0)" &&
+    rm -rf "ucx-$ucx_version" && dpkg-source -q -x ucx_*.dsc "ucx-$ucx_version") >/dev/null 2>&1 || {
+    echo "hpvc setup: could not fetch UCX $ucx_version's source (apt-get source ucx)" >&2
+    exit 1
+  }
+fi
+nice make -s -C native/ucx UCX_CACHE="$UCX_CACHE"
 
 # hpvc-nfsfuse: the nodes' NFS client (docs/storage.md); rebuilt when its source changes.
 make -s -C native/nfsfuse

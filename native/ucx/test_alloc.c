@@ -1,0 +1,158 @@
+/* test_alloc: the shared region's allocator (region.c) on its own, without UCX.
+ *
+ * Each check prints "ok NAME" or "not ok NAME: why"; the exit status is the number of
+ * failed checks (tests/unit/test_ucx_region.py runs it and wants every name, all ok).
+ * Regions are anonymous shared mappings; "dead" owners are children that exit without
+ * freeing, so the dead-owner rules run against real /proc entries.
+ */
+#define _GNU_SOURCE
+#include "region.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SIZE (4u << 20)
+
+static int failed;
+
+static void check(int good, const char *name, const char *why)
+{
+	if (good) printf("ok %s\n", name);
+	else printf("not ok %s: %s\n", name, why);
+	failed += !good;
+}
+
+static void *fresh(size_t size)
+{
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) exit(99);
+	return p;
+}
+
+static int attach(struct region *r, void *base, size_t size)
+{
+	return region_identity(r) == 0 ? region_attach(r, base, size) : -1;
+}
+
+static void test_header(void)
+{
+	struct region a, b, c;
+	void *base = fresh(SIZE), *other = fresh(SIZE);
+	static const uint8_t zero[REGION_ID_LEN];
+	check(attach(&a, base, SIZE) == 0 && memcmp(a.hdr->id, zero, sizeof zero) != 0,
+	      "first_use_sets_an_id", "no region id after the first attach");
+	check(attach(&b, base, SIZE) == 0 && memcmp(a.hdr->id, b.hdr->id, REGION_ID_LEN) == 0,
+	      "second_attach_keeps_the_id", "the id changed");
+	check(attach(&c, other, SIZE) == 0 && memcmp(a.hdr->id, c.hdr->id, REGION_ID_LEN) != 0,
+	      "two_regions_two_ids", "two regions got the same id");
+	memset(other, 0x5a, 64);
+	check(attach(&c, other, SIZE) != 0, "foreign_data_refused", "took a region with other data");
+	check(attach(&c, fresh(8192), 8192) != 0, "too_small_refused", "took an 8 KiB region");
+}
+
+static void test_alloc_free(void)
+{
+	struct region r;
+	uint64_t ids[64], off, len, old;
+	size_t n = 0, want = 256 << 10;
+	attach(&r, fresh(SIZE), SIZE);
+	size_t before = region_largest_free(&r);
+	while (n < 64 && region_alloc(&r, &want, &ids[n], &off) == 0) n++;
+	check(n > 4 && n < 16, "fills_up", "not about SIZE/256K segments before full");
+	check(region_largest_free(&r) < (256 << 10), "full_reported", "room left after full");
+	int apart = 1;
+	for (size_t i = 1; i < n; i++) {
+		uint64_t o1, l1, o2, l2;
+		region_seg_lookup(&r, ids[i - 1], &o1, &l1);
+		region_seg_lookup(&r, ids[i], &o2, &l2);
+		apart &= o1 + l1 <= o2 && o2 >= REGION_DATA && o2 + l2 <= SIZE;
+	}
+	check(apart, "segments_apart", "segments overlap or leave the region");
+	old = ids[1];
+	check(region_free(&r, old) == 0, "free", "cannot free own segment");
+	check(region_seg_lookup(&r, old, &off, &len) != 0, "freed_id_refused", "freed id looked up");
+	check(region_free(&r, old) != 0, "double_free_refused", "freed twice");
+	check(region_alloc(&r, &want, &ids[1], &off) == 0 && ids[1] != old &&
+		      (uint32_t)ids[1] == (uint32_t)old,
+	      "reuse_changes_generation", "reused slot kept its generation");
+	check(region_seg_lookup(&r, old, &off, &len) != 0, "stale_id_refused_after_reuse",
+	      "an old id reads the new owner's segment");
+	for (size_t i = 0; i < n; i++) region_free(&r, ids[i]);
+	check(region_largest_free(&r) == before, "all_back", "room not back after freeing all");
+}
+
+/* A child allocates one segment, writes its id into *out and exits without freeing. */
+static void child_allocates(struct region *r, uint64_t *out)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		struct region mine;
+		size_t len = 4096;
+		uint64_t off;
+		if (attach(&mine, r->hdr, r->size) != 0 || region_alloc(&mine, &len, out, &off)) _exit(1);
+		_exit(0);
+	}
+	int status;
+	waitpid(pid, &status, 0);
+}
+
+static void test_dead_owner(void)
+{
+	struct region r;
+	uint64_t *shared = fresh(4096), off, len, mine;
+	size_t want = 4096;
+	attach(&r, fresh(SIZE), SIZE);
+	child_allocates(&r, shared);
+	uint64_t dead = shared[0];
+	check(region_seg_lookup(&r, dead, &off, &len) == 0, "dead_owner_seen_until_reclaim",
+	      "the child's segment is not there");
+	region_alloc(&r, &want, &mine, &off); /* reclaims: the child's slot is quarantined */
+	check(region_seg_lookup(&r, dead, &off, &len) != 0, "dead_owner_refused",
+	      "a dead owner's segment is still offered");
+	check(r.hdr->slot[(uint32_t)dead].state == SLOT_DEAD, "dead_owner_quarantined",
+	      "reused at once");
+	r.quarantine_ns = 0;
+	region_largest_free(&r);
+	check(r.hdr->slot[(uint32_t)dead].state == SLOT_FREE &&
+		      r.hdr->slot[(uint32_t)dead].gen == (uint32_t)(dead >> 32) + 1,
+	      "dead_owner_freed_after_quarantine", "not freed, or the generation unchanged");
+	/* An owner of another kernel (guest) is never judged here, even if its pid is gone. */
+	child_allocates(&r, shared);
+	r.hdr->slot[(uint32_t)shared[0]].owner.boot[0] ^= 0xff;
+	region_largest_free(&r);
+	check(region_seg_lookup(&r, shared[0], &off, &len) == 0, "other_guest_not_judged",
+	      "reclaimed a segment of another kernel's process");
+}
+
+static void test_dead_lock_holder(void)
+{
+	struct region r;
+	uint64_t off, id;
+	size_t want = 4096;
+	attach(&r, fresh(SIZE), SIZE);
+	pid_t pid = fork();
+	if (pid == 0) { /* take the lock and die holding it */
+		struct region mine;
+		if (attach(&mine, r.hdr, r.size) != 0) _exit(1);
+		mine.hdr->lock = mine.token;
+		mine.hdr->lock_owner = mine.me;
+		_exit(0);
+	}
+	waitpid(pid, NULL, 0);
+	check(region_alloc(&r, &want, &id, &off) == 0 && r.hdr->lock == 0,
+	      "dead_lock_holder_broken", "stuck behind a dead holder's lock");
+}
+
+int main(void)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	test_header();
+	test_alloc_free();
+	test_dead_owner();
+	test_dead_lock_holder();
+	return failed;
+}

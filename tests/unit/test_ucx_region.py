@@ -1,0 +1,52 @@
+"""The shared region's allocator under libuct_ivshmem.so (native/ucx/region.c), on its own.
+
+native/ucx/test_alloc.c runs each rule against real anonymous shared mappings and real
+dead processes, and prints "ok NAME" / "not ok NAME: why"; this test builds it out of
+the tree and wants every check named here to have run and passed, so a check that
+silently stops running fails as well as one that fails.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHECKS = [
+    "first_use_sets_an_id",
+    "second_attach_keeps_the_id",
+    "two_regions_two_ids",
+    "foreign_data_refused",
+    "too_small_refused",
+    "fills_up",
+    "full_reported",
+    "segments_apart",
+    "free",
+    "freed_id_refused",
+    "double_free_refused",
+    "reuse_changes_generation",
+    "stale_id_refused_after_reuse",
+    "all_back",
+    "dead_owner_seen_until_reclaim",
+    "dead_owner_refused",
+    "dead_owner_quarantined",
+    "dead_owner_freed_after_quarantine",
+    "other_guest_not_judged",
+    "dead_lock_holder_broken",
+]
+
+
+def test_region_allocator(tmp_path: Path) -> None:
+    binary = tmp_path / "test_alloc"
+    build = subprocess.run(
+        ["make", "-s", "-C", str(ROOT / "native" / "ucx"), f"OUT={tmp_path}", str(binary)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, check=False)
+    lines = run.stdout.splitlines()
+    assert lines == [f"ok {name}" for name in CHECKS], run.stdout + run.stderr
+    assert run.returncode == 0
