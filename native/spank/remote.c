@@ -19,6 +19,8 @@ struct share {
 	char *cores;        /* the job's cores here (Slurm's), NULL if unknown */
 	char mpi[64];       /* SLURM_MPI_TYPE, "" if unset */
 	char job_nodes[8192]; /* the job's hosts, from slurmctld */
+	uid_t uid;          /* the job's user (S_JOB_UID), (uid_t)-1 if unknown */
+	gid_t gid;
 };
 
 /* The job's and the step's node lists as slurmctld has them (n[1-3]), never
@@ -122,14 +124,17 @@ static int find_share(spank_t sp, uint32_t step, uint32_t nodeid, struct share *
 		s->cores = NULL;
 	if (spank_getenv(sp, "SLURM_MPI_TYPE", s->mpi, sizeof(s->mpi)) != ESPANK_SUCCESS)
 		s->mpi[0] = '\0';
+	if (spank_get_item(sp, S_JOB_UID, &s->uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &s->gid) != ESPANK_SUCCESS)
+		s->uid = (uid_t)-1;
 	return 0;
 }
 
 /* The command line of `hpvc node up` for a share, with the numbers it
  * passes as text. */
 struct node_up {
-	char *argv[24 + 2 * HPVC_MAX_SITE];
-	char job[16], index[16], hosts[16], mem[32];
+	char *argv[28 + 2 * HPVC_MAX_SITE];
+	char job[16], index[16], hosts[16], mem[32], uid[16], gid[16];
 };
 
 /* mem: the job's memory on this host (MB, 0 if unknown), for hpvc to refuse
@@ -164,6 +169,16 @@ static void node_up_argv(const struct hpvc_config *cfg, struct share *s, uint64_
 		snprintf(u->mem, sizeof(u->mem), "%llu", (unsigned long long)mem);
 		argv[k++] = "--mem-mib";
 		argv[k++] = u->mem;
+	}
+	/* The job's user, from Slurm: what runs in the nodes for the job (Spark's
+	 * daemons) runs as this user, and the NFS share is charged to it. */
+	if (s->uid != (uid_t)-1) {
+		snprintf(u->uid, sizeof(u->uid), "%u", (unsigned)s->uid);
+		snprintf(u->gid, sizeof(u->gid), "%u", (unsigned)s->gid);
+		argv[k++] = "--uid";
+		argv[k++] = u->uid;
+		argv[k++] = "--gid";
+		argv[k++] = u->gid;
 	}
 	/* The job's hosts, for wiring this host's share to the others'. */
 	if (s->job_nodes[0]) {

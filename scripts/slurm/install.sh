@@ -109,6 +109,14 @@ if ! cmp -s "$so" "$PREFIX/lib/hpvc_spank.so"; then
   mv -f "$PREFIX/lib/hpvc_spank.so.new" "$PREFIX/lib/hpvc_spank.so"
 fi
 
+# The nodes' NFS client (docs/storage.md), for jobs with [shared] server = "nfs":
+# hpvc looks for it beside its virtualenv (hpvc.host.nfs_mount.client_binary).
+nfs=$repo/native/nfsfuse/hpvc-nfsfuse
+if [ -x "$nfs" ] && ! cmp -s "$nfs" "$PREFIX/lib/hpvc-nfsfuse"; then
+  install -m 0755 "$nfs" "$PREFIX/lib/hpvc-nfsfuse.new"
+  mv -f "$PREFIX/lib/hpvc-nfsfuse.new" "$PREFIX/lib/hpvc-nfsfuse"
+fi
+
 as_nobody "$venv/bin/hpvc" --version >/dev/null 2>&1 ||
   die "$venv/bin/hpvc does not run as an unprivileged user: check the modes along $venv"
 echo "$PREFIX"

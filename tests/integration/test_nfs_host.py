@@ -8,7 +8,9 @@ subnet cannot mount (exit 2, one line naming the server, the export and
 why); a server that stops answering, then one that is killed, makes reads
 fail and ``health`` say so, in bounded time; undoing the journal leaves no
 server, client, mount, namespace or bridge. And the ext4 loop backing keeps
-its data across a second ``backing`` only when asked to.
+its data across a second ``backing`` only when asked to. A mount asked to
+wait for its server (a Slurm job's server on another host) mounts once a
+late server answers, and names one that never does.
 
 All traffic stays on the bridge and in the namespaces the test makes; all of
 it is removed, also when a check fails.
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.errors import InputError
+from hpvc.errors import HpvcError, InputError
 from hpvc.host import net, nfs_backing, nfs_mount, nfs_server, procfs
 from hpvc.host.journal import Journal
 from tests.helpers import ROOT, requires
@@ -234,6 +237,49 @@ def loops_of(image: Path) -> list[str]:
             if f.read_text().strip().startswith(str(image)):
                 found.append(f.parts[3])
     return found
+
+
+def test_a_mount_waits_for_a_late_server_and_names_one_that_never_answers(
+    bed: Bed, cgroup: Path
+) -> None:
+    """A Slurm job's nodes on other hosts than the server's (docs/slurm.md):
+    the mount is asked again until the server answers; a server that never
+    does gives one error naming it and its node, and nothing mounted."""
+    never = bed.tmp / "never"
+    with pytest.raises(HpvcError) as e:
+        nfs_mount.mount(
+            bed.journal, netns=bed.netns["client"], server=SERVER, export=nfs_server.PSEUDO,
+            mountpoint=never, pidfile=bed.tmp / "never.pid", timeout_s=10, wait_s=2,
+            server_name="head0, the NFS server's node",
+        )  # fmt: skip
+    line = e.value.line()
+    assert f"the server {SERVER} (head0, the NFS server's node) did not answer within 2 s" in line
+    assert "\n" not in line and not mounted_at(never)
+
+    export = nfs_backing.backing(bed.journal, path=bed.tmp / "export", size_mib=None, keep=False)
+    mnt, pidfile = bed.tmp / "mnt", bed.tmp / "client.pid"
+
+    # The server starts only after the client has begun asking.
+    def serve_later() -> None:
+        time.sleep(1.5)
+        nfs_server.start(
+            bed.journal, netns=bed.netns["server"], cgroup_procs=cgroup / "cgroup.procs",
+            folder=bed.tmp / "server", export_dir=export, subnet=SUBNET, address=SERVER,
+            root_squash=True, timeout_s=30,
+        )  # fmt: skip
+
+    late = threading.Thread(target=serve_later)
+    late.start()
+    try:
+        cpid = nfs_mount.mount(
+            bed.journal, netns=bed.netns["client"], server=SERVER, export=nfs_server.PSEUDO,
+            mountpoint=mnt, pidfile=pidfile, timeout_s=10, wait_s=60,
+        )  # fmt: skip
+    finally:
+        late.join()
+    assert procfs.running(cpid) and mounted_at(mnt) and nfs_mount.health(mnt) is None
+    (mnt / "late").write_text("served\n")
+    assert (export / "late").read_text() == "served\n"
 
 
 def test_loop_backing_keep(tmp_path: Path) -> None:

@@ -103,8 +103,16 @@ def test_load_enforces_the_site() -> None:
     assert policy.Site.parse(["kinds=container,vm"]).kinds == ("container", "vm")
     with pytest.raises(InputError, match="not valid TOML"):
         policy.load("name = ", "t", site)
-    with pytest.raises(InputError, match="not in Slurm jobs yet"):
-        policy.load(spec_of() + '[shared]\nserver = "nfs"\n', "t", site)
+    # NFS and Spark run in container nodes (docs/slurm.md, "Spark and NFS under Slurm").
+    nfs = spec_of().replace('image = "hpc"', 'image = "hpc"\n[shared]\nserver = "nfs"', 1)
+    assert policy.load(nfs, "t", site)[0].shared.server == "nfs"
+    spark = nfs.replace("[network]", "[spark]\n[network]", 1).replace('"256MiB"', '"2GiB"')
+    assert policy.load(spark, "t", site)[0].spark is not None
+    with pytest.raises(InputError, match="NFS and Spark in container nodes only") as e:
+        policy.load('kind = "vm"\n' + spark, "t", vms)
+    assert e.value.line().startswith("t: [spark] with kind = 'vm'")
+    with pytest.raises(InputError, match="ends with the job"):
+        policy.load(nfs.replace('server = "nfs"', 'server = "nfs"\nkeep = true'), "t", site)
     with pytest.raises(InputError, match="larger than"):
         policy.load("#" * (policy.MAX_SPEC_BYTES + 1), "t", site)
 

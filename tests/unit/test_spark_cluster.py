@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +59,42 @@ def test_master_and_worker_lines_start_in_the_background_with_their_sizes() -> N
     assert worker.split(" >")[0].endswith("spark://10.88.0.2:7100")
     assert "SPARK_LOCAL_IP=10.88.0.4" in worker
     shlex.split(worker)  # a well-formed shell line
+
+
+def test_a_slurm_jobs_daemons_run_as_its_user_known_to_the_node(tmp_path: Path) -> None:
+    """ClusterRecord.user (a Slurm share): the daemon drops to the job's user,
+    who gets a passwd and group entry once (Hadoop's login needs a name), and
+    owns the node-local scratch."""
+    plan = spark_plan()
+    sp = plan.spark
+    assert sp is not None
+    user = {"uid": 1234, "gid": 1235, "name": "hpvct1"}
+    line = _line(spark.daemon_argv(sp, plan, "compute0", user))
+    words = shlex.split(line)
+    drop = len(words) - 1 - words[::-1].index("setpriv")  # the last: the daemon's
+    assert words[drop : drop + 5] == ["setpriv", "--reuid=1234", "--regid=1235",
+                                      "--clear-groups", "--"]  # fmt: skip
+    # The user's own shell opens the log (root is squashed on the shared directory).
+    assert words[drop + 5 : drop + 7] == ["/bin/sh", "-c"] and words[-1] == "&"
+    inner = shlex.split(words[drop + 7])
+    assert inner[:2] == ["exec", "env"]
+    assert ">/data/spark/logs/compute0.log" in words[drop + 7]
+    assert "SPARK_USER=hpvct1" in inner and "HADOOP_USER_NAME=hpvct1" in inner
+    assert "chown -R 1234:1235 /var/lib/spark" in line
+    assert "setpriv" not in _line(spark.daemon_argv(sp, plan, "compute0"))  # root's clusters
+    # The entries' part, run twice against files of the test's own: one entry each.
+    passwd, group = tmp_path / "passwd", tmp_path / "group"
+    passwd.write_text("root:x:0:0:root:/root:/bin/sh\n")
+    group.write_text("root:x:0:\n")
+    known = spark._known_line(1234, 1235, "hpvct1").removesuffix("&&")
+    known = known.replace("/etc/passwd", str(passwd)).replace("/etc/group", str(group))
+    for _ in range(2):
+        subprocess.run(["/bin/sh", "-c", known], check=True)
+    assert passwd.read_text().splitlines()[1:] == ["hpvct1:x:1234:1235::/var/lib/spark:/bin/sh"]
+    assert group.read_text().splitlines()[1:] == ["hpvct1:x:1235:"]
+    # A name the passwd file could not hold as it is goes by its uid.
+    odd = _line(spark.daemon_argv(sp, plan, "compute0", {**user, "name": "a:b\nc"}))
+    assert "SPARK_USER=uid1234" in odd and "a:b" not in odd
 
 
 def test_submit_runs_in_client_mode_with_event_logs_on_shared() -> None:

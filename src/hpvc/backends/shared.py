@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # the spec's schema (pydantic): not on status's path (issue 3
 
 MOUNT_TIMEOUT_S = 30.0  # a node waits this long for the server (another host may be slower)
 SERVER_TIMEOUT_S = 20.0
+# How long a node waits for a server on another host (a Slurm job's shares come
+# up side by side; the server's host may be slower, e.g. with an image to unpack).
+REMOTE_WAIT_S = 90.0
 
 
 def preflight(spec: Spec) -> None:
@@ -53,6 +56,19 @@ def preflight(spec: Spec) -> None:
                 f"has no {' or '.join(missing)}, which the spec's [spark] runs",
                 'hpvc image build spark, and image = "spark" in the spec',
             )
+
+
+def across_hosts(spec: Spec, origin: str) -> None:
+    """NFS and Spark split over a Slurm job's hosts: container nodes serve and
+    mount them from the shares' own hosts (``before_container``); VM guests do
+    not yet."""
+    if spec.kind != "container":
+        what = "[spark]" if spec.spark is not None else 'shared.server = "nfs"'
+        raise InputError(
+            f"{origin}: {what} with kind = {spec.kind!r}",
+            "Slurm jobs run NFS and Spark in container nodes only, so far",
+            'kind = "container", or hpvc up runs them in VMs on one host (docs/slurm.md)',
+        )
 
 
 def spark_missing(rootfs: Path) -> list[str]:
@@ -102,9 +118,18 @@ def prepare(env: ClusterEnv, plan: Plan) -> None:
     if sh.server == "host":
         host_folder(env, sh).mkdir(parents=True, exist_ok=True)
         return
+    if not serves_here(plan):
+        return  # a Slurm share on another host than the server's: nothing to back
     if sh.keep:
         kept_dir(env).parent.mkdir(parents=True, exist_ok=True)
     nfs_backing.backing(env.journal(), path=export_dir(env, sh), size_mib=sh.size_mib, keep=sh.keep)
+
+
+def serves_here(plan: Plan) -> bool:
+    """Does this plan hold the NFS server's node? A Slurm share on another host
+    than the server's holds only clients (docs/slurm.md, "NFS and Spark")."""
+    sh = shared_of(plan)
+    return sh.server == "nfs" and any(n.name == sh.node for n in plan.nodes)
 
 
 def server_first(plan: Plan, names: list[str]) -> tuple[list[str], list[str]]:
@@ -152,6 +177,10 @@ def before_container(env: ClusterEnv, plan: Plan, name: str, netns_path: str) ->
         mountpoint=node_dir / "shared",
         pidfile=node_dir / "nfs-client.pid",
         timeout_s=MOUNT_TIMEOUT_S,
+        # A server on another host (a Slurm job's) may start after this node:
+        # try again until it answers, for as long as a node may take to come up.
+        wait_s=0.0 if serves_here(plan) else REMOTE_WAIT_S,
+        server_name=f"{sh.node}, the NFS server's node",
     )
 
 

@@ -132,3 +132,7 @@ def show_shares(as_json: bool) -> None:
             f" nodes {', '.join(r['nodes'])}, {r['subnet']}, image {r['image']} {digests}",
             markup=False,
         )
+        if "nfs" in r or "spark" in r:
+            from hpvc.cluster import share_view
+
+            console.print(f"  {share_view.text(r)}", markup=False)

@@ -111,6 +111,8 @@ def up_cmd(
     mem_mib: int = typer.Option(
         0, "--mem-mib", min=0, help="The job's memory on this host in MiB (S_JOB_ALLOC_MEM)."
     ),
+    uid: int = typer.Option(-1, min=-1, help="The job's user (S_JOB_UID); -1: not known."),
+    gid: int = typer.Option(-1, min=-1, help="The job's group (S_JOB_GID)."),
     spec: Path | None = typer.Option(
         None, readable=False, help="Spec file (default: $HPVC_SPEC_B64)."
     ),
@@ -143,6 +145,8 @@ def up_cmd(
         mpi=mpi,
         nodelist=nodelist,
         mem_mib=mem_mib,
+        uid=uid,
+        gid=gid,
     )
     began = time.perf_counter()
     joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)

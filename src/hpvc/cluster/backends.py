@@ -30,3 +30,12 @@ def cluster_task_entry(store: Store, name: str, mpi: str) -> TaskEntry:
     """How a Slurm step's tasks run in the nodes of the running cluster ``name``."""
     backend, _ = open_env(store, store.get(name))
     return backend.task_entry(mpi)
+
+
+def services_across_hosts(spec: Spec, origin: str = "<spec>") -> None:
+    """A Slurm job's NFS shared directory and Spark, split over hosts: refused
+    (InputError, nothing changed) where the spec's nodes cannot serve them
+    yet (docs/slurm.md, "Spark and NFS under Slurm")."""
+    from hpvc.backends import shared
+
+    shared.across_hosts(spec, origin)

@@ -127,6 +127,7 @@ def up_spec(
     tenant: bool = False,
     exclusive_subnet: bool = True,
     console_mib: int | None = None,  # each node's console log cap (None: the site's max_console)
+    user: dict[str, Any] | None = None,  # a Slurm share's job user (ClusterRecord.user)
 ) -> ClusterRecord:
     """``up`` of an already loaded spec. Slurm shares plan part of a cluster
     (``planner``), give every node the whole cluster's /etc/hosts (``hosts``),
@@ -143,7 +144,8 @@ def up_spec(
     with store.cluster_lock(spec.name, "hpvc up", _waiting(spec.name, progress)):
         return _up_locked(backend, spec, doc, spec_path, store, progress, planner,
                           hosts=hosts, binds=binds, overlay=overlay, tenant=tenant,
-                          exclusive_subnet=exclusive_subnet, console_mib=console_mib)  # fmt: skip
+                          exclusive_subnet=exclusive_subnet, console_mib=console_mib,
+                          user=user)  # fmt: skip
 
 
 def _up_locked(
@@ -161,6 +163,7 @@ def _up_locked(
     tenant: bool,
     exclusive_subnet: bool = True,
     console_mib: int | None = None,
+    user: dict[str, Any] | None = None,
 ) -> ClusterRecord:
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
@@ -173,6 +176,7 @@ def _up_locked(
     rec.binds = list(binds)
     rec.tenant = tenant
     rec.console_mib = console_mib
+    rec.user = user
     # A killed `up` still rolls back (only in this process: see _terminated).
     previous = signal.signal(signal.SIGTERM, _terminated(os.getpid()))
     env = ClusterEnv(store, rec, backend.new_state())

@@ -17,6 +17,7 @@ read from the host over the cluster network.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -56,9 +57,14 @@ def _env(sp: SparkPlan, address: str, plan: Plan) -> dict[str, str]:
     }
 
 
-def daemon_argv(sp: SparkPlan, plan: Plan, node: str) -> list[str]:
+def daemon_argv(
+    sp: SparkPlan, plan: Plan, node: str, user: dict[str, Any] | None = None
+) -> list[str]:
     """The shell line that starts ``node``'s daemon in the background (master
-    on the master node, else a worker) and returns at once."""
+    on the master node, else a worker) and returns at once. ``user`` (a Slurm
+    job's, ``ClusterRecord.user``): the daemon runs as that user, known to the
+    node's passwd and group files, with the node-local scratch its own; its
+    files on the shared directory are the user's (the export squashes root)."""
     if node == sp.master:
         address = sp.address
         argv = model.master_argv(SPARK_HOME, address, sp.port, sp.ui_port)
@@ -70,17 +76,52 @@ def daemon_argv(sp: SparkPlan, plan: Plan, node: str) -> list[str]:
                                  ui_port=8081)  # fmt: skip
     env = _env(sp, address, plan)
     log = f"{env['SPARK_LOG_DIR']}/{node}.log"
-    line = " ".join(
+    logs = shlex.quote(env["SPARK_LOG_DIR"])
+    setup, drop = f"mkdir -p {SCRATCH}/local {SCRATCH}/work {logs} &&", []
+    if user is not None:
+        uid, gid, name = _user(user)
+        env |= {"HOME": SCRATCH, "USER": name, "SPARK_USER": name, "HADOOP_USER_NAME": name}
+        setup = " ".join([
+            _known_line(uid, gid, name),
+            f"mkdir -p {SCRATCH}/local {SCRATCH}/work && chown -R {uid}:{gid} {SCRATCH} &&",
+            f"setpriv --reuid={uid} --regid={gid} --clear-groups -- mkdir -p {logs} &&",
+        ])  # fmt: skip
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+    run = " ".join(
         [
-            f"mkdir -p {SCRATCH}/local {SCRATCH}/work {shlex.quote(env['SPARK_LOG_DIR'])} &&",
             "env",
             *(shlex.quote(f"{k}={v}") for k, v in env.items()),
             "setsid",
             *map(shlex.quote, argv),
-            f">{shlex.quote(log)} 2>&1 </dev/null &",
+            f">{shlex.quote(log)} 2>&1 </dev/null",
         ]
     )
-    return ["/bin/sh", "-c", line]
+    if drop:  # the user's shell opens the log: root is squashed on the shared directory
+        run = " ".join([*drop, "/bin/sh", "-c", shlex.quote(f"exec {run}")])
+    return ["/bin/sh", "-c", f"{setup} {run} &"]
+
+
+_NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+
+
+def _user(user: dict[str, Any]) -> tuple[int, int, str]:
+    uid, gid, name = int(user["uid"]), int(user["gid"]), str(user["name"])
+    if not _NAME_RE.fullmatch(name):
+        name = f"uid{uid}"  # a name the node's passwd file can hold as it is
+    return uid, gid, name
+
+
+def _known_line(uid: int, gid: int, name: str) -> str:
+    """Shell: the job's user in the node's passwd and group files, unless there.
+    The JVM's and Hadoop's user lookups (``getpwuid``) fail for a uid with no
+    entry ("invalid null input: name"), and the job's tasks in the node are
+    the same user."""
+    entry = shlex.quote(f"{name}:x:{uid}:{gid}::{SCRATCH}:/bin/sh")
+    group = shlex.quote(f"{name}:x:{gid}:")
+    return (
+        f"{{ cut -d: -f3 /etc/passwd | grep -qx {uid} || echo {entry} >>/etc/passwd; }} &&"
+        f" {{ cut -d: -f3 /etc/group | grep -qx {gid} || echo {group} >>/etc/group; }} &&"
+    )
 
 
 def _run(backend: Backend, env: ClusterEnv, plan: Plan, node: str, argv: list[str]) -> None:
@@ -105,9 +146,13 @@ def start(
     todo.sort(key=lambda n: n != sp.master)
     for node in todo:
         progress(f"spark: {'master' if node == sp.master else 'worker'} on {node}")
-        _run(backend, env, plan, node, daemon_argv(sp, plan, node))
-    if sp.master in here:
-        wait_workers(sp, {w.node for w in sp.workers}, progress)
+        _run(backend, env, plan, node, daemon_argv(sp, plan, node, env.rec.user))
+    # A Slurm share waits for its own workers, at the master on whichever host
+    # it runs (reached over the job's network); the master's share for its own.
+    mine = {w.node for w in sp.workers if w.node in todo}
+    if sp.master in here or mine:
+        wait_workers(sp, mine if sp.master not in here else {w.node for w in sp.workers},
+                     progress)  # fmt: skip
 
 
 def _is_worker(sp: SparkPlan, node: str) -> bool:

@@ -4,7 +4,8 @@ A cluster takes part when its NFS server runs in a cgroup of its own
 (``hpvc.host.io_coord``): the server node's journal holds that step
 (``"io-server-cgroup"``, with the folder the server exports), and the
 kernel holds the cgroup. Its demand is its spec's ``[shared] demand``; its
-owner, for per-user priorities, is the owner of its spec file. An operator's
+owner, for per-user priorities, is a Slurm job's user, else the owner of its
+spec file. An operator's
 ``hpvc io set`` overrides priority and demand; those overrides live in
 ``<state>/io/overrides.json``, written atomically under the coordinator's lock
 (``coordinator.py``), and outlive the cluster (a cluster of the same name
@@ -48,7 +49,10 @@ def io_dir(store: Store) -> Path:
 
 
 def _owner(rec: ClusterRecord) -> str | None:
-    """Who brought the cluster up: the owner of its spec file, when it is one."""
+    """Who brought the cluster up: a Slurm share's job user, else the owner of
+    its spec file, when it is one."""
+    if rec.user is not None and rec.user.get("name"):
+        return str(rec.user["name"])
     with contextlib.suppress(OSError, KeyError):
         return pwd.getpwuid(os.stat(rec.spec_path).st_uid).pw_name
     return None

@@ -29,6 +29,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,12 +44,16 @@ BINARY = "hpvc-nfsfuse"
 FSTYPE = "fuse.hpvc-nfs"  # FUSE's "fuse." + the client's subtype
 INSTALLED = Path("/usr/local/lib/hpvc")  # `make -C native/nfsfuse install`
 STOP_WAIT_S = (3.0, 2.0)  # after SIGTERM, after SIGKILL
+RETRY_S = 0.5  # a server not answering yet (mount's wait_s) is asked again this often
 
 
 def client_binary() -> Path:
-    """The built ``hpvc-nfsfuse``: this checkout's build, else the installed one."""
+    """The built ``hpvc-nfsfuse``: this checkout's build, else the site
+    install's (``<prefix>/lib`` beside its virtualenv, scripts/slurm/install.sh),
+    else the installed one."""
     repo = Path(hpvc.__file__).resolve().parents[2]
-    for candidate in (repo / "native" / "nfsfuse" / BINARY, INSTALLED / BINARY):
+    site = Path(sys.prefix).parent / "lib" / BINARY
+    for candidate in (repo / "native" / "nfsfuse" / BINARY, site, INSTALLED / BINARY):
         if os.access(candidate, os.X_OK):
             return candidate
     raise MissingDependency(
@@ -74,10 +79,15 @@ def mount(
     pidfile: Path,
     timeout_s: float,
     rpc_timeout_s: int = 10,
+    wait_s: float = 0.0,
+    server_name: str = "",
 ) -> int:
     """FUSE-mount ``server:export`` at ``mountpoint``, talking NFS from inside
     ``netns``; return the client's PID. ``rpc_timeout_s``: how long each NFS
-    call may wait for the server before it fails (ETIMEDOUT)."""
+    call may wait for the server before it fails (ETIMEDOUT). ``wait_s``: a
+    server that does not answer yet (on another host, still starting) is asked
+    again every ``RETRY_S`` for that long; then one error says so, naming
+    ``server_name``."""
     mountpoint = Path(os.path.abspath(mountpoint))
     what = f"NFS mount {server}:{export} at {mountpoint}"
     binary = client_binary()
@@ -94,20 +104,40 @@ def mount(
         "--timeout", str(max(1, int(rpc_timeout_s))), "--nfs-port", str(NFS_PORT),
         "--mount-port", str(MOUNT_PORT), str(mountpoint),
     ]  # fmt: skip
+    deadline = time.monotonic() + wait_s
+    while True:
+        why = _try_mount(argv, timeout_s, server, export)
+        if why is None:
+            break
+        if time.monotonic() >= deadline:
+            if wait_s > 0:
+                who = f"{server} ({server_name})" if server_name else server
+                raise HpvcError(
+                    what,
+                    f"the server {who} did not answer within {wait_s:g} s: {why}",
+                    "is the server's host up and its share started? (hpvc node ls there)",
+                )
+            raise HpvcError(what, why)
+        time.sleep(RETRY_S)
+    pid = procfs.read_pidfile(pidfile)
+    if pid is None:
+        raise HpvcError(what, f"{BINARY} wrote no pid file {pidfile}")
+    return pid
+
+
+def _try_mount(argv: list[str], timeout_s: float, server: str, export: str) -> str | None:
+    """One run of the client: None once mounted, else why not."""
     try:
         done = subprocess.run(
             argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired:
-        raise HpvcError(what, f"no answer within {timeout_s:g} s") from None
-    if done.returncode != 0:
-        lines = (done.stderr or done.stdout).strip().splitlines()
-        why = lines[-1].removeprefix(f"{BINARY}: ") if lines else f"exit status {done.returncode}"
-        raise HpvcError(what, why.removeprefix(f"cannot mount {server}:{export}: "))
-    pid = procfs.read_pidfile(pidfile)
-    if pid is None:
-        raise HpvcError(what, f"{BINARY} wrote no pid file {pidfile}")
-    return pid
+        return f"no answer within {timeout_s:g} s"
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    why = lines[-1].removeprefix(f"{BINARY}: ") if lines else f"exit status {done.returncode}"
+    return why.removeprefix(f"cannot mount {server}:{export}: ")
 
 
 def health(mountpoint: Path, timeout_s: float = 2.0) -> str | None:

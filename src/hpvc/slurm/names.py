@@ -44,6 +44,15 @@ def listing(store: Store | None = None) -> list[dict[str, Any]]:
                 "subnet": plan.network.subnet,
                 "image": rec.image_name(),
                 "image_digests": rec.image_digests(),  # digest -> its nodes
+                **_services(store, rec),  # NFS and Spark (hpvc.cluster.share_view)
             }
         )
     return out
+
+
+def _services(store: Store, rec: Any) -> dict[str, Any]:
+    if not (rec.plan.get("spark") or (rec.plan.get("shared") or {}).get("server") == "nfs"):
+        return {}
+    from hpvc.cluster import share_view  # only shares with NFS or Spark pay its import
+
+    return share_view.services(store, rec)

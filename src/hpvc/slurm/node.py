@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hpvc.cluster import backends, images, lifecycle, ops
+from hpvc.cluster import backends, images, lifecycle, ops, ucx
 from hpvc.errors import HpvcError, InputError
 from hpvc.host import fabric
 from hpvc.locks import file_lock
@@ -117,18 +118,32 @@ def joins(
     pmix = mpi.startswith("pmix")
     rec = store.get(name)
     plan = rec.the_plan()
+    # hpvc node migrate moves nodes between a job's hosts: the share's nodes are
+    # its plan's now, the split's first (docs/slurm.md "Moving a VM node").
+    here = [n.name for n in plan.nodes]
+    share = [n for n in share if n in here] + [n for n in here if n not in share]
+    if not share:
+        raise InputError(
+            f"job {job} on this host",
+            "its virtual nodes were moved to the job's other hosts (hpvc node migrate)",
+            "run the step on the job's other hosts (srun -x this host)",
+        )
     entry = backends.cluster_task_entry(store, name, mpi)
     # An imported image's Env and WorkingDir (nothing for a built image), over
     # the task's own environment; hpvc's variables and then Slurm's go on top.
     # A VM's relay sends them to the guest's agent (native/spank/vm.c).
     image = images.task_images(store, name)
+    pool = task_pool(share, roles)
+    # Guests of the share that map one ivshmem region: MPI over it, through UCX
+    # (hpvc.cluster.ucx), as hpvc run gives it; nothing where there is no region.
+    shm = ucx.for_job(store.root, plan, [(plan.node(n), 1) for n in pool]).env_list()
     out = []
-    for t, node in enumerate(task_pool(share, roles)):
+    for t, node in enumerate(pool):
         proc = ops.node_process(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         mine = image[node]
         if entry.relay:  # the task relays to the agent in the node (a VM's guest)
-            env = [*mine.env, *env, *entry.env]
+            env = [*mine.env, *env, *entry.env, *shm]
             key = str(store.cluster_dir(name) / entry.key) if entry.key else ""
             ip = plan.node(node).ip
             join = Join(t, node, proc.pid, proc.start, (), (), tuple(env), ip, key)
@@ -190,6 +205,8 @@ class Request:
     mpi: str = ""
     nodelist: str = ""  # the job's hosts as Slurm writes them (SLURM_JOB_NODELIST)
     mem_mib: int = 0  # the job's memory on this host (S_JOB_ALLOC_MEM), 0 = not allocated
+    uid: int = -1  # the job's user (S_JOB_UID), -1 = not known (an older plugin)
+    gid: int = -1
 
 
 def up(
@@ -334,7 +351,20 @@ def _up_share(
         tenant=True,  # an ordinary user's job: node roots nosuid,nodev
         exclusive_subnet=False,  # cut from the site's pool and checked in up()
         console_mib=console_mib,
+        user=job_user(req),
     )
+
+
+def job_user(req: Request) -> dict[str, Any] | None:
+    """The job's user as the share's record keeps it (uid, gid, name as this
+    host's passwd says, else ``uid<N>``); None when the plugin did not say."""
+    if req.uid < 0:
+        return None
+    try:
+        name = pwd.getpwuid(req.uid).pw_name
+    except KeyError:
+        name = f"uid{req.uid}"
+    return {"uid": req.uid, "gid": req.gid if req.gid >= 0 else req.uid, "name": name}
 
 
 def _overlay(spec: Spec, req: Request) -> Overlay | None:

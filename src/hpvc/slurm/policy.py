@@ -189,10 +189,15 @@ def load(text: str, origin: str, site: Site) -> tuple[Spec, dict[str, Any]]:
             "use one of: " + ", ".join(site.images),
         )
     if spec.shared.server != "host" or spec.spark is not None:
+        # Only specs with NFS or Spark pay the backends' import (issue 33).
+        from hpvc.cluster.backends import services_across_hosts
+
+        services_across_hosts(spec, origin)  # what the spec's nodes serve across hosts
+    if spec.shared.server == "nfs" and spec.shared.keep:
         raise InputError(
-            f"{origin}: " + ("[spark]" if spec.spark is not None else 'shared.server = "nfs"'),
-            "not in Slurm jobs yet (a share would have to wait for a server on another host)",
-            "remove it; hpvc up runs NFS and Spark clusters on one host (docs/storage.md)",
+            f"{origin}: shared.keep = true",
+            "a Slurm job's shared directory ends with the job",
+            "remove keep, and copy what the job leaves to a directory the site shares (binds=)",
         )
     weighted = [g.role for g in spec.nodes if g.io is not None and g.io.weight is not None]
     if weighted and not site.io_weight:

@@ -99,6 +99,10 @@ class ClusterRecord:
     # an imported image's config digest, a built image's recipe digest. Empty in
     # records written before it was kept, and for nodes whose image was not found.
     images: dict[str, str] = field(default_factory=dict)
+    # A Slurm share's job user ({"uid", "gid", "name"}; hpvc.slurm.node): what the
+    # cluster runs for the job in its nodes (Spark's daemons) runs as that user,
+    # and the storage coordinator takes the user as the share's owner (docs/io.md).
+    user: dict[str, Any] | None = None
 
     def image_name(self) -> str:
         """The image the spec names (``hpc`` when it names none)."""
