@@ -48,6 +48,7 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "debootstrap": (_tool("debootstrap"), False),
     "mpi": (_tool("mpirun.openmpi"), False),
     "mpicc.mpich": (_tool("mpicc.mpich"), False),  # libmpich-dev: MPICH test programs
+    "mpicc.openmpi": (_tool("mpicc.openmpi"), False),  # libopenmpi-dev: Open MPI test programs
     "fio": (_tool("fio"), False),
     "ip": (_tool("ip"), False),
     "nft": (_tool("nft"), False),

@@ -121,9 +121,16 @@ Clusters live in a temporary state directory and are torn down at the end.
 --mpi mpich measures MPICH instead of Open MPI: mpiexec.mpich on the host,
 an image of Debian's mpich package in the nodes (built first if missing).
 
+--kind vm measures two co-resident VM guests instead (docs/vms.md): hpvc run's
+choice (UCX over their ivshmem region) against TCP between the same guests and
+two processes on the host, every size from 4 B to 4 MiB, ratios to TCP; under
+TCG (no KVM) the figures are emulation's and say so. Default --repeat 3.
+
 Examples:
 
   hpvc bench locality
+
+  hpvc bench locality --kind vm --out docs/results/locality-vm-DATE
 
   hpvc bench locality --repeat 10 --out /tmp/locality --json
 
@@ -175,13 +182,22 @@ def _written(out: Path, doc: dict[str, Any], report: str, as_json: bool) -> bool
 
 @bench_app.command("locality", help=LOCALITY_HELP)
 def locality_cmd(
-    repeat: int = typer.Option(5, min=1, help="Repetitions (each runs all three configs)."),
+    repeat: int | None = typer.Option(
+        None, min=1, help="Repetitions, each runs all three configs (default 5; --kind vm 3)."
+    ),
     out: Path = typer.Option(Path("bench/results/locality"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
     mpi: str = typer.Option("openmpi", help="The MPI measured: openmpi or mpich."),
+    kind: str = typer.Option("container", help="Nodes measured: container or vm."),
 ) -> None:
     if mpi not in locality.MPIS:
         raise InputError(f"--mpi {mpi}", "is not an MPI measured here", "--mpi openmpi or mpich")
+    if kind not in ("container", "vm"):
+        raise InputError(f"--kind {kind}", "is not a kind of node", "--kind container or vm")
+    if kind == "vm":
+        _locality_vm(repeat or 3, out, as_json, mpi)
+        return
+    repeat = repeat or 5
     doc = locality.run(repeat, progress=_progress, mpi=mpi)
     if _written(out, doc, locality.report_md(doc), as_json):
         return
@@ -202,6 +218,19 @@ def locality_cmd(
     console.print(t)
     verdict = "met" if doc["meets_goal"] else "NOT met"
     console.print(f"goal (shm median ratio >= {locality.GOAL_RATIO:.2f}): {verdict}")
+    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+
+
+def _locality_vm(repeat: int, out: Path, as_json: bool, mpi: str) -> None:
+    """``--kind vm``: two co-resident guests (``hpvc.bench.locality.vm``), Open MPI."""
+    from hpvc.bench.locality import vm
+
+    if mpi != "openmpi":
+        raise InputError(f"--mpi {mpi} --kind vm", "is not measured", "--mpi openmpi")
+    doc = vm.run(repeat, progress=_progress)
+    if _written(out, doc, vm.report_md(doc), as_json):
+        return
+    console.print(vm.report_md(doc))
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 
