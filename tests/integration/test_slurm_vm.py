@@ -165,7 +165,7 @@ def test_vm_job_runs_its_steps_in_the_guests(slurm: Env, vm_spec: Path) -> None:
     env = sections["env"].split()
     assert env[0] == "compute0" and "procid=0" in env and f"job={job}" in env, text
     assert "home=/root" in env and "secret=none" in env and "spec=none" in env, text
-    assert "pwd=/root" in env, text  # the job's directory is the host's: not in the guest
+    assert f"pwd={slurm.work}" in env, text  # the site binds it into guests: virtiofs
     failed = sorted(line for line in sections["exit"].splitlines() if line.endswith(" fails"))
     assert failed == ["compute0 fails", "compute1 fails"], text
     assert "exit status 3" in sections["exit"], text

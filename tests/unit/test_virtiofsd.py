@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.backends.base import ClusterEnv, State
+from hpvc.backends.vm import binds as vm_binds
 from hpvc.errors import InputError, MissingDependency
 from hpvc.host import virtiofsd
+from hpvc.store import ClusterRecord, Store
 
 
 def test_argv_drops_to_the_user_then_maps_it_to_root_of_a_user_namespace() -> None:
@@ -63,3 +66,33 @@ def test_the_daemons_processes_are_found_by_their_mark_alone(tmp_path: Path) -> 
     )
     assert virtiofsd.processes("j1-0/compute0/hpvcfs0", proc) == [10, 11]
     assert virtiofsd.processes("j1-0/compute1/hpvcfs0", proc) == []
+
+
+# ---- which binds a VM cluster's guests get (hpvc.backends.vm.binds) ----------------
+
+
+def env_with(tmp_path: Path, backend: str, user: dict[str, object] | None) -> ClusterEnv:
+    rec = ClusterRecord("c", {}, "c.toml", {}, "running", 1.0, 2.0, backend=backend)
+    rec.binds = [str(tmp_path)]
+    rec.user = user  # type: ignore[attr-defined,unused-ignore]
+    return ClusterEnv(Store(tmp_path / "state"), rec, State())
+
+
+def test_a_jobs_binds_become_tags_at_the_same_paths(tmp_path: Path) -> None:
+    said: list[str] = []
+    env = env_with(tmp_path, "qemu", {"uid": 1000, "gid": 1000, "name": "u"})
+    assert vm_binds.shares(env, said.append) == (("hpvcfs0", str(tmp_path)),)
+    assert said == []
+
+
+def test_no_binds_without_an_ordinary_user_and_the_step_is_told(tmp_path: Path) -> None:
+    for user in (None, {"uid": 0, "gid": 0, "name": "root"}):
+        said: list[str] = []
+        assert vm_binds.shares(env_with(tmp_path, "qemu", user), said.append) == ()
+        assert len(said) == 1 and "not shared" in said[0]
+
+
+def test_binds_for_libvirt_guests_are_refused(tmp_path: Path) -> None:
+    env = env_with(tmp_path, "libvirt", {"uid": 1000, "gid": 1000, "name": "u"})
+    with pytest.raises(InputError, match="qemu backend"):
+        vm_binds.shares(env, lambda _m: None)

@@ -195,15 +195,14 @@ class QemuBackend:
         remotes = [n for v in overlay.remotes for n in v.nodes] if overlay else []
         t0 = time.perf_counter()
         over_ssh = []
-        vm_binds.check(env)  # the site's binds: served as the job's user, or refused
-        binds = vm_binds.tags(env)
+        binds = vm_binds.shares(env, progress)  # the site's binds, as the job's user
         for name in names:
             progress(f"node {name}: starting QEMU")
             node = plan.node(name)
             node_ctx = g.node_context(env.store, plan, node, guest, ctx, remotes, binds)
             if not g.configured_at_boot(node_ctx):
                 over_ssh.append(name)
-            node_ctx = vm_binds.serve(env, plan, node, node_ctx)  # virtiofsd per bind
+            node_ctx = vm_binds.serve(env, plan, node, node_ctx, binds)  # virtiofsd per bind
             st.pids[name] = self.start_node(env, plan, node, node_ctx)
             inject(f"node:{name}")
         t1 = time.perf_counter()

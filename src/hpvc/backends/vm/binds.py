@@ -22,6 +22,7 @@ from hpvc.backends.base import ClusterEnv
 from hpvc.errors import InputError
 from hpvc.host import virtiofsd
 from hpvc.plan import Plan, PlannedNode
+from hpvc.progress import Progress
 from hpvc.render.context import RenderContext
 
 TAG = "hpvcfs"
@@ -33,45 +34,58 @@ def tags(env: ClusterEnv) -> tuple[tuple[str, str], ...]:
     return tuple((f"{TAG}{i}", path) for i, path in enumerate(env.rec.binds))
 
 
-def owner(env: ClusterEnv) -> tuple[int, int]:
-    """The job's uid and gid, which serve the binds; InputError without them."""
+def owner(env: ClusterEnv) -> tuple[int, int] | None:
+    """The job's uid and gid, whose rights serve the binds; None when not known."""
     # ClusterRecord.user: {"uid", "gid", "name"} of a Slurm share's job (hpvc.slurm.node).
     user = getattr(env.rec, "user", None) or {}
     uid, gid = int(user.get("uid", -1)), int(user.get("gid", -1))
-    if uid <= 0 or gid < 0:
-        raise InputError(
-            f"binds {', '.join(env.rec.binds)} in VM guests",
-            "the job's user is not known (or is root), and only its rights may serve them",
-            "update the SPANK plugin (it passes --uid/--gid to hpvc node up)",
-        )
-    return uid, gid
+    return (uid, gid) if uid >= 0 and gid >= 0 else None
 
 
-def check(env: ClusterEnv) -> None:
-    """Refuse, before any change, binds that cannot be served here."""
+def shares(env: ClusterEnv, progress: Progress) -> tuple[tuple[str, str], ...]:
+    """The binds the guests get (``tags``), checked before any node starts: a
+    backend other than qemu or a bind that is no folder is refused (exit 2).
+    Without the job's user (a SPANK plugin older than hpvc, which passes no
+    --uid), and for root's jobs, the guests get none, as before binds were
+    served, and the step's progress says why."""
     if not env.rec.binds:
-        return
+        return ()
+    what = f"binds {', '.join(env.rec.binds)} in VM guests"
     if env.rec.backend not in ("", "qemu"):
         raise InputError(
-            f"binds {', '.join(env.rec.binds)} in VM guests",
+            what,
             f"are served to the qemu backend's guests only, not {env.rec.backend}'s",
             "leave out the spec's backend (qemu is the default for VMs)",
         )
-    uid, _ = owner(env)
+    user = owner(env)
+    if user is None:
+        progress(f"{what}: not shared, the job's user is not known (update the SPANK plugin)")
+        return ()
+    if user[0] == 0:  # served only with an ordinary user's rights (hpvc.host.virtiofsd)
+        progress(f"{what}: not shared into a job of root's")
+        return ()
     for path in env.rec.binds:
-        virtiofsd.check(path, uid)
+        virtiofsd.check(path, user[0])
+    return tags(env)
 
 
-def serve(env: ClusterEnv, plan: Plan, node: PlannedNode, ctx: RenderContext) -> RenderContext:
-    """Start one daemon per bind for ``node`` (in its journal); ``ctx`` with the
-    sockets its QEMU connects to. ``ctx`` unchanged when the cluster has none."""
-    if not env.rec.binds:
+def serve(
+    env: ClusterEnv,
+    plan: Plan,
+    node: PlannedNode,
+    ctx: RenderContext,
+    binds: tuple[tuple[str, str], ...],
+) -> RenderContext:
+    """Start one daemon per bind (``shares``) for ``node`` (in its journal);
+    ``ctx`` with the sockets its QEMU connects to (unchanged without binds)."""
+    user = owner(env)
+    if not binds or user is None:
         return ctx
-    uid, gid = owner(env)
+    uid, gid = user
     j = env.node_journal(node.name)
     run = env.store.layout.node_run_dir(plan.cluster, node.name)
     sockets = []
-    for tag, path in tags(env):
+    for tag, path in binds:
         sock = run / f"{tag}.sock"
         virtiofsd.start(
             j,
