@@ -42,6 +42,14 @@ Examples:
   hpvc bench spark --sizes 1,4 --repeat 3 --out docs/results/spark --json
 
   hpvc bench spark --sizes 16MiB --configs native,container-nfs,vm --repeat 3
+
+  hpvc bench spark --slurm --sizes 256MiB,1 --repeat 3 --user hpvct1
+
+With --slurm: a private three-host Slurm test cluster; TeraSort as an
+sbatch job of a head and three compute containers (NFS from head0, a
+worker per host) against native Spark in the three hosts' namespaces, and
+a job's time to its first task with NFS and Spark against without
+(docs/benchmarks.md, "Spark as a Slurm job").
 """
 
 
@@ -80,7 +88,14 @@ def spark_cmd(
     ),
     out: Path = typer.Option(Path("bench/results/spark"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
+    slurm: bool = typer.Option(
+        False, "--slurm", help="TeraSort as a Slurm job across 3 test hosts vs native there."
+    ),
+    user: str = typer.Option("nobody", help="With --slurm: the ordinary user who submits."),
 ) -> None:
+    if slurm:
+        _slurm(sizes, repeat, out, as_json, user)
+        return
     chosen = tuple(c for c in configs.split(",") if c)
     unknown = [c for c in chosen if c not in spark_bench.CONFIGS]
     if unknown or "native" not in chosen:
@@ -96,6 +111,19 @@ def spark_cmd(
         cell = "n/a" if r is None else f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}"
         verdict = {True: "met", False: "NOT met", None: "n/a"}[met]
         console.print(f"container/native {metric}: {cell} (min/median/max), goal: {verdict}")
+    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+
+
+def _slurm(sizes: str | None, repeat: int, out: Path, as_json: bool, user: str) -> None:
+    from hpvc.bench.spark import slurm as spark_slurm
+
+    given = _sizes(sizes) if sizes is not None else [1 << 30, 4 << 30]
+    doc = spark_slurm.run(given, repeat, _progress, user)
+    common.write_results(out, doc, spark_report.slurm_report_md(doc))
+    if as_json:
+        print_json(doc)
+        return
+    console.print(spark_report.slurm_report_md(doc).split("## A job's")[0], markup=False)
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 

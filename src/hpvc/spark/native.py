@@ -121,7 +121,15 @@ class NativeSpark:
         host: str = "127.0.0.1",
         start_timeout_s: float = 90.0,
         daemon_memory_mib: int = sizing.DAEMON_MEMORY_MIB,
+        places: Sequence[tuple[str, Sequence[str]]] = (),
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
+        """``places``: hosts apart (the Slurm test cluster's, ``hpvc bench spark
+        --slurm``), each an (address, command prefix that runs a program
+        there); the master and the driver run at the first, worker ``i`` at
+        place ``i`` modulo their number, on the places' own addresses and
+        Spark's default ports. ``extra_env``: added to every daemon's and
+        submit's environment (what the prefix needs)."""
         if workers < 1:
             raise InputError("native spark", f"{workers} workers", "ask for at least 1")
         self.workdir = workdir.absolute()
@@ -131,6 +139,10 @@ class NativeSpark:
         self.host = host
         self.start_timeout_s = start_timeout_s
         self.daemon_memory_mib = daemon_memory_mib
+        self.places = [(a, list(p)) for a, p in places]
+        self.extra_env = dict(extra_env or {})
+        if self.places:
+            self.host = self.places[0][0]
         self.port = 0
         self.ui_port = 0
         self.daemons: list[Daemon] = []
@@ -163,16 +175,20 @@ class NativeSpark:
             SPARK_DAEMON_MEMORY=f"{self.daemon_memory_mib}m",
         )
         env.pop("SPARK_ENV_LOADED", None)
+        env.update(self.extra_env)
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> Daemon:
+    def _prefix(self, i: int = 0) -> list[str]:
+        return self.places[i % len(self.places)][1] if self.places else []
+
+    def _spawn(self, name: str, argv: list[str], prefix: Sequence[str] = ()) -> Daemon:
         local = self.workdir / "local" / name
         local.mkdir(parents=True, exist_ok=True)
         log = self.workdir / "logs" / f"{name}.log"
         out = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self._logs.append(out)
         proc = subprocess.Popen(
-            argv,
+            [*prefix, *argv],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -214,22 +230,26 @@ class NativeSpark:
         for sub in ("conf", "logs", "work", "local", "events"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         try:
-            self.port, self.ui_port = free_port(self.host), free_port(self.host)
+            if self.places:  # each place is a network of its own: Spark's own ports
+                self.port, self.ui_port = 7077, 8080
+            else:
+                self.port, self.ui_port = free_port(self.host), free_port(self.host)
             argv = model.master_argv(self.spark_home, self.host, self.port, self.ui_port)
-            self._spawn("master", argv)
+            self._spawn("master", argv, self._prefix())
             self._wait_alive(0)
             for i in range(self.workers):
+                host = self.places[i % len(self.places)][0] if self.places else self.host
                 argv = model.worker_argv(
                     self.spark_home,
                     self.master_url,
-                    host=self.host,
+                    host=host,
                     cores=self.cores,
                     memory_mib=self.memory_mib,
                     work_dir=self.workdir / "work" / f"worker-{i}",
-                    port=free_port(self.host),
-                    ui_port=free_port(self.host),
+                    port=0 if self.places else free_port(self.host),
+                    ui_port=0 if self.places else free_port(self.host),
                 )
-                self._spawn(f"worker-{i}", argv)
+                self._spawn(f"worker-{i}", argv, self._prefix(i))
             self._wait_alive(self.workers)
         except BaseException:
             self.stop()
@@ -267,7 +287,7 @@ class NativeSpark:
         argv = model.submit_argv(self.spark_home, self.master_url, jar, args, self.conf(conf))
         (self.workdir / "local" / "driver").mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
-            argv,
+            [*self._prefix(), *argv],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

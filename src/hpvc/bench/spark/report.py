@@ -116,3 +116,52 @@ def report_md(doc: dict[str, Any]) -> str:
                   for r in vs_nfs]  # fmt: skip
     lines += ["", "## All figures", "", table_md(ratio_rows(doc["samples"]), goals(doc))]
     return "\n".join(lines) + "\n"
+
+
+def slurm_report_md(doc: dict[str, Any]) -> str:
+    """report.md of ``hpvc bench spark --slurm`` (hpvc.bench.spark.slurm)."""
+    h = doc["host"]
+    spark = [s for s in doc["samples"] if s["config"] in doc["configs"]]
+    start = [s for s in doc["samples"] if s["config"] not in doc["configs"]]
+    lines = [
+        "# hpvc bench spark --slurm: TeraSort as a Slurm job across hosts vs native Spark",
+        "",
+        f"{h['date']}, {h['host']} ({h['cpu_model']}, {h['cpus']} CPUs, kernel {h['kernel']}),"
+        f" load at start {h['loadavg_start'][0]:.2f}. A private Slurm test cluster of"
+        f" {doc['hosts']} hosts (namespaces apart on this machine), jobs submitted by"
+        f" {doc['submitted_by']}; {doc['repeat']} repetitions, the order alternating.",
+        "",
+        f"Both: Spark 3.5.3, the spark image's JRE and TeraSort jar, {doc['workers']} workers"
+        f" (one per host) of 1 core and {doc['worker_mib']} MiB, one whole-worker executor each.",
+        "",
+        "- `native`: master, driver and a worker on the first host, a worker on each other,"
+        " as host processes in the hosts' namespaces; data on this machine's disk",
+        "- `slurm-nfs`: an `sbatch -N3` job of a head and three compute containers of"
+        f" {doc['node_mib']} MiB; data on the job's shared directory, NFS from head0 over"
+        " the job's VXLAN network; each TeraSort step an `srun --overlap` step (driver in"
+        " compute0)",
+        "",
+        "## Goals",
+        "",
+    ]
+    goal = [{"metric": f"sort {s}", "config": "slurm-nfs",
+             "median_ratio_at_least": doc["goal"]["median_ratio_at_least"]}
+            for s in doc["sizes"]]  # fmt: skip
+    rows = ratio_rows(spark)
+    for g in goal:
+        row = next((r for r in rows if (r["metric"], r["config"]) == (g["metric"], g["config"])),
+                   None)  # fmt: skip
+        r = row["ratio"] if row else None
+        cell = "no data" if r is None else (
+            f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}")  # fmt: skip
+        met = {True: "met", False: "NOT met", None: "n/a"}[
+            goal_of(row, goal, "native") if row else None
+        ]
+        lines.append(f"- slurm-nfs/native, {g['metric']} (>= {g['median_ratio_at_least']}):"
+                     f" min/median/max {cell}: {met}")  # fmt: skip
+    lines += ["", "## A job's time to its first task", "",
+              "`srun -N3 --hpvc=SPEC hostname` as a new job (its shares come up in it), with"
+              " the Spark spec and with the same nodes without `[shared]` and `[spark]`:", "",
+              table_md(ratio_rows(start, baseline="without"), [], baseline="without"),
+              "## All figures", "", table_md(rows, goal)]  # fmt: skip
+    return "\n".join(lines) + "\n"
