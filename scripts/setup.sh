@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   busybox-static   # tests' non-Debian images (hpvc image import): a busybox-only rootfs
   cpio             # packs the VM guests' initramfs
-  criu             # checkpoint of container nodes (docs/checkpoint.md; 3.17 cannot run on kernels 6.13+)
+  criu             # bookworm's CRIU 3.17 (cannot run on kernels 6.13+); setup-criu.sh adds 4.2
   crun             # OCI runtime for container nodes
   debootstrap      # builds the Debian image rootfs
   dpkg-dev         # dpkg-source: unpacks UCX's Debian source for native/ucx (apt-get source)
@@ -33,6 +33,7 @@ APT_PACKAGES=(
   openssh-client   # ssh into VM guests (keys made per cluster)
   podman           # the peer of `hpvc bench startup` (Podman containers started beside hpvc's)
   qemu-system-x86  # VM nodes (KVM where usable, TCG otherwise)
+  runc             # Podman's runtime with CRIU: the peer of `hpvc bench checkpoint` (crun 1.8 has none)
   qemu-utils       # qemu-img: per-node VM disks
   libvirt-clients  # virt-xml-validate: rendered domain XML checked against libvirt's schema
   libvirt-daemon   # libvirtd and virtlogd: the libvirt backend for VM nodes (docs/libvirt.md)
