@@ -5,6 +5,7 @@ together."""
 from __future__ import annotations
 
 import ipaddress
+import pwd
 from dataclasses import replace
 from pathlib import Path
 
@@ -373,3 +374,12 @@ def test_check_prints_the_memory_each_host_count_needs(tmp_path: Path) -> None:
     encoded, mem = r.output.splitlines()
     assert policy.decode_spec(encoded) == spec_of(2)
     assert mem == "mem 640 384 256"
+
+
+def test_the_jobs_user_is_kept_by_uid_with_this_hosts_name_for_it() -> None:
+    """What `hpvc node up --uid --gid` keeps in the share's record (Spark's
+    daemons run as it, the coordinator charges the share to its name)."""
+    assert policy.job_user(-1, -1) is None  # an older plugin: not known
+    assert policy.job_user(0, 0) == {"uid": 0, "gid": 0, "name": "root"}
+    free = next(u for u in range(60000, 65000) if u not in {p.pw_uid for p in pwd.getpwall()})
+    assert policy.job_user(free, -1) == {"uid": free, "gid": free, "name": f"uid{free}"}

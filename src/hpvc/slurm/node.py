@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import pwd
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -50,6 +49,7 @@ from hpvc.slurm.policy import (
     for_job,
     hosts_text,
     job_hosts,
+    job_user,
     load,
     parse_share_name,
     restrict,
@@ -351,20 +351,8 @@ def _up_share(
         tenant=True,  # an ordinary user's job: node roots nosuid,nodev
         exclusive_subnet=False,  # cut from the site's pool and checked in up()
         console_mib=console_mib,
-        user=job_user(req),
+        user=job_user(req.uid, req.gid),
     )
-
-
-def job_user(req: Request) -> dict[str, Any] | None:
-    """The job's user as the share's record keeps it (uid, gid, name as this
-    host's passwd says, else ``uid<N>``); None when the plugin did not say."""
-    if req.uid < 0:
-        return None
-    try:
-        name = pwd.getpwuid(req.uid).pw_name
-    except KeyError:
-        name = f"uid{req.uid}"
-    return {"uid": req.uid, "gid": req.gid if req.gid >= 0 else req.uid, "name": name}
 
 
 def _overlay(spec: Spec, req: Request) -> Overlay | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import pwd
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -333,3 +334,16 @@ def check_spec(path: Path, site: Site, hosts: int = 0, mem_mib: int = 0) -> tupl
         split(spec, hosts)
         check_memory(spec, hosts, mem_mib)
     return encode_spec(text), spec
+
+
+def job_user(uid: int, gid: int) -> dict[str, Any] | None:
+    """The job's user as a share's record keeps it (``ClusterRecord.user``: uid,
+    gid, name as this host's passwd says, else ``uid<N>``); None when the
+    plugin did not say (uid -1)."""
+    if uid < 0:
+        return None
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid{uid}"
+    return {"uid": uid, "gid": gid if gid >= 0 else uid, "name": name}
