@@ -326,12 +326,12 @@ SHM = ("/dev/shm/hpvc-ivshmem.k2x9q0ab/hpvc-ivshmem-3", 64)
 def test_qemu_argv_maps_the_region_shared() -> None:
     plan = hand_vm_plan()
     argv = qemu_argv(plan, plan.node("compute0"), ctx(ivshmem=SHM))
-    i = argv.index("ivshmem-plain,memdev=ivshmem0")
+    i = argv.index("ivshmem-plain,memdev=ivshmem0,master=on")  # migratable: hpvc checkpoint
     assert argv[i - 3 : i + 1] == [
         "-object",
         f"memory-backend-file,id=ivshmem0,mem-path={SHM[0]},size=64M,share=on",
         "-device",
-        "ivshmem-plain,memdev=ivshmem0",
+        "ivshmem-plain,memdev=ivshmem0,master=on",
     ]
     plain = qemu_argv(plan, plan.node("compute0"), ctx())
     assert argv[: i - 3] + argv[i + 1 :] == plain

@@ -63,6 +63,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scale": ("cluster", "Add or remove nodes while the cluster runs."),
     "restart": ("restart", "Bring back nodes whose container or VM died."),
     "down": ("cluster", "Stop the cluster and remove everything it made on this host."),
+    "checkpoint": (
+        "checkpoint",
+        "Save a whole running cluster as files, one consistent cut: list, show, remove them.",
+    ),
+    "restore": (
+        "checkpoint",
+        "Bring a checkpointed cluster back and let it run on from where it was.",
+    ),
     "image": ("image", "Build, import, list and remove node images."),
     "bench": (
         "bench",

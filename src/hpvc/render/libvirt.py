@@ -211,7 +211,8 @@ def _qemu_commandline(dom: ET.Element, ctx: RenderContext) -> None:
     line = _sub(dom, f"{{{QEMU_NS}}}commandline")
     for arg in ("-object", f"memory-backend-file,id=ivshmem0,{mem}", "-device"):
         _sub(line, f"{{{QEMU_NS}}}arg", value=arg)
-    device = f"ivshmem-plain,memdev=ivshmem0,bus=pcie.0,addr={IVSHMEM_SLOT}"
+    # master=on: migratable, as render.qemu.ivshmem_args says
+    device = f"ivshmem-plain,memdev=ivshmem0,master=on,bus=pcie.0,addr={IVSHMEM_SLOT}"
     _sub(line, f"{{{QEMU_NS}}}arg", value=device)
 
 

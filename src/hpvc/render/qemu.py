@@ -145,11 +145,14 @@ def ivshmem_args(ctx: RenderContext) -> list[str]:
     if ctx.ivshmem is None:
         return []
     path, mib = ctx.ivshmem
+    # master=on: QEMU blocks migration of an ivshmem in peer mode (the default),
+    # and hpvc checkpoint saves a VM by migration; every co-resident node saves
+    # the region at the same frozen instant, so each restores the same bytes.
     return [
         "-object",
         f"memory-backend-file,id=ivshmem0,mem-path={_v(path)},size={mib}M,share=on",
         "-device",
-        "ivshmem-plain,memdev=ivshmem0",
+        "ivshmem-plain,memdev=ivshmem0,master=on",
     ]
 
 

@@ -25,10 +25,9 @@ from hpvc.backends.base import (
     Phases,
     State,
     TaskEntry,
-    no_checkpoint,
     undo_nodes,
 )
-from hpvc.backends.qemu import leftovers
+from hpvc.backends.qemu import checkpoint, leftovers
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu.qmp import QMP_CONNECT_S
 from hpvc.backends.vm import binds as vm_binds
@@ -102,7 +101,9 @@ class QemuBackend:
     name: ClassVar[str] = "qemu"
     kind: ClassVar[str] = "vm"
     # Ranks in different guests share no memory: MPI takes the network path.
-    capabilities: ClassVar[Capabilities] = Capabilities(repin=True, shared_memory=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        repin=True, shared_memory=False, checkpoint=True
+    )
 
     def __init__(self) -> None:
         self._guests: dict[str, GuestArtifacts] = {}
@@ -361,20 +362,20 @@ class QemuBackend:
     def remove_orphan(self, orphan: Orphan) -> None:
         leftovers.remove(orphan)
 
-    # --- checkpoint (issue 28, docs/checkpoint.md) -------------------------------
-    # Being written (C1): until then ``capabilities.checkpoint`` is False.
+    # --- checkpoint (issue 28): hpvc.backends.qemu.checkpoint ----------------------
+
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
-        raise no_checkpoint(self.name)
+        checkpoint.freeze(self, env, plan, names)
 
     def thaw(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
-        raise no_checkpoint(self.name)
+        checkpoint.thaw(self, env, plan, names)
 
     def save(
         self, env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
     ) -> dict[str, Any]:
-        raise no_checkpoint(self.name)
+        return checkpoint.save(self, env, plan, name, dest_dir, progress)
 
     def restore_nodes(
         self, env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
     ) -> None:
-        raise no_checkpoint(self.name)
+        checkpoint.restore_nodes(self, env, plan, names, src_dir, progress)
