@@ -74,7 +74,7 @@ def test_the_daemons_processes_are_found_by_their_mark_alone(tmp_path: Path) -> 
 def env_with(tmp_path: Path, backend: str, user: dict[str, object] | None) -> ClusterEnv:
     rec = ClusterRecord("c", {}, "c.toml", {}, "running", 1.0, 2.0, backend=backend)
     rec.binds = [str(tmp_path)]
-    rec.user = user  # type: ignore[attr-defined,unused-ignore]
+    rec.user = user
     return ClusterEnv(Store(tmp_path / "state"), rec, State())
 
 

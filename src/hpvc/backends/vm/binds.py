@@ -36,8 +36,7 @@ def tags(env: ClusterEnv) -> tuple[tuple[str, str], ...]:
 
 def owner(env: ClusterEnv) -> tuple[int, int] | None:
     """The job's uid and gid, whose rights serve the binds; None when not known."""
-    # ClusterRecord.user: {"uid", "gid", "name"} of a Slurm share's job (hpvc.slurm.node).
-    user = getattr(env.rec, "user", None) or {}
+    user = env.rec.user or {}  # {"uid", "gid", "name"} of a Slurm share's job
     uid, gid = int(user.get("uid", -1)), int(user.get("gid", -1))
     return (uid, gid) if uid >= 0 and gid >= 0 else None
 
