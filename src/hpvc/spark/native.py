@@ -164,13 +164,15 @@ class NativeSpark:
         """The PIDs (and process groups) of the daemons started."""
         return [d.proc.pid for d in self.daemons]
 
-    def env(self, local_dir: Path) -> dict[str, str]:
+    def env(self, local_dir: Path, host: str | None = None) -> dict[str, str]:
+        """A daemon's or a submit's environment; ``host``: the address its place
+        binds (default the master's)."""
         env = dict(os.environ)
         env.update(
             SPARK_HOME=str(self.spark_home),
             JAVA_HOME=str(self.java_home),
             SPARK_CONF_DIR=str(self.workdir / "conf"),
-            SPARK_LOCAL_IP=self.host,
+            SPARK_LOCAL_IP=host or self.host,
             SPARK_LOCAL_DIRS=str(local_dir),
             SPARK_DAEMON_MEMORY=f"{self.daemon_memory_mib}m",
         )
@@ -181,7 +183,9 @@ class NativeSpark:
     def _prefix(self, i: int = 0) -> list[str]:
         return self.places[i % len(self.places)][1] if self.places else []
 
-    def _spawn(self, name: str, argv: list[str], prefix: Sequence[str] = ()) -> Daemon:
+    def _spawn(
+        self, name: str, argv: list[str], prefix: Sequence[str] = (), host: str | None = None
+    ) -> Daemon:
         local = self.workdir / "local" / name
         local.mkdir(parents=True, exist_ok=True)
         log = self.workdir / "logs" / f"{name}.log"
@@ -192,7 +196,7 @@ class NativeSpark:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=self.env(local),
+            env=self.env(local, host),
             cwd=self.workdir,
             start_new_session=True,
         )
@@ -249,7 +253,7 @@ class NativeSpark:
                     port=0 if self.places else free_port(self.host),
                     ui_port=0 if self.places else free_port(self.host),
                 )
-                self._spawn(f"worker-{i}", argv, self._prefix(i))
+                self._spawn(f"worker-{i}", argv, self._prefix(i), host)
             self._wait_alive(self.workers)
         except BaseException:
             self.stop()
