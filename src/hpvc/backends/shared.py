@@ -60,9 +60,9 @@ def preflight(spec: Spec) -> None:
 
 def across_hosts(spec: Spec, origin: str) -> None:
     """NFS and Spark split over a Slurm job's hosts: container nodes serve and
-    mount them from the shares' own hosts (``before_container``); VM guests do
-    not yet."""
-    if spec.kind != "container":
+    mount them from the shares' own hosts (``before_container``), VM guests
+    from inside the guests, over the job's network (``vm.guest_shared``)."""
+    if spec.kind not in ("container", "vm"):
         what = "[spark]" if spec.spark is not None else 'shared.server = "nfs"'
         raise InputError(
             f"{origin}: {what} with kind = {spec.kind!r}",

@@ -1,6 +1,7 @@
 """The shared directory of VM nodes over NFS (spec ``[shared] server = "nfs"``).
 
-A guest cannot see a host folder here (no virtiofs), so the data lives in a
+A guest exports no host folder (virtiofs serves only a Slurm site's binds,
+with the job's user's rights: ``vm.binds``), so the data lives in a
 raw ext4 image on the host (``hpvc.host.nfs_backing.disk_image``: in the
 cluster's folder, or ``<state>/shared/<cluster>.img`` with ``keep = true``,
 the same file a kept container cluster of that name uses), never mounted on
@@ -121,9 +122,10 @@ def image_path(env: ClusterEnv, sh: SharedPlan) -> Path:
 
 
 def prepare(env: ClusterEnv, plan: Plan) -> None:
-    """The backing image (made, or the kept one found), journaled with the cluster."""
+    """The backing image (made, or the kept one found), journaled with the cluster;
+    only where the server node runs (a Slurm job's other hosts' shares mount it)."""
     sh = nfs_of(plan)
-    if sh is None:
+    if sh is None or sh.node not in {n.name for n in plan.nodes}:
         return
     if sh.keep:
         shared.kept_dir(env).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -297,9 +299,10 @@ def start(env: ClusterEnv, plan: Plan, names: list[str], progress: Progress) -> 
     if failed:  # the server's failure first: it explains its clients'
         name = failed[0][1]
         err = done[name][2].strip()
-        raise HpvcError(
-            f"shared directory in {name}", err.splitlines()[-1] if err else "ssh failed"
-        )
+        why = err.splitlines()[-1] if err else "ssh failed"
+        if sh.node not in names:  # on another host of a Slurm job
+            why += f" (the server: {sh.node} at {sh.address}, on another host)"
+        raise HpvcError(f"shared directory in {name}", why)
     return time.perf_counter() - t0
 
 
