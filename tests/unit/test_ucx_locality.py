@@ -120,7 +120,7 @@ def test_co_resident_guests_get_ucx_over_the_region_without_asking() -> None:
     assert "UCX_LOG_LEVEL=info" not in choice.env_list()
     assert "rank 0 (compute0) <-> rank 1 (compute1): ivshmem" in choice.lines
     loud = ucx.choose(layout, ucx.sharing(plan, "3"), OK, "hpc", verbose=True)
-    assert loud.env["UCX_LOG_LEVEL"] == "info"
+    assert loud.env["UCX_LOG_LEVEL"] == "info" and loud.env["UCX_LOG_FILE"] == "stderr"
 
 
 def test_no_region_or_no_module_leaves_mpi_alone() -> None:

@@ -20,9 +20,10 @@ region is absent or full. A cluster with no region keeps MPI's defaults
 
 What each pair of ranks should use follows from the placement (``pairs``): the
 same node, shared memory; two nodes that map the region, ``ivshmem``; else
-``tcp``. ``hpvc run --verbose`` prints it and sets ``UCX_LOG_LEVEL=info``, so
-that each rank's UCX says which transports its endpoints use (``ep_cfg[N]:
-tag(ivshmem/... )``): the placement's word, then UCX's own.
+``tcp``. ``hpvc run --verbose`` prints it and sets ``UCX_LOG_LEVEL=info`` (on
+stderr: ``UCX_LOG_FILE=stderr``), so that each rank's UCX says which transports
+its endpoints use (``ep_cfg[N]: tag(ivshmem/... )``): the placement's word, then
+UCX's own.
 
 Decisions here are pure but for ``region_of``, which reads hpvc's region ids.
 """
@@ -46,7 +47,8 @@ OMPI_UCX = {
     "OMPI_MCA_pml_ucx_tls": "any",
     "OMPI_MCA_pml_ucx_devices": "any",
 }
-VERBOSE_ENV = {"UCX_LOG_LEVEL": "info"}  # each rank's UCX prints its endpoints' lanes
+# each rank's UCX prints its endpoints' lanes, on stderr (UCX logs to stdout by default)
+VERBOSE_ENV = {"UCX_LOG_LEVEL": "info", "UCX_LOG_FILE": "stderr"}
 
 
 @dataclass(frozen=True)
