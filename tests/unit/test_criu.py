@@ -3,9 +3,14 @@ from it (hpvc.backends.crun.checkpoint, docs/checkpoint.md "Containers")."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import stat
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -86,35 +91,61 @@ def test_refusal_names_criu_s_error_and_the_way_out() -> None:
     assert type(err) is InputError and err.exit_code == 2
     line = err.line()
     assert "CRIU 3.17.1 cannot run on this kernel" in line
-    assert "vdso: bad (criu/vdso.c:381)" in line and "CRIU 4.1 or newer" in line
+    assert "vdso: bad (criu/vdso.c:381)" in line and "CRIU 4.2 or newer" in line
     assert "\n" not in line
 
 
 def test_refusal_without_criu_is_a_missing_dependency() -> None:
     err = crun_ckpt.refusal(criu.CriuCheck(False, False, "", "criu not found"))
-    assert isinstance(err, MissingDependency) and "apt-get install criu" in err.line()
+    assert isinstance(err, MissingDependency) and "make setup" in err.line()
 
 
-def test_refusal_with_a_working_criu_says_it_is_not_built() -> None:
-    err = crun_ckpt.refusal(criu.CriuCheck(True, True, "4.1", ""))
-    assert "not built" in err.line() and err.exit_code == 2
-
-
-def test_the_crun_backend_refuses_with_criu_s_reason_and_does_not_claim_checkpoint() -> None:
-    from typing import Any, cast
-
+def test_the_crun_backend_checkpoints_where_criu_runs() -> None:
     from hpvc.backends.crun.backend import CrunBackend
 
-    backend = CrunBackend()
-    assert backend.capabilities.checkpoint is False
-    anything = cast(Any, None)  # the refusal comes before env or plan is looked at
-    for call in (
-        lambda: backend.freeze(anything, anything, ["head0"]),
-        lambda: backend.thaw(anything, anything, ["head0"]),
-        lambda: backend.save(anything, anything, "head0", Path("/nonexistent"), print),
-        lambda: backend.restore_nodes(anything, anything, [], Path("/nonexistent"), print),
-    ):
+    assert CrunBackend.capabilities.checkpoint is True
+    if criu.check().ok:
+        crun_ckpt.usable()  # no refusal
+    else:
+        with pytest.raises(InputError):
+            crun_ckpt.usable()
+
+
+def _env(spec: dict[str, object]) -> Any:
+    return SimpleNamespace(name="c", rec=SimpleNamespace(spec=spec))
+
+
+def _plan(server: str) -> Any:
+    return SimpleNamespace(shared=None, cluster="c", server=server)
+
+
+def test_nodes_sharing_namespaces_are_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crun_ckpt.shared, "shared_of", lambda plan: SimpleNamespace(server="host"))
+    for spec in ({}, {"tuning": {"locality": "shm"}}):
         with pytest.raises(InputError) as e:
-            call()
-        assert e.value.exit_code == 2 and "criu" in e.value.line().lower()
-        assert e.value.line().startswith("checkpoint of crun (container) nodes: ")
+            crun_ckpt.refuse_unsupported(_env(spec), _plan("host"))
+        assert 'locality = "none"' in e.value.line() and e.value.exit_code == 2
+    crun_ckpt.refuse_unsupported(_env({"tuning": {"locality": "none"}}), _plan("host"))
+
+
+def test_a_shared_directory_on_an_nfs_node_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crun_ckpt.shared, "shared_of", lambda plan: SimpleNamespace(server="nfs"))
+    with pytest.raises(InputError) as e:
+        crun_ckpt.refuse_unsupported(_env({"tuning": {"locality": "none"}}), _plan("nfs"))
+    assert "NFS" in e.value.line()
+
+
+def test_stdio_keys_name_pipes_and_files_as_criu_does() -> None:
+    r, w = os.pipe()
+    child = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, stdout=w, stderr=w)
+    try:
+        keys = criu.stdio_keys(child.pid)
+        ino = os.fstat(r).st_ino
+        assert keys[1] == keys[2] == f"pipe:[{ino}]"
+        assert re.fullmatch(r"file\[\d+:\d+\]", keys[0])
+        assert keys[0].endswith(f":{os.stat('/dev/null').st_ino}]")
+    finally:
+        child.kill()
+        child.wait()
+        os.close(r)
+        os.close(w)

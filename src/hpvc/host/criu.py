@@ -1,21 +1,28 @@
-"""What the host's CRIU can do: ``criu check`` asked once, its verdict in one line.
+"""CRIU for container nodes: whether it runs here (``check``), ``dump`` and ``restore``.
 
-Container nodes would be checkpointed by CRIU driven directly (Debian's crun
-1.8 is built without CRIU, so ``crun checkpoint`` is not there; HOST-NOTES).
-Before anything is frozen, the crun backend asks this module whether CRIU runs
+Container nodes are checkpointed by CRIU driven directly: Debian's crun 1.8
+is built without CRIU, so there is no ``crun checkpoint`` (HOST-NOTES).
+Before anything is frozen, the crun backend asks ``check`` whether CRIU runs
 on this kernel at all: CRIU 3.17 (Debian bookworm's) stops at its kernel
-feature detection on kernels 6.13 and newer (docs/checkpoint.md "Containers").
-``criu check`` reads the kernel and changes nothing on the host (on success it
-may cache what it found in /run/criu.kdat, CRIU's own cache).
+feature detection on kernels 6.13 and newer; scripts/setup-criu.sh installs
+4.2 (docs/checkpoint.md "Containers"). ``criu check`` reads the kernel and
+changes nothing on the host (on success it may cache what it found in
+/run/criu.kdat, CRIU's own cache). ``dump`` writes only into the folder it
+is given; ``restore`` starts processes in namespaces and cgroups the crun
+backend made and journaled (its caller records the container before).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from hpvc.errors import HpvcError
 
 Which = Callable[[str], str | None]
 TIMEOUT_S = 30
@@ -68,3 +75,131 @@ def check(which: Which = shutil.which) -> CriuCheck:
         return CriuCheck(installed=True, ok=True, version=version, error="")
     why = first_error(done.stderr + "\n" + done.stdout) or f"exit status {done.returncode}"
     return CriuCheck(installed=True, ok=False, version=version, error=why)
+
+
+# --- dump and restore ------------------------------------------------------------------
+# What hpvc asks of CRIU for a container node whose runtime (crun 1.8) has no
+# CRIU of its own: the node's process tree, from its init, with its mount, PID,
+# IPC and UTS namespaces; its network namespace kept outside the image
+# (``--external net[inode]``, given back on restore as an inherited descriptor
+# of the namespace hpvc recreated); the folders bound into it from the host
+# named by their mount point (``--ext-mount-map``), mapped on restore to where
+# they are then; other host mounts (crun's masked paths, its cgroup binds)
+# found by CRIU (``--external mnt[]``) and resolved again (``auto``); its stdio
+# (a pipe to the node's console reader, /dev/null) outside too, handed over on
+# restore as new descriptors (``--inherit-fd``). The tasks are frozen by hpvc
+# before the dump (``--freeze-cgroup`` then finds them frozen and leaves them
+# so, ``-R`` keeps them), and come back frozen: CRIU restores the freezer state.
+
+NETNS_KEY = "hpvc-netns"
+DUMP_LOG = "dump.log"
+RESTORE_LOG = "restore.log"
+
+
+def stdio_keys(pid: int) -> dict[int, str]:
+    """How CRIU names descriptors 0-2 of ``pid`` that lead out of its node: a pipe
+    ``pipe:[INODE]``, any other file ``file[MNT_ID:INODE]``."""
+    out: dict[int, str] = {}
+    for fd in (0, 1, 2):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+            ino = os.stat(f"/proc/{pid}/fd/{fd}").st_ino
+        except OSError:
+            continue
+        if target.startswith("pipe:"):
+            out[fd] = target
+            continue
+        mnt = next((ln.split()[1] for ln in info.splitlines() if ln.startswith("mnt_id:")), "")
+        if mnt:
+            out[fd] = f"file[{mnt}:{ino}]"
+    return out
+
+
+def _criu() -> str:
+    path = shutil.which("criu")
+    if path is None:
+        raise HpvcError("criu", "not found", "make setup (scripts/setup-criu.sh)")
+    return path
+
+
+def _fail(what: str, log: Path, rc: int) -> HpvcError:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        text = ""
+    lines = [ln for ln in text.splitlines() if "Error (" in ln and "RLIMIT_NOFILE" not in ln]
+    why = first_error("\n".join(lines)) if lines else f"exit status {rc}"
+    return HpvcError(what, why, f"see {log}")
+
+
+def dump(
+    pid: int,
+    images: Path,
+    *,
+    netns: Path,
+    binds: list[str],
+    stdio: dict[int, str],
+    freezer: Path,
+    root: Path,
+) -> None:
+    """``criu dump`` of the process tree of ``pid`` (a frozen node's init) into
+    ``images``; the tasks stay, frozen. ``binds``: mount points inside the node
+    of folders bound from the host."""
+    images.mkdir(parents=True, exist_ok=True)
+    argv = [_criu(), "dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, "-v4"]
+    argv += ["--tcp-established", "--file-locks", "-R", "--root", str(root)]
+    argv += ["--freeze-cgroup", str(freezer), "--manage-cgroups=soft"]
+    argv += ["--network-lock", "nftables"]
+    argv += ["--external", f"net[{os.stat(netns).st_ino}]:{NETNS_KEY}", "--external", "mnt[]"]
+    for dest in binds:
+        argv += ["--ext-mount-map", f"{dest}:{dest}"]
+    for key in stdio.values():
+        if key.startswith("file["):
+            argv += ["--external", key]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise _fail(f"criu dump of PID {pid}", images / DUMP_LOG, done.returncode)
+
+
+def restore(
+    images: Path,
+    *,
+    netns: Path,
+    binds: dict[str, str],
+    stdio: dict[int, str],
+    console_fd: int,
+    root: Path,
+    pidfile: Path,
+) -> int:
+    """``criu restore`` of ``images`` into the network namespace at ``netns`` and
+    the root ``root``, its tasks in the cgroups they were saved in (with their
+    limits: CRIU's soft mode); ``binds`` maps each
+    bound mount point to its folder on this host now; the saved stdio pipes
+    become ``console_fd``, other stdio files /dev/null. Returns the restored
+    init's PID; its tasks are frozen (as they were dumped)."""
+    fds: list[int] = []
+    argv = [_criu(), "restore", "-D", str(images), "-o", RESTORE_LOG, "-v4", "-d"]
+    argv += ["--tcp-established", "--file-locks", "--root", str(root)]
+    argv += ["--manage-cgroups=soft", "--pidfile", str(pidfile)]  # the saved cgroup paths
+    argv += ["--network-lock", "nftables", "--ext-mount-map", "auto"]
+    try:
+        ns_fd = os.open(netns, os.O_RDONLY)
+        fds.append(ns_fd)
+        argv += ["--inherit-fd", f"fd[{ns_fd}]:{NETNS_KEY}"]
+        null = os.open("/dev/null", os.O_RDWR)
+        fds.append(null)
+        for key in dict.fromkeys(stdio.values()):  # once per saved pipe or file
+            fd = console_fd if key.startswith("pipe:") else null
+            argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        for dest, source in binds.items():
+            argv += ["--ext-mount-map", f"{dest}:{source}"]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, check=False, pass_fds=(*fds, console_fd)
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if done.returncode != 0:
+        raise _fail(f"criu restore of {images}", images / RESTORE_LOG, done.returncode)
+    return int(pidfile.read_text().split()[0])

@@ -158,7 +158,7 @@ class CrunBackend:
     name: ClassVar[str] = "crun"
     kind: ClassVar[str] = "container"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        repin=True, shared_memory=True, pages_on_demand=True
+        repin=True, shared_memory=True, pages_on_demand=True, checkpoint=True
     )
 
     def new_state(self) -> CrunState:
@@ -354,28 +354,27 @@ class CrunBackend:
 
         leftovers.remove(orphan)
 
-    # Checkpoint (issue 28): refused, with CRIU's own reason (hpvc.backends.crun.
-    # checkpoint: Debian's CRIU 3.17 cannot run on kernels 6.13+, docs/checkpoint.md).
+    # Checkpoint (issue 28): CRIU driven directly, hpvc.backends.crun.checkpoint.
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
-        from hpvc.backends.crun.checkpoint import refusal
+        from hpvc.backends.crun import checkpoint
 
-        raise refusal()
+        checkpoint.freeze(env, plan, names)
 
     def thaw(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
-        from hpvc.backends.crun.checkpoint import refusal
+        from hpvc.backends.crun import checkpoint
 
-        raise refusal()
+        checkpoint.thaw(env, plan, names)
 
     def save(
         self, env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
     ) -> dict[str, Any]:
-        from hpvc.backends.crun.checkpoint import refusal
+        from hpvc.backends.crun import checkpoint
 
-        raise refusal()
+        return checkpoint.save(env, plan, name, dest_dir, progress)
 
     def restore_nodes(
         self, env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
     ) -> None:
-        from hpvc.backends.crun.checkpoint import refusal
+        from hpvc.backends.crun import checkpoint
 
-        raise refusal()
+        checkpoint.restore_nodes(env, plan, names, src_dir, progress)

@@ -1,42 +1,260 @@
-"""Checkpoint of container nodes (issue 28): why the crun backend refuses.
+"""Checkpoint and restore of container nodes through CRIU (issue 28, docs/checkpoint.md).
 
-Container nodes would be checkpointed by CRIU driven directly, since
-Debian's crun 1.8 is built without CRIU (no ``crun checkpoint``; HOST-NOTES).
-On this project's hosts CRIU 3.17 cannot run at all on the kernel (6.18):
-it stops at its kernel feature detection, before any process is looked at
-(docs/checkpoint.md "Containers", scripts/checkpoint/criu-repro.sh). So
-``capabilities.checkpoint`` stays False for crun and every checkpoint method
-raises ``refusal()``: one line naming what CRIU said and the way out, exit 2,
-asked before any node is frozen. Nothing of the freeze/dump/restore design
-in docs/checkpoint.md is built: none of it could be run here.
+crun 1.8 (Debian's) is built without CRIU, so hpvc drives CRIU itself
+(``hpvc.host.criu``), with what crun would have passed it:
+
+- freeze: every node's cgroup frozen (``hpvc.host.freezer``: v1 freezer, v2
+  ``cgroup.freeze``); the cluster layer freezes all nodes before saving any;
+- save, per frozen node, into its folder of the checkpoint: ``criu/`` (CRIU's
+  images of the node's process tree: memory, namespaces, TCP connections in
+  repair mode, SysV IPC of its own IPC namespace, the contents of its /dev
+  and /dev/shm tmpfs), ``upper.tar`` (the overlay's upper folder: the node's
+  writable layer, whiteouts and xattrs kept), ``crun-state.json`` (crun's
+  record of the container, to hand the restored node back to crun);
+- restore, per node: what ``start`` makes before ``crun run`` (folder, layer
+  with the saved upper folder, overlay root, network namespace and veth with
+  the same address and MAC, config.json for crun exec), a new console
+  reader, then ``criu restore`` into them, its tasks back in the node's cgroup
+  with the saved limits, frozen; then crun's state record is written for the
+  restored init (its PID and start time), so ``hpvc exec`` (crun exec),
+  ``status`` and ``down`` (crun delete) work on it as on any node. The
+  record's layout is crun 1.8's own (``/run/crun/<id>/status``): restore
+  refuses a saved record without the fields it rewrites.
+
+Not covered, refused in one line before any node is frozen: nodes sharing
+the cluster's PID and IPC namespaces and /dev/shm (``locality = "shm"``:
+CRIU dumps a process tree only from the init of its PID namespace, and the
+holder owns that one), a shared directory served by an NFS server node, and
+a restore under another cluster name (the cgroup binds CRIU finds inside a
+node name the cluster). Where ``criu check`` fails (CRIU 3.17 on kernels
+6.13+), every step raises ``refusal()``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from hpvc.errors import InputError, MissingDependency
-from hpvc.host import criu
+from hpvc.backends import shared
+from hpvc.backends.crun import container as ct
+from hpvc.errors import HpvcError, InputError, MissingDependency
+from hpvc.faults import inject
+from hpvc.host import cgroups, console_ring, criu, freezer, layer, net, procfs, tree
+from hpvc.plan import Plan
+from hpvc.progress import Progress
+from hpvc.render.oci import dumps, render_oci_config
+from hpvc.units import format_cpulist
+
+if TYPE_CHECKING:
+    from hpvc.backends.base import ClusterEnv
 
 WHAT = "checkpoint of crun (container) nodes"
 DOC = "docs/checkpoint.md, Containers"
+CRIU_DIR = "criu"
+UPPER_TAR = "upper.tar"
+CRUN_STATE = "crun-state.json"
+STDIO = "stdio.json"  # CRIU's names of the init's stdio, which restore hands new ones for
+CRUN_RUN = Path("/run/crun")
+_checked: list[criu.CriuCheck] = []  # criu check, once per process
 
 
 def refusal(found: criu.CriuCheck | None = None) -> InputError:
-    """The one-line refusal, built from ``criu check`` on this host (run when
-    ``found`` is not given)."""
+    """The one-line refusal where CRIU cannot work, built from ``criu check``."""
     found = found if found is not None else criu.check()
     if not found.installed:
-        return MissingDependency(WHAT, "criu is not installed", "apt-get install criu; " + DOC)
+        return MissingDependency(WHAT, "criu is not installed", "make setup; " + DOC)
     if not found.ok:
         return InputError(
             WHAT,
             f"CRIU {found.version or '?'} cannot run on this kernel "
             f"({platform.release()}): {found.error}",
-            f"needs CRIU 4.1 or newer on kernels 6.13+; {DOC}",
+            f"needs CRIU 4.2 or newer on kernels 6.13+ (scripts/setup-criu.sh); {DOC}",
         )
-    return InputError(
-        WHAT,
-        f"CRIU {found.version} runs here, but hpvc's container checkpoint is not built",
-        f"it could not be developed on a host where CRIU fails; {DOC}",
+    return InputError(WHAT, f"CRIU {found.version} runs here", DOC)  # not raised: CRIU works
+
+
+def usable() -> None:
+    """Refuse (one line) where CRIU does not run here."""
+    if not _checked:
+        _checked.append(criu.check())
+    if not _checked[0].ok:
+        raise refusal(_checked[0])
+
+
+def refuse_unsupported(env: ClusterEnv, plan: Plan) -> None:
+    """What this backend cannot checkpoint, in one line, before anything is frozen."""
+    if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
+        raise InputError(
+            f"checkpoint of {env.name}",
+            'its container nodes share one PID and IPC namespace and /dev/shm (locality = "shm"),'
+            " which CRIU cannot dump node by node",
+            'set [tuning] locality = "none" in the spec (docs/checkpoint.md)',
+        )
+    if shared.shared_of(plan).server == "nfs":
+        raise InputError(
+            f"checkpoint of {env.name}",
+            "its shared directory is served by an NFS server node, not checkpointed yet",
+            'use [shared] server = "host" (docs/checkpoint.md)',
+        )
+
+
+def _rel(plan: Plan, name: str) -> str:
+    return cgroups.node_path(plan.cluster, name)
+
+
+def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+    usable()
+    refuse_unsupported(env, plan)
+    for name in names:
+        freezer.freeze(_rel(plan, name))
+
+
+def thaw(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+    for name in names:
+        freezer.thaw(_rel(plan, name))
+
+
+def _binds(config: dict[str, Any]) -> dict[str, str]:
+    """Mount point -> host folder of every bind crun made into the node."""
+    return {
+        str(m["destination"]): str(m["source"])
+        for m in config.get("mounts", [])
+        if m.get("type") == "bind"
+    }
+
+
+def _upper(env: ClusterEnv, plan: Plan, name: str) -> Path:
+    node_dir = env.node_dir(name)
+    top = node_dir / layer.MOUNT if plan.node(name).disk_mib is not None else node_dir
+    return top / "upper"
+
+
+def _tar(argv: list[str], what: str) -> None:
+    done = subprocess.run(["tar", *argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise HpvcError(what, lines[-1] if lines else f"tar exit {done.returncode}")
+
+
+TAR_OPTS = ["--xattrs", "--xattrs-include=*", "--acls", "--numeric-owner", "--sparse"]
+
+
+def save(
+    env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
+) -> dict[str, Any]:
+    node_dir = env.node_dir(name)
+    cid = ct.container_id(plan.cluster, name)
+    pid = ct.container_pid(cid)
+    config = json.loads((node_dir / "config.json").read_text())
+    binds = _binds(config)
+    stdio = criu.stdio_keys(pid)
+    progress(f"node {name}: criu dump")
+    criu.dump(
+        pid,
+        dest_dir / CRIU_DIR,
+        netns=Path(net.netns_path(ct.netns_name(plan.cluster, name))),
+        binds=list(binds),
+        stdio=stdio,
+        freezer=freezer.cgroup_dir(_rel(plan, name)),
+        root=node_dir / "rootfs",
     )
+    inject(f"save:{name}")
+    progress(f"node {name}: writable layer")
+    _tar(["-C", str(_upper(env, plan, name)), *TAR_OPTS, "-cf", str(dest_dir / UPPER_TAR), "."],
+         f"save the writable layer of {name}")  # fmt: skip
+    state = json.loads((CRUN_RUN / cid / "status").read_text())
+    (dest_dir / CRUN_STATE).write_text(json.dumps(state, indent=1) + "\n")
+    (dest_dir / STDIO).write_text(json.dumps({str(k): v for k, v in stdio.items()}) + "\n")
+    files = sorted(str(p.relative_to(dest_dir)) for p in dest_dir.rglob("*") if p.is_file())
+    return {"files": files, "binds": sorted(binds)}
+
+
+def _crun_state(src: dict[str, Any], pid: int, node_dir: Path) -> dict[str, Any]:
+    """crun's record of a container, for a restored init ``pid``."""
+    missing = [k for k in ("pid", "process-start-time", "cgroup-path", "bundle") if k not in src]
+    if missing:
+        raise InputError(
+            "the checkpoint's crun state record",
+            f"has no {', '.join(missing)} (another crun than 1.8?)",
+            "restore on a host with the crun the checkpoint was taken with",
+        )
+    started = procfs.start_time(pid)
+    return src | {
+        "pid": pid,
+        "process-start-time": int(started) if started and str(started).isdigit() else 0,
+        "bundle": str(node_dir),
+        "rootfs": str(node_dir / "rootfs"),
+    }
+
+
+def _restore_one(env: ClusterEnv, plan: Plan, name: str, src: Path, progress: Progress) -> None:
+    from hpvc.backends.crun.backend import remote_arp, render_context
+    from hpvc.image import resolve_image
+
+    progress(f"node {name}: restoring")
+    node = plan.node(name)
+    node_dir = env.node_dir(name)
+    j = env.node_journal(name)
+    cid = ct.container_id(plan.cluster, name)
+    saved = json.loads((src / CRUN_STATE).read_text())
+    if saved.get("cgroup-path") != _rel(plan, name):
+        raise InputError(
+            f"restore of container node {name}",
+            f"it was saved as cgroup {saved.get('cgroup-path')}, not {_rel(plan, name)}",
+            "restore container nodes under their cluster's own name",
+        )
+    tree.record(j, node_dir)
+    top = layer.mount_layer(j, env.store.root, node_dir, node.disk_mib) if node.disk_mib else None
+    upper = (top or node_dir) / "upper"
+    upper.mkdir(mode=0o700, exist_ok=True)
+    _tar(["-C", str(upper), *TAR_OPTS, "-xf", str(src / UPPER_TAR)], f"restore the layer of {name}")
+    rootfs = resolve_image(plan.image).rootfs
+    ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant, layer=top)
+    ct.wire_node(j, plan, node, remote_arp(env))
+    netns = net.netns_path(ct.netns_name(plan.cluster, name))
+    shared.before_container(env, plan, name, netns)
+    config = render_oci_config(plan, node, render_context(env))
+    (node_dir / "config.json").write_text(dumps(config))
+    out = console_ring.start(j, node_dir / "console.log", env.rec.console_bytes(), append=True)
+    assert out is not None
+    j.record("container", id=cid, cgroup=config["linux"]["cgroupsPath"])
+    try:
+        pid = criu.restore(
+            src / CRIU_DIR,
+            netns=Path(netns),
+            binds=_binds(config),
+            stdio={int(k): v for k, v in saved_stdio(src).items()},
+            console_fd=out,
+            root=node_dir / "rootfs",
+            pidfile=node_dir / "restored.pid",
+        )
+    finally:
+        os.close(out)
+    run_dir = CRUN_RUN / cid
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(dumps(config))
+    (run_dir / "status").write_text(json.dumps(_crun_state(saved, pid, node_dir), indent=4))
+    ct.update_cpus(cid, format_cpulist(node.cpuset))  # this host's plan, not the saved one
+    inject(f"restore:{name}")
+
+
+def saved_stdio(src: Path) -> dict[str, str]:
+    """The node's stdio as saved (CRIU's keys), read from its dump's side file."""
+    path = src / STDIO
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def restore_nodes(
+    env: ClusterEnv, plan: Plan, names: list[str], src_dir: Path, progress: Progress
+) -> None:
+    usable()
+    refuse_unsupported(env, plan)
+    if shutil.which("tar") is None:
+        raise MissingDependency(WHAT, "tar not found", "apt-get install tar")
+    for name in names:
+        _restore_one(env, plan, name, src_dir / name, progress)

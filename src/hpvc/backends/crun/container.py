@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import cgroups, console_ring, mountns, net, procfs, sysmount, tree
+from hpvc.host import cgroups, console_ring, freezer, mountns, net, procfs, sysmount, tree
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.paths import private_dir
 from hpvc.plan.model import Plan, PlannedNode
@@ -91,6 +91,10 @@ def kill_holder(pid: int, ours: Callable[[int], bool]) -> None:
 
 @undoer("container")
 def _undo_container(args: Args) -> None:
+    # A node frozen for a checkpoint (taken down by --stop, or undone half-restored)
+    # cannot die while frozen: its tasks are killed, then thawed (hpvc.host.freezer).
+    if args.get("cgroup"):
+        freezer.kill_frozen(str(args["cgroup"]))
     delete_container(args["id"])
     # A failed `crun run` can leave its cgroups behind (HOST-NOTES): remove them.
     cgroups.remove_empty(str(args.get("cgroup", "")))
