@@ -25,6 +25,7 @@ from hpvc.bench.slurm import runner as slurm_bench
 from hpvc.bench.startup import podman
 from hpvc.bench.startup import runner as startup
 from hpvc.cli import (
+    bench_checkpoint,
     bench_coordinator,
     bench_images,
     bench_network,
@@ -389,11 +390,8 @@ def io_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    bench_run.register(bench_app)
-    bench_spark.register(bench_app)
-    bench_coordinator.register(bench_app)
-    bench_network.register(bench_app)
-    bench_images.register(bench_app)
-    bench_pmix.register(bench_app)
-    bench_scale.register(bench_app)
+    for sub in (bench_run, bench_spark, bench_coordinator, bench_network, bench_images):
+        sub.register(bench_app)
+    for sub in (bench_pmix, bench_scale, bench_checkpoint):
+        sub.register(bench_app)
     app.add_typer(bench_app, name="bench")

@@ -1,0 +1,1 @@
+"""``hpvc bench checkpoint``: checkpoint and restore of whole clusters (issue 28)."""
