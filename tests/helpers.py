@@ -49,6 +49,7 @@ _CHECKS: dict[str, tuple[Callable[[], str | None], bool]] = {
     "mpi": (_tool("mpirun.openmpi"), False),
     "mpicc.mpich": (_tool("mpicc.mpich"), False),  # libmpich-dev: MPICH test programs
     "mpicc.openmpi": (_tool("mpicc.openmpi"), False),  # libopenmpi-dev: Open MPI test programs
+    "ucx_perftest": (_tool("ucx_perftest"), False),  # ucx-utils: native/ucx's transport tests
     "fio": (_tool("fio"), False),
     "ip": (_tool("ip"), False),
     "nft": (_tool("nft"), False),

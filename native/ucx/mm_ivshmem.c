@@ -205,14 +205,18 @@ static ucs_status_t uct_ivshmem_mkey_pack(uct_md_h md, uct_mem_h memh,
 	return UCS_OK;
 }
 
-/* Available: the region maps, and has room for one more iface. */
+static unsigned g_ifaces; /* this process's open ivshmem ifaces */
+
+/* Available: the region maps, and has room for one more iface. Once an iface is open
+ * the answer stays yes: UCX's mm iface asks again in its own query and aborts on no. */
 static ucs_status_t uct_ivshmem_query(int *attach_shm_file_p)
 {
 	if (!region_ready()) return UCS_ERR_UNSUPPORTED;
-	size_t room = region_largest_free(&g_region);
+	size_t room = __atomic_load_n(&g_ifaces, __ATOMIC_RELAXED) ? IVSHMEM_MIN_FREE
+								    : region_largest_free(&g_region);
 	if (room < IVSHMEM_MIN_FREE) {
 		ucs_debug("ivshmem: region full (%zu bytes left), not offered", room);
-		return UCS_ERR_NO_RESOURCE;
+		return UCS_ERR_UNSUPPORTED; /* anything else fails UCX's whole context */
 	}
 	*attach_shm_file_p = 0; /* no peer-failure checks: see the file's comment */
 	return UCS_OK;
@@ -291,6 +295,13 @@ UCT_MM_COMPONENT_DEFINE(ivshmem, &uct_ivshmem_md_ops, uct_ivshmem_rkey_unpack,
 /* --- the iface: UCX's mm iface with "same region" reachability ---------------------------- */
 
 static uct_iface_query_func_t mm_iface_query;
+static uct_iface_close_func_t mm_iface_close;
+
+static void uct_ivshmem_iface_close(uct_iface_h iface)
+{
+	mm_iface_close(iface);
+	__atomic_sub_fetch(&g_ifaces, 1, __ATOMIC_RELAXED);
+}
 
 static ucs_status_t uct_ivshmem_iface_query(uct_iface_h iface, uct_iface_attr_t *attr)
 {
@@ -326,7 +337,10 @@ static ucs_status_t uct_ivshmem_iface_open(uct_md_h md, uct_worker_h worker,
 	ucs_status_t status =
 		UCS_CLASS_NEW_FUNC_NAME(uct_mm_iface_t)(md, worker, params, config, iface_p);
 	if (status != UCS_OK) return status;
+	__atomic_add_fetch(&g_ifaces, 1, __ATOMIC_RELAXED);
 	uct_iface_ops_t *ops = &(*iface_p)->ops;
+	mm_iface_close = ops->iface_close;
+	ops->iface_close = uct_ivshmem_iface_close;
 	mm_iface_query = ops->iface_query;
 	ops->iface_query = uct_ivshmem_iface_query;
 	ops->iface_get_device_address = uct_ivshmem_iface_get_device_address;

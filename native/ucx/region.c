@@ -66,13 +66,15 @@ static int boot_id(uint8_t out[16])
 	return n == 32 ? 0 : -1;
 }
 
-/* A process's start time (field 22 of /proc/PID/stat); 0 when it is gone. */
+/* A process's start time (field 22 of /proc/PID/stat); 0 when it is gone or a zombie
+ * (state Z or X, field 3: it maps nothing any more, and may never be reaped here). */
 static uint64_t start_time(uint32_t pid)
 {
 	char path[64], text[1024];
 	snprintf(path, sizeof path, "/proc/%u/stat", pid);
 	if (read_text(path, text, sizeof text) != 0) return 0;
 	const char *p = strrchr(text, ')'); /* the name may hold spaces and parentheses */
+	if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X') return 0;
 	for (int field = 2; p && field < 22; field++) p = strchr(p + 1, ' ');
 	return p ? strtoull(p + 1, NULL, 10) : 0;
 }

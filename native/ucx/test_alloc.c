@@ -4,10 +4,16 @@
  * failed checks (tests/unit/test_ucx_region.py runs it and wants every name, all ok).
  * Regions are anonymous shared mappings; "dead" owners are children that exit without
  * freeing, so the dead-owner rules run against real /proc entries.
+ *
+ * Two helpers for tests/integration/test_ucx_ivshmem.py, on a region file:
+ *   test_alloc show PATH   print "used=N dead=N free=N largest=BYTES" (reclaims first)
+ *   test_alloc hold PATH   take the largest gaps until the region is full, print
+ *                          "held N", and give them back when stdin closes
  */
 #define _GNU_SOURCE
 #include "region.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +91,9 @@ static void test_alloc_free(void)
 	check(region_largest_free(&r) == before, "all_back", "room not back after freeing all");
 }
 
-/* A child allocates one segment, writes its id into *out and exits without freeing. */
-static void child_allocates(struct region *r, uint64_t *out)
+/* A child allocates one segment, writes its id into *out and exits without freeing;
+ * `reap` 0 leaves it a zombie (waited for with WNOWAIT). */
+static pid_t child_allocates(struct region *r, uint64_t *out, int reap)
 {
 	pid_t pid = fork();
 	if (pid == 0) {
@@ -96,8 +103,9 @@ static void child_allocates(struct region *r, uint64_t *out)
 		if (attach(&mine, r->hdr, r->size) != 0 || region_alloc(&mine, &len, out, &off)) _exit(1);
 		_exit(0);
 	}
-	int status;
-	waitpid(pid, &status, 0);
+	siginfo_t info;
+	waitid(P_PID, (id_t)pid, &info, WEXITED | (reap ? 0 : WNOWAIT));
+	return pid;
 }
 
 static void test_dead_owner(void)
@@ -106,7 +114,7 @@ static void test_dead_owner(void)
 	uint64_t *shared = fresh(4096), off, len, mine;
 	size_t want = 4096;
 	attach(&r, fresh(SIZE), SIZE);
-	child_allocates(&r, shared);
+	child_allocates(&r, shared, 1);
 	uint64_t dead = shared[0];
 	check(region_seg_lookup(&r, dead, &off, &len) == 0, "dead_owner_seen_until_reclaim",
 	      "the child's segment is not there");
@@ -121,11 +129,17 @@ static void test_dead_owner(void)
 		      r.hdr->slot[(uint32_t)dead].gen == (uint32_t)(dead >> 32) + 1,
 	      "dead_owner_freed_after_quarantine", "not freed, or the generation unchanged");
 	/* An owner of another kernel (guest) is never judged here, even if its pid is gone. */
-	child_allocates(&r, shared);
+	child_allocates(&r, shared, 1);
 	r.hdr->slot[(uint32_t)shared[0]].owner.boot[0] ^= 0xff;
 	region_largest_free(&r);
 	check(region_seg_lookup(&r, shared[0], &off, &len) == 0, "other_guest_not_judged",
 	      "reclaimed a segment of another kernel's process");
+	/* A zombie (an MPI rank whose launcher is gone, not reaped) maps nothing any more. */
+	pid_t zombie = child_allocates(&r, shared, 0);
+	region_largest_free(&r);
+	check(region_seg_lookup(&r, shared[0], &off, &len) != 0, "zombie_owner_refused",
+	      "a zombie's segment is still offered");
+	waitpid(zombie, NULL, 0);
 }
 
 static void test_dead_lock_holder(void)
@@ -147,9 +161,53 @@ static void test_dead_lock_holder(void)
 	      "dead_lock_holder_broken", "stuck behind a dead holder's lock");
 }
 
-int main(void)
+static int map_file(struct region *r, const char *path)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	off_t size = fd < 0 ? -1 : lseek(fd, 0, SEEK_END);
+	void *base = size <= 0 ? MAP_FAILED
+			       : mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fd >= 0) close(fd);
+	if (base == MAP_FAILED || attach(r, base, (size_t)size) != 0) {
+		fprintf(stderr, "test_alloc: %s: not a usable region\n", path);
+		return -1;
+	}
+	return 0;
+}
+
+static int show(const char *path)
+{
+	struct region r;
+	unsigned count[3] = {0, 0, 0};
+	if (map_file(&r, path) != 0) return 2;
+	size_t largest = region_largest_free(&r);
+	for (uint32_t i = 0; i < REGION_SLOTS; i++) count[r.hdr->slot[i].state % 3]++;
+	printf("used=%u dead=%u free=%u largest=%zu\n", count[SLOT_USED], count[SLOT_DEAD],
+	       count[SLOT_FREE], largest);
+	return 0;
+}
+
+static int hold(const char *path)
+{
+	struct region r;
+	static uint64_t ids[REGION_SLOTS];
+	uint64_t off;
+	unsigned n = 0;
+	char c;
+	if (map_file(&r, path) != 0) return 2;
+	for (size_t len; n < REGION_SLOTS && (len = region_largest_free(&r)) >= 4096; n++)
+		if (region_alloc(&r, &len, &ids[n], &off) != 0) break;
+	printf("held %u\n", n);
+	while (read(STDIN_FILENO, &c, 1) > 0) continue;
+	while (n > 0) region_free(&r, ids[--n]);
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 3 && strcmp(argv[1], "show") == 0) return show(argv[2]);
+	if (argc == 3 && strcmp(argv[1], "hold") == 0) return hold(argv[2]);
 	test_header();
 	test_alloc_free();
 	test_dead_owner();

@@ -33,6 +33,7 @@ CHECKS = [
     "dead_owner_quarantined",
     "dead_owner_freed_after_quarantine",
     "other_guest_not_judged",
+    "zombie_owner_refused",
     "dead_lock_holder_broken",
 ]
 
