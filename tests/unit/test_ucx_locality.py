@@ -116,6 +116,7 @@ def test_co_resident_guests_get_ucx_over_the_region_without_asking() -> None:
         "OMPI_MCA_pml_ucx_devices": "any",
         "LD_PRELOAD": "/usr/local/lib/hpvc/ucx/libuct_ivshmem.so",
         "UCX_TLS": "self,sm,ivshmem,tcp",
+        "UCX_MAX_RNDV_LANES": "0",
     }
     assert "UCX_LOG_LEVEL=info" not in choice.env_list()
     assert "rank 0 (compute0) <-> rank 1 (compute1): ivshmem" in choice.lines

@@ -11,7 +11,9 @@ InfiniBand-like devices ``pml_ucx_tls``/``pml_ucx_devices`` name, so both are
 ``any``) and MPICH's ch4:ucx (Debian's MPICH has no other device) get the
 module by ``LD_PRELOAD`` (UCX 1.13 loads only the modules it was built with: a
 ``UCX_MODULE_DIR`` of ours is not searched for new names) and ``UCX_TLS`` =
-``self,sm,ivshmem,tcp``: shared
+``self,sm,ivshmem,tcp`` with ``UCX_MAX_RNDV_LANES=0`` (the rendezvous of
+large messages over the same lane as the rest, never a TCP lane beside the
+region's): shared
 memory inside a guest, the region between co-resident guests (reachable only
 when both map the same region: the transport compares the id in the region's
 header), TCP over the cluster network for everything else and whenever the
@@ -135,6 +137,11 @@ def choose(
         **OMPI_UCX,
         "LD_PRELOAD": image_ucx.GUEST_MODULE,
         "UCX_TLS": UCX_TLS,
+        # no rendezvous lanes: the region has no zero-copy get/put, so UCX made TCP
+        # the rendezvous lane of a pair it reaches over the region (the first guest
+        # run: ``tag(ivshmem/ivshmem tcp/eth0)``, 69 MB of a ping-pong on eth0);
+        # large messages then go as active messages over the region too
+        "UCX_MAX_RNDV_LANES": "0",
         **(VERBOSE_ENV if verbose else {}),
     }
     lines += [f"UCX_TLS={UCX_TLS} (region {', '.join(sorted(used))})"]
