@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the project uses (tests and runtime). Keep sorted.
 APT_PACKAGES=(
+  acl              # setfacl: a VM node's disk reopenable by its QEMU's uid while it migrates
   busybox-static   # tests' non-Debian images (hpvc image import): a busybox-only rootfs
   cpio             # packs the VM guests' initramfs
   criu             # bookworm's CRIU 3.17 (cannot run on kernels 6.13+); setup-criu.sh adds 4.2

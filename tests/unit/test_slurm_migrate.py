@@ -5,10 +5,12 @@ sees of a placement."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpvc.backends.vm.migration import MigrationSettings
-from hpvc.errors import InputError
+from hpvc.errors import HpvcError, InputError
 from hpvc.host.vxlan import follow_batch
 from hpvc.slurm.migrate import allocation_memory, guest_view, settings_args, via_argv
 
@@ -95,3 +97,33 @@ def test_guards_let_only_the_source_reach_the_target() -> None:
     )
     assert "add rule inet hpvc-mig-x forward ip daddr 10.250.0.3 tcp dport 40000 counter drop" in s
     assert s.count("add table inet hpvc-mig-x") == 1
+
+
+def test_disk_access_reaches_only_the_disk_and_is_undone(tmp_path: Path) -> None:
+    """The QEMU uid gets search on the folders down to the disk and read-write on
+    it (setfacl), and nothing once the journal is undone."""
+    import shutil
+    import subprocess
+
+    from hpvc.host import disk_access
+    from hpvc.host.journal import Journal
+
+    if shutil.which("setfacl") is None:
+        pytest.fail("setfacl missing (apt-get install acl; scripts/setup.sh installs it)")
+    disk = tmp_path / "clusters" / "j1-0" / "nodes" / "compute1" / "disk.qcow2"
+    disk.parent.mkdir(parents=True)
+    disk.write_bytes(b"")
+    assert disk_access.chain(disk, tmp_path)[0] == tmp_path
+    assert disk_access.chain(disk, tmp_path)[-1] == disk.parent
+    with pytest.raises(HpvcError):
+        disk_access.chain(disk, tmp_path / "elsewhere")
+    j = Journal(tmp_path / "journal")
+    disk_access.grant(j, disk, tmp_path, 65534)
+
+    def acl(p: Path) -> str:
+        return subprocess.run(["getfacl", "-cpn", str(p)], capture_output=True, text=True).stdout
+
+    assert "user:65534:--x" in acl(tmp_path / "clusters" / "j1-0")
+    assert "user:65534:rw-" in acl(disk)
+    assert j.undo_all() == []
+    assert "65534" not in acl(disk) and "65534" not in acl(tmp_path)

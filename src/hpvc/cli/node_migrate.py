@@ -107,7 +107,8 @@ def migrate_abort_cmd(
     from hpvc.slurm import migrate
     from hpvc.store import Store
 
-    errors = migrate.abandon(Store(), job, vnode)
+    errors, said = migrate.abandon(Store(), job, vnode)
+    print(said)  # the target QEMU's last words, for the source's message
     if errors:
         err_console.print(f"left: {errors[0]}")
         raise typer.Exit(1)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -149,10 +150,35 @@ def send(
     return mover(backend, f"node {node}").send(env, plan, node, uri, settings, progress)  # type: ignore[no-any-return]
 
 
-def abandon(store: Store, name: str, node: str, progress: Progress = quiet) -> list[str]:
-    """Undo ``receive`` (the target QEMU, tap, disk, booking); the errors left."""
+def check(store: Store, name: str, node: str) -> None:
+    """Refuse (``InputError``) a node that cannot move to another host, before
+    anything moves: not here, another backend, a device that cannot migrate."""
+    rec = store.get(name)
+    backend, env = open_env(store, rec)
+    plan = rec.the_plan()
+    if node not in {n.name for n in plan.nodes}:
+        raise InputError(f"node {node}", f"is not in {name} on this host", "")
+    why = mover(backend, f"node {node}").refusal(env, plan, node)
+    if why is not None:
+        raise InputError(f"node {node} cannot move", str(why), "")
+
+
+def abandon(
+    store: Store, name: str, node: str, progress: Progress = quiet
+) -> tuple[list[str], str]:
+    """Undo ``receive`` (the target QEMU, tap, disk, booking); the errors left,
+    and the last words of the target QEMU's log (why it stopped taking the guest)."""
     with store.cluster_lock(name, "hpvc node migrate", waiting(name, progress)):
-        return _forget(store, name, node, progress)
+        said = _log_tail(store.node_dir(name, node) / "qemu.log")
+        return _forget(store, name, node, progress), said
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(ln.strip() for ln in text.strip().splitlines()[-lines:])
 
 
 def release(store: Store, name: str, node: str, progress: Progress = quiet) -> list[str]:

@@ -186,13 +186,13 @@ def receive(store: Store, job: int, node: str, source_view: dict[str, Any],
         drop_join_cache(store, share)
         new = store.get(share).the_plan().node(node).to_json()
         if guest_view(new) != guest_view(source_view):
-            across.abandon(store, share, node, progress)
+            across.abandon(store, share, node, progress)  # nothing moved yet
             raise DoesNotFit(f"node {node} would not keep its guest topology here",
                              "move it to a host with the same NUMA layout")  # fmt: skip
         return out
 
 
-def abandon(store: Store, job: int, node: str, progress: Progress = quiet) -> list[str]:
+def abandon(store: Store, job: int, node: str, progress: Progress = quiet) -> tuple[list[str], str]:
     with job_lock(store, job):
         return across.abandon(store, share_of(store, job), node, progress)
 
@@ -267,6 +267,7 @@ def migrate(
         )
     source = next((h for h, a in hosts.items() if a == here.overlay.local), "")
     source = source or os.uname().nodename
+    across.check(store, here.share, node)  # what cannot move is refused before anything moves
     mem = scontrol_memory(job).get(target, 0)
     pn = store.get(here.share).the_plan().node(node)
     progress(f"{node}: planning on {target}")
@@ -278,12 +279,15 @@ def migrate(
     progress(f"{node}: sending to {target} ({uri})")
     try:
         stats = across.send(store, here.share, node, uri, settings, progress)
-    except BaseException:
+    except BaseException as e:
         progress(f"{node}: migration stopped; removing the target on {target}")
+        said = ""
         try:
-            remote(target, "migrate-abort", f"--job={job}", f"--node={node}")
-        except HpvcError as e:
-            progress(f"{node}: the target on {target} may be left: {e}")
+            said = remote(target, "migrate-abort", f"--job={job}", f"--node={node}").strip()
+        except HpvcError as left:
+            progress(f"{node}: the target on {target} may be left: {left}")
+        if said and isinstance(e, across.MigrationFailed):
+            raise across.MigrationFailed(e.reason, f"{e.why}; the target QEMU said: {said}") from e
         raise
     followed = _follow_all(store, job, here, target, hosts, remote, progress)
     with job_lock(store, job):

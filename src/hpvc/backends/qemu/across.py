@@ -16,14 +16,17 @@ shared with the one-host path) does the moving, this module the host side:
   7.2 has it, and it works beside multifd here, see docs/slurm.md), then
   ``migrate`` and ``wait``.
 
-A node whose QEMU shares an ivshmem region with co-resident guests is refused
-here: its device would have to be unplugged by the guest first (docs).
+``refusal`` says, before anything moves, why a node cannot go: a QEMU with the
+cluster's ivshmem region (co-resident guests; the guest would have to let
+the device go first, docs), or one QEMU itself blocks migration for
+(``query-migrate``'s ``blocked-reasons``: a virtiofs bind's vhost-user-fs).
 Architecture: docs/architecture.md (``backends/``: one folder per backend).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from hpvc.backends.base import ClusterEnv
 from hpvc.backends.qemu import process as vm_qemu
@@ -31,7 +34,8 @@ from hpvc.backends.qemu.backend import QemuBackend, qmp_wait_s, vm_state
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import migration
 from hpvc.errors import HpvcError, InputError
-from hpvc.host import migration_guard, net, qemu_user
+from hpvc.host import disk_access, migration_guard, net, qemu_user
+from hpvc.host.journal import Journal
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
@@ -85,6 +89,7 @@ def receive(
         console_cap=env.rec.console_bytes(),
     )
     st.pids[node.name] = pid
+    _reopenable(env, plan, node.name, j)  # QEMU takes write access back at the switch-over
     vm_qemu.apply_pinning(launch.qmp_socket, pid, launch.pinning)
     run = migration.socket_runner(launch.qmp_socket, pid)
     run(*BLOCK)
@@ -105,13 +110,30 @@ def _listening_port(run: migration.Runner) -> int:
     raise HpvcError("migration target", f"no listening port in query-migrate: {reply!r:.200}")
 
 
-def has_ivshmem(env: ClusterEnv, plan: Plan, node: str) -> bool:
-    """Whether the node's QEMU has the cluster's ivshmem region (co-resident guests)."""
-    run = migration.socket_runner(qmp_socket(env, plan, node), vm_state(env).pids.get(node))
+def has_ivshmem(run: migration.Runner) -> bool:
+    """Whether a QEMU has the cluster's ivshmem region (co-resident guests)."""
     reply = run(("qom-list", {"path": "/objects"}))[0]
     return isinstance(reply, list) and any(
         isinstance(o, dict) and o.get("name") == "ivshmem0" for o in reply
     )
+
+
+def refusal(env: ClusterEnv, plan: Plan, node: str) -> str | None:
+    """Why ``node`` cannot move to another host, or None; asked before anything moves."""
+    pid = vm_state(env).pids.get(node)
+    if pid is None:
+        return "it has no QEMU recorded here"
+    run = migration.socket_runner(qmp_socket(env, plan, node), pid)
+    if has_ivshmem(run):
+        return (
+            "it shares an ivshmem region with the guests beside it on this host"
+            ' (give the job\'s spec tuning.locality = "none" to keep its nodes movable)'
+        )
+    reply = run("query-migrate")[0]
+    if isinstance(reply, dict) and reply.get("blocked"):
+        reasons = reply.get("blocked-reasons") or ["QEMU blocks migration"]
+        return f"QEMU cannot migrate it: {'; '.join(map(str, reasons))}"
+    return None
 
 
 def send(
@@ -127,12 +149,9 @@ def send(
     pid = vm_state(env).pids.get(node)
     if pid is None:
         raise HpvcError(f"node {node}", "has no QEMU recorded here")
-    if has_ivshmem(env, plan, node):
-        raise InputError(
-            f"node {node}",
-            "shares an ivshmem region with the guests beside it on this host",
-            'give the job\'s spec tuning.locality = "none" to move its nodes between hosts',
-        )
+    why = refusal(env, plan, node)
+    if why is not None:
+        raise InputError(f"node {node}", why, "")
     run = migration.socket_runner(qmp_socket(env, plan, node), pid, command_s=30.0)
     run(*BLOCK)
     migration.apply_settings(run, settings)
@@ -141,8 +160,22 @@ def send(
     uid = qemu_user.find(env.store.root, plan.cluster) or 0
     j = env.node_journal(node)
     table = migration_guard.guard_source(j, tap_name(plan.cluster, node), address, int(port), uid)
+    disk = _reopenable(env, plan, node, j)  # QEMU reopens it read-only at the switch-over
     try:
         migration.start(run, uri)
         return migration.wait(run, settings.timeout_s, progress)
     finally:
         migration_guard.remove(table)
+        if disk is not None:
+            disk_access.revoke(disk, env.store.root, uid)
+
+
+def _reopenable(env: ClusterEnv, plan: Plan, node: str, j: Journal) -> Path | None:
+    """The node's disk reopenable by its QEMU's uid (``hpvc.host.disk_access``: why);
+    the disk, or None when QEMU runs as root (no ``-runas``)."""
+    uid = qemu_user.find(env.store.root, plan.cluster)
+    if not uid:
+        return None
+    disk = env.store.node_dir(plan.cluster, node) / f"disk.{g.DISK_MODE}"
+    disk_access.grant(j, disk, env.store.root, uid)
+    return disk
