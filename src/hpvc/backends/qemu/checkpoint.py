@@ -26,6 +26,7 @@ fed ``state.bin``; it stays paused until ``thaw`` (QMP ``cont``) runs on all.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import replace
@@ -40,7 +41,7 @@ from hpvc.backends.vm import guest_shared
 from hpvc.backends.vm.tasks import AGENT_KEY
 from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
-from hpvc.host import net
+from hpvc.host import net, qemu_access, qemu_user
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
 from hpvc.progress import Progress
@@ -85,13 +86,39 @@ def _copy(src: Path, dest: Path) -> None:
         raise HpvcError(f"copy {src} to {dest}", e.strerror or str(e)) from e
 
 
+def _let_qemu_reopen(env: ClusterEnv, plan: Plan, name: str) -> None:
+    """ACL entries that let the node's QEMU, running as its cluster's uid, open its
+    disks again by path: when migration completes QEMU lets go of them
+    (``bdrv_inactivate_all``: the image files are reopened read-only) and ``cont``
+    takes them back read-write, each a new open(2) as that uid, which hpvc's
+    root-only folders refuse ("bdrv_inactivate_all() failed (-1)"). The
+    node's disk is journaled with the node, the base disks with the cluster."""
+    uid = qemu_user.find(env.store.root, plan.cluster)
+    if uid is None:  # QEMU runs as root: it opens what it likes
+        return
+    lock = env.store.root / qemu_access.LOCK_NAME
+    node_dir = Path(os.path.realpath(env.node_dir(name)))
+    disks = [env.node_dir(name) / DISK]
+    sh = guest_shared.nfs_of(plan)
+    if sh is not None and sh.node == name:
+        disks.append(guest_shared.image_path(env, sh))
+    for disk in disks:
+        mine = Path(os.path.realpath(disk)).is_relative_to(node_dir)
+        journal = env.node_journal(name) if mine else env.journal()
+        qemu_access.grant(journal, uid, disk, "rw", lock=lock)  # each entry once
+        for base in qemu_access.backing_chain(disk):
+            qemu_access.grant(env.journal(), uid, base, "r", lock=lock)
+
+
 def save(
     b: QemuBackend, env: ClusterEnv, plan: Plan, name: str, dest: Path, progress: Progress
 ) -> dict[str, Any]:
     node = plan.node(name)
     pid = b.node_pid(env, plan, node)
+    _let_qemu_reopen(env, plan, name)
     progress(f"node {name}: saving memory and devices ({node.memory_mib} MiB)")
-    snapshot.save_state(_qmp(env, plan, name), pid, dest / STATE, _timeout(node))
+    log = env.node_dir(name) / "qemu.log"
+    snapshot.save_state(_qmp(env, plan, name), pid, dest / STATE, _timeout(node), log)
     inject(f"save:{name}")
     progress(f"node {name}: copying its disk")
     _copy(env.node_dir(name) / DISK, dest / DISK)
@@ -183,6 +210,7 @@ def restore_nodes(
         _rebase(disk, guest.disk)
         if sh is not None and sh.node == name and (src / name / SHARED_IMG).exists():
             _copy(src / name / SHARED_IMG, guest_shared.image_path(env, sh))
+        _let_qemu_reopen(env, plan, name)  # an incoming QEMU opens its disks at cont
         st.pids[name] = pid = _start_incoming(b, env, plan, node, node_ctx)
         env.save()  # its PID: a failure from here on is undone by the journals alone
         inject(f"restore:{name}")

@@ -93,8 +93,9 @@ def run_state(qmp_socket: Path, pid: int) -> str:
     return str(reply.get("status", "")) if isinstance(reply, dict) else ""
 
 
-def save_state(qmp_socket: Path, pid: int, dest: Path, timeout: float) -> int:
-    """Write the stopped guest's machine state to ``dest`` (made here, 0600); its size."""
+def save_state(qmp_socket: Path, pid: int, dest: Path, timeout: float, log: Path) -> int:
+    """Write the stopped guest's machine state to ``dest`` (made here, 0600); its
+    size. An error quotes the tail of QEMU's ``log``."""
     what = f"save QEMU {pid} to {dest}"
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
 
@@ -108,6 +109,8 @@ def save_state(qmp_socket: Path, pid: int, dest: Path, timeout: float) -> int:
     try:
         asyncio.run(_session(qmp_socket, pid, go, what))
         os.fsync(fd)
+    except HpvcError as e:
+        raise HpvcError(what, with_tail(e.why, log)) from e
     finally:
         os.close(fd)
     return dest.stat().st_size
