@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpvc.backends.vm.migration import MigrationSettings
-from hpvc.errors import HpvcError, InputError
+from hpvc.errors import InputError
 from hpvc.host.vxlan import follow_batch
 from hpvc.slurm.migrate import allocation_memory, guest_view, settings_args, via_argv
 
@@ -113,12 +113,14 @@ def test_disk_access_reaches_only_the_disk_and_is_undone(tmp_path: Path) -> None
     disk = tmp_path / "clusters" / "j1-0" / "nodes" / "compute1" / "disk.qcow2"
     disk.parent.mkdir(parents=True)
     disk.write_bytes(b"")
-    assert disk_access.chain(disk, tmp_path)[0] == tmp_path
-    assert disk_access.chain(disk, tmp_path)[-1] == disk.parent
-    with pytest.raises(HpvcError):
-        disk_access.chain(disk, tmp_path / "elsewhere")
+    for p in (tmp_path / "clusters", tmp_path / "clusters" / "j1-0"):
+        p.chmod(0o700)  # hpvc's own folders: root's alone
+    (tmp_path / "clusters" / "j1-0" / "nodes").chmod(0o755)
+    closed = disk_access.closed_folders(disk)
+    assert tmp_path / "clusters" in closed and tmp_path / "clusters" / "j1-0" in closed
+    assert tmp_path / "clusters" / "j1-0" / "nodes" not in closed  # o+x already
     j = Journal(tmp_path / "journal")
-    disk_access.grant(j, disk, tmp_path, 65534)
+    disk_access.grant(j, disk, 65534)
 
     def acl(p: Path) -> str:
         return subprocess.run(["getfacl", "-cpn", str(p)], capture_output=True, text=True).stdout
@@ -126,4 +128,4 @@ def test_disk_access_reaches_only_the_disk_and_is_undone(tmp_path: Path) -> None
     assert "user:65534:--x" in acl(tmp_path / "clusters" / "j1-0")
     assert "user:65534:rw-" in acl(disk)
     assert j.undo_all() == []
-    assert "65534" not in acl(disk) and "65534" not in acl(tmp_path)
+    assert "65534" not in acl(disk) and "65534" not in acl(tmp_path / "clusters")

@@ -11,19 +11,21 @@ stays where it was (strace of the failing run in docs/slurm.md "Moving a VM
 node to another host").
 
 So, while a node moves, its QEMU's uid gets a POSIX ACL entry: search (``x``)
-on each folder from the state root down to the disk, read and write on the
-disk file; nothing for any other uid, and no folder listing. The uid already
+on each folder above the disk that not every user may search (the state
+root's and hpvc's own, made 0700), read and write on the disk file; nothing
+for any other uid, and no folder listing. The uid already
 holds the disk open for writing, so this gives it nothing it did not have.
 ``setfacl`` (Debian package acl) rather than hand-built ``system.posix_acl_access``
 attributes: its format and mask rules are the tool's to keep.
 
-Undo kind (architecture rule 5): ``"disk-access"`` ``{path, top, uid}`` removes
+Undo kind (architecture rule 5): ``"disk-access"`` ``{path, dirs, uid}`` removes
 the entries again. Architecture: docs/architecture.md (``host/``).
 """
 
 from __future__ import annotations
 
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -31,12 +33,10 @@ from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host.journal import Args, Journal, undoer
 
 
-def chain(path: Path, top: Path) -> list[Path]:
-    """The folders from ``top`` down to ``path``'s, ``top`` first (``path`` under ``top``)."""
-    path, top = Path(path), Path(top)
-    if top not in path.parents:
-        raise HpvcError(f"disk {path}", f"is not under {top}")
-    return [top, *reversed([p for p in path.parents if top in p.parents])]
+def closed_folders(path: Path) -> list[Path]:
+    """The folders above ``path``, root first, that not every user may search
+    (no ``o+x``): those a uid must be given search on to reach ``path``."""
+    return [p for p in reversed(Path(path).parents) if not p.stat().st_mode & stat.S_IXOTH]
 
 
 def _setfacl() -> str:
@@ -53,25 +53,27 @@ def _run(argv: list[str]) -> None:
         raise HpvcError("setfacl", why)
 
 
-def grant(journal: Journal, path: Path, top: Path, uid: int) -> None:
-    """Let ``uid`` reach ``path`` from ``top`` and open it for reading and writing."""
+def grant(journal: Journal, path: Path, uid: int) -> None:
+    """Let ``uid`` reach ``path`` (search on each closed folder above it) and open
+    it for reading and writing."""
     setfacl = _setfacl()
-    dirs = chain(path, top)
-    journal.record("disk-access", path=str(path), top=str(top), uid=uid)
-    _run([setfacl, "-m", f"u:{uid}:x", *map(str, dirs)])
+    dirs = [str(p) for p in closed_folders(path)]
+    journal.record("disk-access", path=str(path), dirs=dirs, uid=uid)
+    if dirs:
+        _run([setfacl, "-m", f"u:{uid}:x", *dirs])
     _run([setfacl, "-m", f"u:{uid}:rw", str(path)])
 
 
-def revoke(path: Path, top: Path, uid: int) -> None:
-    """Remove ``grant``'s entries (those of paths still there)."""
+def revoke(path: Path, dirs: list[str], uid: int) -> None:
+    """Remove ``grant``'s entries (of the paths still there)."""
     setfacl = shutil.which("setfacl")
     if setfacl is None:
         return
-    there = [p for p in [*chain(path, top), Path(path)] if p.exists()]
+    there = [p for p in [*dirs, str(path)] if Path(p).exists()]
     if there:
-        _run([setfacl, "-x", f"u:{uid}", *map(str, there)])
+        _run([setfacl, "-x", f"u:{uid}", *there])
 
 
 @undoer("disk-access")
 def _undo(args: Args) -> None:
-    revoke(Path(args["path"]), Path(args["top"]), int(args["uid"]))
+    revoke(Path(args["path"]), [str(d) for d in args["dirs"]], int(args["uid"]))

@@ -167,7 +167,7 @@ def send(
     finally:
         migration_guard.remove(table)
         if disk is not None:
-            disk_access.revoke(disk, env.store.root, uid)
+            disk_access.revoke(disk, [str(d) for d in disk_access.closed_folders(disk)], uid)
 
 
 def _reopenable(env: ClusterEnv, plan: Plan, node: str, j: Journal) -> Path | None:
@@ -177,5 +177,5 @@ def _reopenable(env: ClusterEnv, plan: Plan, node: str, j: Journal) -> Path | No
     if not uid:
         return None
     disk = env.store.node_dir(plan.cluster, node) / f"disk.{g.DISK_MODE}"
-    disk_access.grant(j, disk, env.store.root, uid)
+    disk_access.grant(j, disk, uid)
     return disk
