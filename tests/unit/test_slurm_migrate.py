@@ -120,7 +120,7 @@ def test_disk_access_reaches_only_the_disk_and_is_undone(tmp_path: Path) -> None
     assert tmp_path / "clusters" in closed and tmp_path / "clusters" / "j1-0" in closed
     assert tmp_path / "clusters" / "j1-0" / "nodes" not in closed  # o+x already
     j = Journal(tmp_path / "journal")
-    disk_access.grant(j, disk, 65534)
+    disk_access.grant(j, disk, tmp_path, 65534)
 
     def acl(p: Path) -> str:
         return subprocess.run(["getfacl", "-cpn", str(p)], capture_output=True, text=True).stdout

@@ -53,9 +53,12 @@ def _run(argv: list[str]) -> None:
         raise HpvcError("setfacl", why)
 
 
-def grant(journal: Journal, path: Path, uid: int) -> None:
-    """Let ``uid`` reach ``path`` (search on each closed folder above it) and open
+def grant(journal: Journal, path: Path, top: Path, uid: int) -> None:
+    """Let ``uid`` reach ``path`` (search on each closed folder above it: hpvc's
+    state root ``top`` and those under it, and any above it made 0700) and open
     it for reading and writing."""
+    if Path(top) not in Path(path).parents:
+        raise HpvcError(f"disk {path}", f"is not under {top}")
     setfacl = _setfacl()
     dirs = [str(p) for p in closed_folders(path)]
     journal.record("disk-access", path=str(path), dirs=dirs, uid=uid)

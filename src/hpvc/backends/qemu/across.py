@@ -177,5 +177,5 @@ def _reopenable(env: ClusterEnv, plan: Plan, node: str, j: Journal) -> Path | No
     if not uid:
         return None
     disk = env.store.node_dir(plan.cluster, node) / f"disk.{g.DISK_MODE}"
-    disk_access.grant(j, disk, uid)
+    disk_access.grant(j, disk, env.store.root, uid)
     return disk
