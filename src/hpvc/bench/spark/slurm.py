@@ -82,7 +82,7 @@ class SlurmSpark:
     """The Spark job: up (sleeping step on every host) until ``close``."""
 
     def __init__(self, cluster: SlurmCluster, user: Submitter, work: Path, spec_path: Path):
-        self.cluster, self.user, self.work = cluster, user, work
+        self.cluster, self.user, self.work, self.spec = cluster, user, work, spec_path
         r = cluster.submit(user, ["sbatch", "--parsable", "-N3", f"--mem={JOB_MEM}",
                                   f"--hpvc={spec_path}", "-o", "bench-%j.out", "--wrap",
                                   "srun -N3 --ntasks-per-node=1 sleep 86400"], work)  # fmt: skip
@@ -124,8 +124,8 @@ class SlurmSpark:
     def step(self, argv: list[str]) -> Any:
         return self.cluster.submit(
             self.user,
-            ["srun", f"--jobid={self.job}", "--overlap", "-N1", "-n1", "-w",
-             self.cluster.hosts[0], *argv],
+            ["srun", f"--jobid={self.job}", f"--hpvc={self.spec}", "--overlap", "-N1", "-n1",
+             "-w", self.cluster.hosts[0], *argv],
             self.work, timeout=3600,
         )  # fmt: skip
 
