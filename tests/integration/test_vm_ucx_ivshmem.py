@@ -19,6 +19,16 @@ TCP, and it still succeeds; two clusters up at once each map their own region
 only (QEMU's command lines, and a write through one cluster's region is not seen
 through the other's). Everything is brought down by the store fixture, also on
 failure; network traffic stays on the clusters' own bridges.
+
+First runs (2026-11-26 05:20, TCG): Open MPI passes. MPICH fails in MPI_Init
+("initial_address_exchange ... Endpoint timeout"): UCX's mm endpoint constructor
+(``src/uct/sm/mm/base/mm_ep.c``: ``uct_ep_keepalive_init(&ep->keepalive,
+fifo_ctl->pid)``) looks the peer's pid up in its own guest, where it does not
+exist ("failed to get start time for pid 105"), for every mm transport whatever
+``UCT_IFACE_FLAG_EP_CHECK`` says; Open MPI passed because the peer's pid happened
+to exist in the other guest too. The module (native/ucx) has to put a pid that
+exists in every guest in its FIFO's control block (pid 1, say), or create its
+endpoints without that call.
 """
 
 from __future__ import annotations
