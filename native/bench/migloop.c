@@ -1,0 +1,65 @@
+/* An MPI ping-pong that checks every answer, for live migration (issue 27).
+ *
+ *   mpirun -np 2 ./migloop SECONDS
+ *
+ * Rank 0 sends i, rank 1 answers 2i+1, for SECONDS of rank 0's clock; rank 0
+ * checks each answer and keeps the longest time one round trip took (a guest
+ * paused for its switch-over, or a network path that moved, shows there: rank
+ * 0's clock runs on while rank 1's guest is paused). After 100 round trips it
+ * prints "loop running"; at the end one line:
+ *
+ *   loop done: N round trips, W wrong, max gap G ms
+ *
+ * and exits 1 when an answer was wrong. Built by tests and `hpvc bench migrate
+ * --slurm` with mpicc (hpvc.bench.migrate.slurm.build_loop).
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static long answer(long v) { return 2 * v + 1; }
+
+static void serve(void) {
+    long v = 0;
+    for (;;) {
+        MPI_Recv(&v, 1, MPI_LONG, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (v < 0) return;
+        v = answer(v);
+        MPI_Send(&v, 1, MPI_LONG, 0, 0, MPI_COMM_WORLD);
+    }
+}
+
+static int drive(double secs) {
+    long i = 0, bad = 0, v = 0;
+    double t0 = MPI_Wtime(), last = t0, gap = 0;
+    for (;; i++) {
+        double now = MPI_Wtime();
+        if (now - last > gap) gap = now - last;
+        last = now;
+        v = now - t0 < secs ? i : -1;
+        MPI_Send(&v, 1, MPI_LONG, 1, 0, MPI_COMM_WORLD);
+        if (v < 0) break;
+        MPI_Recv(&v, 1, MPI_LONG, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (v != answer(i)) bad++;
+        if (i == 100) {
+            printf("loop running\n");
+            fflush(stdout);
+        }
+    }
+    printf("loop done: %ld round trips, %ld wrong, max gap %.1f ms\n", i, bad, gap * 1e3);
+    fflush(stdout);
+    return bad != 0;
+}
+
+int main(int argc, char **argv) {
+    int rank = 0, rc = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    double secs = argc > 1 ? atof(argv[1]) : 10.0;
+    if (rank == 0)
+        rc = drive(secs);
+    else if (rank == 1)
+        serve();
+    MPI_Finalize();
+    return rc;
+}

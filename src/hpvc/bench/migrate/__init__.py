@@ -1,0 +1,1 @@
+"""``hpvc bench migrate``: live migration of VM nodes (issue 27)."""
