@@ -8,8 +8,9 @@ it sent (a message lost, doubled or reordered stops it with an error) and
 writes the count to a file in its writable layer. Mid-run the cluster is
 checkpointed with ``stop`` (every node frozen, dumped, the cluster taken
 down), restored, and the counter goes on from where it was over the same
-connection. Then: CRIU failing mid-restore (``HPVC_FAIL_AT``) leaves nothing
-half-restored; a cluster whose nodes share namespaces (locality "shm") is
+connection; the node's SysV shared memory and /dev/shm come back too. Then:
+CRIU failing mid-restore (``HPVC_FAIL_AT``) leaves nothing half-restored; a
+cluster whose nodes share namespaces (locality "shm") is
 refused in one line before anything is frozen, and its job goes on.
 """
 
@@ -112,6 +113,8 @@ def test_two_connected_containers_checkpointed_torn_down_restored_keep_counting(
 ) -> None:
     name = "ckcr"
     _up_with_job(store, tmp_path, name)
+    # SysV shared memory in the node's IPC namespace, POSIX-style in its /dev/shm tmpfs.
+    _sh(store, name, "head0", "ipcmk -M 65536 >/dev/null && echo kept >/dev/shm/hpvc-ckpt")
     out = tmp_path / "ckpt"
     _, m = ck.checkpoint(name, out, stop=True, store=store)
     assert name not in store.names() and leftovers(name) == []  # --stop: taken down
@@ -123,6 +126,8 @@ def test_two_connected_containers_checkpointed_torn_down_restored_keep_counting(
     assert at_restore > 0  # the count from before the cut, from the restored layer and memory
     assert _goes_on(store, name, at_restore) > at_restore  # same connection, no message lost
     _sh(store, name, "compute0", "true")  # crun exec reaches a restored node
+    assert _sh(store, name, "head0", "cat /dev/shm/hpvc-ckpt").strip() == "kept"
+    assert "65536" in _sh(store, name, "head0", "ipcs -m")
     lifecycle.down(name, store)
     assert leftovers(name) == []
 

@@ -105,7 +105,7 @@ def start(name: str, nodes: list[tuple[str, str]], fill_mib: int, store: Store) 
         _exec(name, client, _background(code, LOG), store)
     deadline = time.monotonic() + 600
     for node, _ in nodes:
-        while not _exec(name, node, ["sh", "-c", f"cat {COUNT}.filled 2>/dev/null"], store):
+        while not _exec(name, node, ["sh", "-c", f"cat {COUNT}.filled 2>/dev/null || true"], store):
             if time.monotonic() > deadline:
                 raise HpvcError("bench checkpoint", f"node {node} did not fill its memory")
             time.sleep(1)
@@ -116,7 +116,8 @@ def start(name: str, nodes: list[tuple[str, str]], fill_mib: int, store: Store) 
 def count(name: str, node: str, store: Store) -> int:
     """The client's last count (0 before the first); raises with the job's log
     when the client stopped with an error."""
-    out = _exec(name, node, ["sh", "-c", f"cat {COUNT} 2>/dev/null; echo; cat {LOG}"], store)
+    script = f"cat {COUNT} 2>/dev/null; echo; cat {LOG} 2>/dev/null || true"
+    out = _exec(name, node, ["sh", "-c", script], store)
     first, _, log = out.partition("\n")
     if "connection closed" in log or "sent " in log or "Error" in log:
         last = [x for x in log.strip().splitlines() if x.strip()]
