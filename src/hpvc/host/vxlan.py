@@ -218,20 +218,38 @@ def follow_batch(name: str, mac: str, dst: str | None, was: str | None) -> str:
 
 def follow(name: str, mac: str, dst: str | None, was: str | None) -> None:
     """Apply ``follow_batch`` in one ``bridge -batch`` (as ``_forwarding`` does). Not
-    journaled: the entries go with the link, which the cluster's journal removes."""
+    journaled: the entries go with the link, which the cluster's journal removes.
+
+    Arriving here (``dst`` None), the bridge's entry may already have left the
+    VXLAN port: the guest's first frames on its new tap (QEMU announces it after
+    the switch-over) move a static entry that is not sticky. So the deletions run
+    with ``-force`` (a missing entry is not a failure) and what counts is the
+    result, read back: no entry for ``mac`` left on the link."""
     text = follow_batch(name, mac, dst, was)
-    if text:
+    if not text:
+        return
+    if dst is not None:
         _batch(name, text)
+        return
+    _batch(name, text, force=True)
+    left = [m for m, _ in forwarding_entries(name) if m.lower() == mac.lower()]
+    left += [m for m in bridge_entries(name) if m.lower() == mac.lower()]
+    if left:
+        raise HpvcError(f"VXLAN {name}: forwarding entries", f"{mac} still points at {was}")
 
 
-def _batch(name: str, text: str) -> None:
+def _batch(name: str, text: str, force: bool = False) -> None:
     bridge = shutil.which("bridge")
     if bridge is None:
         raise MissingDependency(f"VXLAN {name}", "bridge not found", "apt-get install iproute2")
     r = subprocess.run(
-        [bridge, "-batch", "-"], input=text, capture_output=True, text=True, check=False
+        [bridge, *(["-force"] if force else []), "-batch", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    if r.returncode != 0:
+    if r.returncode != 0 and not force:
         why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         raise HpvcError(f"VXLAN {name}: forwarding entries", why)
 

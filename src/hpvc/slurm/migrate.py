@@ -289,28 +289,47 @@ def migrate(
         if said and isinstance(e, across.MigrationFailed):
             raise across.MigrationFailed(e.reason, f"{e.why}; the target QEMU said: {said}") from e
         raise
-    followed = _follow_all(store, job, here, target, hosts, remote, progress)
+    # The guest runs on the target now: whatever fails below is said, never undone.
+    followed, missed = _follow_all(store, job, here, target, hosts, remote, progress)
     with job_lock(store, job):
         errors = across.release(store, here.share, node, progress)
         drop_join_cache(store, here.share)
     if errors:
         raise HpvcError(f"node {node}", f"moved to {target}, but its old QEMU is left: {errors[0]}",
                         f"hpvc node down --job {job} removes it with the job")  # fmt: skip
+    if missed:
+        raise HpvcError(f"node {node}", f"moved to {target}, but {missed[0]}",
+                        "run hpvc node migrate-follow there (docs/slurm.md)")  # fmt: skip
     return Moved(node, source, target, stats, followed)
 
 
-def _follow_all(store: Store, job: int, here: Here, target: str, hosts: dict[str, str],
-                remote: Remote, progress: Progress) -> dict[str, str]:  # fmt: skip
+def _follow_all(
+    store: Store,
+    job: int,
+    here: Here,
+    target: str,
+    hosts: dict[str, str],
+    remote: Remote,
+    progress: Progress,
+) -> tuple[dict[str, str], list[str]]:
     """Point the node's MAC at ``target`` on every host of the job: the target
     first (its bridge stops sending the node's frames into the VXLAN link), then
-    this host, then the others."""
+    this host, then the others. What each host says, and the hosts that failed."""
     name, ip, mac = here.node
     addr = hosts[target]
     ident = [f"--job={job}", f"--name={name}", f"--ip={ip}", f"--mac={mac}"]
-    out = {target: remote(target, "migrate-follow", *ident, "--here").strip()}
-    out[here.overlay.local] = follow(store, job, here.node, (target, addr), progress)
-    for h in sorted(hosts):
-        if h != target:
-            out[h] = remote(h, "migrate-follow", *ident, f"--to={target}",
-                            f"--to-address={addr}").strip()  # fmt: skip
-    return out
+    out: dict[str, str] = {}
+    missed: list[str] = []
+    steps: list[tuple[str, object]] = [(target, ["--here"])]
+    steps.append((here.overlay.local, None))
+    steps += [(h, [f"--to={target}", f"--to-address={addr}"]) for h in sorted(hosts) if h != target]
+    for host, args in steps:
+        try:
+            if args is None:
+                out[host] = follow(store, job, here.node, (target, addr), progress)
+            else:
+                out[host] = remote(host, "migrate-follow", *ident, *args).strip()  # type: ignore[misc]
+        except HpvcError as e:
+            missed.append(f"forwarding on {host} failed: {e.why}")
+            progress(f"{name}: {missed[-1]}")
+    return out, missed
