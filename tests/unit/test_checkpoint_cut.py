@@ -140,3 +140,46 @@ def test_refusals_come_before_anything_is_frozen(
         ck.checkpoint("nope", tmp_path / "ck", store=store)
     assert fake.calls == [] and not (tmp_path / "ck").exists()
     assert (busy / "x").read_text() == "mine"
+
+
+# --- restore's planner: the saved addresses, MACs and guest shape ---------------------
+
+
+def _manifest(plan: Plan, spec: dict[str, Any]) -> cf.Manifest:
+    nodes = tuple(cf.NodeEntry(n.name, "vm", "qemu", "", n.ip, n.mac, ()) for n in plan.nodes)
+    return cf.Manifest("c", 1.0, spec, "", plan.to_json(), plan.network.subnet, nodes)
+
+
+def test_restore_plans_with_the_saved_addresses_and_macs_under_another_name() -> None:
+    from hpvc.cluster.restore import _same_places
+
+    spec = {
+        "name": "c",
+        "kind": "vm",
+        "network": {"subnet": "10.77.0.0/24"},
+        "tuning": {"pinning": "shared", "hugepages": "none", "numa": "mirror"},
+        "nodes": [
+            {"role": "compute", "count": 1, "vcpus": 2, "memory": "1GiB"},
+            {"role": "storage", "count": 1, "vcpus": 12, "memory": "4GiB"},  # 2 guest NUMA nodes
+        ],
+    }
+    saved = plan_cluster(parse_spec(spec), [("h0", make_topology())], None)
+    m = _manifest(saved, spec)
+    other = parse_spec({**spec, "name": "d"})
+    fresh = plan_cluster(other, [("h1", make_topology())], None)
+    assert [n.mac for n in fresh.nodes] != [n.mac for n in saved.nodes]  # MACs follow the name
+    plan = _same_places(m)(other, "h1", make_topology(), None)  # type: ignore[arg-type]
+    assert plan.cluster == "d" and plan.hosts[0].name == "h1"
+    assert [(n.name, n.ip, n.mac) for n in plan.nodes] == [
+        (n.name, n.ip, n.mac) for n in saved.nodes
+    ]
+    # A host whose NUMA layout gives the guests another shape: refused in one line.
+    one_node = make_topology(packages=1, cores_per_node=8)
+    with pytest.raises(
+        InputError,
+        match=(
+            r"node storage0: this host gives it 12 vCPU\(s\), 4096 MiB, 1 guest NUMA node\(s\),"
+            r" it was saved with 12 vCPU\(s\), 4096 MiB, 2 guest"
+        ),
+    ):
+        _same_places(m)(parse_spec(spec), "h2", one_node, None)  # type: ignore[arg-type]
