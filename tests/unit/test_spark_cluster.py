@@ -209,3 +209,27 @@ def test_bench_clusters_offer_native_workers_memory_and_keep_room_for_page_cache
         assert [w.memory_mib for w in p.spark.workers] == [WORKER_MIB] * 2
         assert all(n.memory_mib == NODE_MIB[kind] for n in p.nodes if n.role == "compute")
     assert NODE_MIB["container"] > WORKER_MIB + 4096  # the rest: the node's page cache
+
+
+def test_daemons_run_as_the_job_user_where_tasks_do_and_as_root_in_vm_guests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A VM guest's tasks run as root (the guest's root is the job's user), so
+    its Spark daemons do too and the driver's files and the executors' agree;
+    containers drop to the job's user (Capabilities.job_user_daemons)."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from hpvc.backends import registry
+    from hpvc.backends.base import ClusterEnv
+
+    plan = spark_plan()
+    ran: list[str] = []
+    monkeypatch.setattr(spark, "_run", lambda b, e, p, node, argv: ran.append(_line(argv)))
+    monkeypatch.setattr(spark, "wait_workers", lambda *a: None)
+    user = {"uid": 1234, "gid": 1235, "name": "hpvct1"}
+    env = cast(ClusterEnv, SimpleNamespace(rec=SimpleNamespace(user=user)))
+    for name, as_user in (("crun", True), ("qemu", False), ("libvirt", False)):
+        ran.clear()
+        spark.start(registry.get(name), env, plan, [n.name for n in plan.nodes], lambda _m: None)
+        assert len(ran) == 3 and all(("--reuid=1234" in line) == as_user for line in ran), name

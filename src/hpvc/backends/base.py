@@ -61,6 +61,11 @@ class Capabilities:
     # ``restore_nodes``, docs/checkpoint.md): False, ``hpvc checkpoint`` refuses
     # the cluster in one line before anything is frozen.
     checkpoint: bool = False
+    # What a Slurm job runs in the nodes for itself (Spark's daemons) runs as the
+    # job's user (``ClusterRecord.user``); False for VM guests, whose root is the
+    # job's user (tasks run as root through the agent, docs/slurm.md), so such
+    # daemons run as root there too and share the tasks' files.
+    job_user_daemons: bool = True
 
 
 # Seconds per phase of a backend's ``start`` (``{"boot": 12.3, ...}``), in the

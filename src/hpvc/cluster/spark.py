@@ -144,9 +144,11 @@ def start(
     here = {n.name for n in plan.nodes}
     todo = [n for n in names if n in here and (n == sp.master or _is_worker(sp, n))]
     todo.sort(key=lambda n: n != sp.master)
+    # As the job's user, where the nodes' tasks run as that user (not in VM guests).
+    user = env.rec.user if backend.capabilities.job_user_daemons else None
     for node in todo:
         progress(f"spark: {'master' if node == sp.master else 'worker'} on {node}")
-        _run(backend, env, plan, node, daemon_argv(sp, plan, node, env.rec.user))
+        _run(backend, env, plan, node, daemon_argv(sp, plan, node, user))
     # A Slurm share waits for its own workers, at the master on whichever host
     # it runs (reached over the job's network); the master's share for its own.
     mine = {w.node for w in sp.workers if w.node in todo}

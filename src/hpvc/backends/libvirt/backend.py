@@ -38,7 +38,9 @@ def libvirt_uri() -> str:
 
 class LibvirtBackend(QemuBackend):
     name: ClassVar[str] = "libvirt"
-    capabilities: ClassVar[Capabilities] = Capabilities(repin=False, shared_memory=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        repin=False, shared_memory=False, job_user_daemons=False
+    )
 
     def preflight(self, spec: Spec) -> None:
         super().preflight(spec)

@@ -102,7 +102,7 @@ class QemuBackend:
     kind: ClassVar[str] = "vm"
     # Ranks in different guests share no memory: MPI takes the network path.
     capabilities: ClassVar[Capabilities] = Capabilities(
-        repin=True, shared_memory=False, checkpoint=True
+        repin=True, shared_memory=False, checkpoint=True, job_user_daemons=False
     )
 
     def __init__(self) -> None:
