@@ -9,6 +9,8 @@ worker's liveness is ``hpvc status`` on the master's host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hpvc.store import ClusterRecord, Store
@@ -29,9 +31,7 @@ def services(store: Store, rec: ClusterRecord) -> dict[str, Any]:
             "export": shared.get("export"),
             "serves_here": shared.get("node") in nodes,
         }
-        out["mounts"] = {
-            n: nfs_mount.health(store.node_dir(rec.name, n) / "shared") or "ok" for n in nodes
-        }
+        out["mounts"] = {n: _mount(nfs_mount.health, store.node_dir(rec.name, n)) for n in nodes}
     spark = plan.get("spark")
     if spark:
         workers = {str(w["node"]) for w in spark.get("workers", [])}
@@ -43,14 +43,29 @@ def services(store: Store, rec: ClusterRecord) -> dict[str, Any]:
     return out
 
 
+IN_GUEST = "in its guest (hpvc status)"
+
+
+def _mount(health: Callable[[Path], str | None], node_dir: Path) -> str:
+    """A node's mount as the host sees it: "ok", or why not. A node with no
+    mount point on the host (a VM guest mounts the export itself, with its own
+    client) is read by ``hpvc status``, over ssh into the guest."""
+    if not (node_dir / "shared").exists():
+        return IN_GUEST
+    return health(node_dir / "shared") or "ok"
+
+
 def text(row: dict[str, Any]) -> str:
     """The services of a ``node ls`` row in words ("" when it has none)."""
     parts = []
     nfs = row.get("nfs")
     if nfs:
         where = "served here" if nfs["serves_here"] else "mounted"
-        bad = {n: why for n, why in row.get("mounts", {}).items() if why != "ok"}
+        mounts = row.get("mounts", {})
+        bad = {n: why for n, why in mounts.items() if why not in ("ok", IN_GUEST)}
         state = ", ".join(f"{n}: {why}" for n, why in bad.items()) or "every mount answers"
+        if not bad and mounts and set(mounts.values()) == {IN_GUEST}:
+            state = "mounted in the guests: hpvc status reads them"
         parts.append(f"NFS {nfs['address']}:{nfs['export']} from {nfs['server']} ({where};"
                      f" {state})")  # fmt: skip
     spark = row.get("spark")

@@ -1,0 +1,25 @@
+"""What ``hpvc node ls`` says of a share's NFS mounts (hpvc.cluster.share_view):
+a container node's mount as the host sees it; a VM guest's is in the guest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpvc.cluster import share_view
+from hpvc.store import ClusterRecord, Store
+
+
+def test_a_guest_mount_is_not_reported_as_missing_on_the_host(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state")
+    plan = {
+        "nodes": [{"name": "head0"}, {"name": "compute0"}],
+        "shared": {"server": "nfs", "node": "head0", "address": "10.88.1.2", "export": "/shared"},
+    }
+    rec = ClusterRecord("j7-0", {}, "slurm job 7", plan, "running", 1.0, 2.0)
+    (store.node_dir("j7-0", "compute0") / "shared").mkdir(parents=True)  # a container's, unmounted
+    row = share_view.services(store, rec)
+    assert row["mounts"] == {"head0": share_view.IN_GUEST, "compute0": "not mounted"}
+    assert "compute0: not mounted" in share_view.text(row)
+    guests = {**row, "mounts": {"head0": share_view.IN_GUEST}}
+    assert "mounted in the guests" in share_view.text(guests)
+    assert "every mount answers" in share_view.text({**row, "mounts": {"compute0": "ok"}})
