@@ -28,7 +28,7 @@
 #define REGION_VERSION 1u
 #define REGION_SLOTS 512u
 #define REGION_DATA 65536u /* the header's size: segments start here */
-#define REGION_ALIGN 64u   /* segments start on cache lines */
+#define REGION_ALIGN 4096u /* segments start on pages: no two processes share a line */
 #define REGION_QUARANTINE_NS (5ull * 1000000000ull)
 #define REGION_ID_LEN 16
 

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native" / "ucx"
 REGION_MIB = 64
 LANE = re.compile(r"ep_cfg\[\d+\]: tag\((\w+)/")
+# Final: iterations, latency 50%ile / average / overall (us), bandwidth average (MB/s), ...
 FINAL = re.compile(r"Final:\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
 
 
@@ -163,7 +164,7 @@ def perftest(
         out,
         set(LANE.findall(out)),
         float(final.group(2)) if final else -1.0,
-        float(final.group(4)) if final else -1.0,
+        float(final.group(5)) if final else -1.0,
     )
 
 
