@@ -226,6 +226,7 @@ static ucs_status_t uct_ivshmem_query(int *attach_shm_file_p)
 static ucs_status_t seg_address(uct_mm_seg_id_t seg_id, void **address_p)
 {
 	uint64_t offset, length;
+	if (!region_ready()) return UCS_ERR_UNREACHABLE; /* a peer's rkey, but no region here */
 	if (region_seg_lookup(&g_region, seg_id, &offset, &length) != 0) {
 		ucs_debug("ivshmem: segment 0x%" PRIx64 " is gone (freed or reused)", seg_id);
 		return UCS_ERR_SHMEM_SEGMENT;

@@ -258,7 +258,9 @@ def programs(built: Built) -> dict[str, Path]:
     return made
 
 
-@pytest.mark.parametrize(("kind", "ranks"), [("openmpi", 4), ("mpich", 2), ("mpich", 4)])
+@pytest.mark.parametrize(
+    ("kind", "ranks"), [("openmpi", 4), ("openmpi", 8), ("mpich", 2), ("mpich", 4)]
+)
 def test_mpi_job_over_the_region(
     built: Built, region: Path, programs: dict[str, Path], kind: str, ranks: int
 ) -> None:
