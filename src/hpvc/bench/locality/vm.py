@@ -103,7 +103,8 @@ def copy_in(store: Store, name: str, binary: Path) -> str:
     """The program into /tmp of both guests (hpvc exec, its bytes on stdin)."""
     inside = f"/tmp/{binary.name}"
     for node in ("compute0", "compute1"):
-        argv = ops.exec_argv(name, node, ["sh", "-c", f"cat > {inside} && chmod 755 {inside}"])
+        cmd = ["sh", "-c", f"cat > {inside} && chmod 755 {inside}"]
+        argv = ops.exec_argv(name, node, cmd, store)
         done = subprocess.run(argv, input=binary.read_bytes(), capture_output=True, check=False)
         if done.returncode != 0:
             raise HpvcError(f"copy pingpong into {node}", done.stderr.decode(errors="replace"))
