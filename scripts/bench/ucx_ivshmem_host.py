@@ -3,7 +3,7 @@
 
     python3 scripts/bench/ucx_ivshmem_host.py OUT_DIR [--reps N]
 
-Two ucx_perftest processes on this host, the module loaded with LD_PRELOAD and a
+Two ucx_perftest processes on this host, each pinned to a CPU of its own, the module loaded with LD_PRELOAD and a
 zero-filled 64 MiB region file in /dev/shm; UCX_TLS names one transport per run
 (``ivshmem``, ``posix`` or ``tcp`` over loopback), so a run that could not use it
 fails instead of measuring another. Latency is tag_lat (half round trip, the median
@@ -38,6 +38,10 @@ SIZES = [8, 1024, 65536, 4 << 20]
 # Final: iterations, latency 50%ile / average / overall (us), bandwidth average (MB/s), ...
 FINAL = re.compile(r"Final:\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
 LANE = re.compile(r"ep_cfg\[\d+\]: tag\((\w+)/")
+# Server and client on CPUs of their own: two busy-polling processes that share a CPU
+# stream only while both are scheduled (unpinned runs were bimodal, 0.06 or 150 MB/s).
+_cpus = sorted(os.sched_getaffinity(0))
+PIN = (["taskset", "-c", str(_cpus[0])], ["taskset", "-c", str(_cpus[-1])]) if len(_cpus) > 1 else ([], [])
 
 
 def iterations(test: str, size: int) -> int:
@@ -59,15 +63,18 @@ def one(env: dict[str, str], test: str, size: int) -> tuple[float, float, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
-        ["ucx_perftest", "-p", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [*PIN[0], "ucx_perftest", "-p", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         while not listening(port) and server.poll() is None:
             time.sleep(0.02)
         try:
             client = subprocess.run(
-                ["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size),
-                 "-n", str(iterations(test, size))],  # fmt: skip
+                [*PIN[1], "ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s",
+                 str(size), "-n", str(iterations(test, size))],  # fmt: skip
                 env=env, capture_output=True, text=True, timeout=120,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
