@@ -62,6 +62,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "scale": ("cluster", "Add or remove nodes while the cluster runs."),
     "restart": ("restart", "Bring back nodes whose container or VM died."),
+    "migrate": (
+        "migrate",
+        "Move a running VM node to a new place, live (its guest keeps running).",
+    ),
     "down": ("cluster", "Stop the cluster and remove everything it made on this host."),
     "checkpoint": (
         "checkpoint",

@@ -42,6 +42,8 @@ def keep(store: Store) -> orphans.Keep:
         links.add(plan.network.bridge)
         for n in plan.nodes:
             links.add(tap_name(name, n.name))
+            # A VM node that was live-migrated alternates between two taps.
+            links.add(tap_name(name, f"{n.name}~migrating"))  # qemu/migrate.MIGRATING
             links.add(net.short_ifname("hc", name, n.name))
     return orphans.Keep(frozenset(clusters), frozenset(links), store.root)
 

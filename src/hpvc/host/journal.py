@@ -185,6 +185,24 @@ class Journal:
             return []
         return [c for _, c in _lines(data) if c is not None]
 
+    def replace_with(self, changes: list[Change]) -> None:
+        """Make the journal hold exactly ``changes`` (atomically: a new file renamed
+        over the old one), as when a migrated node's changes are now another
+        process's. Each keeps the module its undo is registered in."""
+        private_dir(self.path.parent)
+        tmp = self.path.with_name(self.path.name + ".new")
+        lines = [
+            json.dumps({"kind": c.kind, "args": c.args, "module": c.module}, sort_keys=True)
+            for c in changes
+        ]
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, "".join(f"{line}\n" for line in lines).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
     def undo_all(self, log: Progress = quiet) -> list[str]:
         """Undo the changes newest first, up to the first that fails; return
         what failed as ``["<what> (<why>)"]``, empty when all are undone.
@@ -215,6 +233,13 @@ class Journal:
             return []
         finally:
             os.close(fd)
+
+
+def undo_one(change: Change, log: Progress = quiet) -> str | None:
+    """Undo one recorded change out of order; None when done, else what failed.
+    A live migration gives back the old process's part of a node's journal
+    (its tap, console reader, QEMU) and keeps the rest (hpvc.backends.qemu.migrate)."""
+    return _undo_one(change, log)
 
 
 def _undo_one(change: Change, log: Progress) -> str | None:
