@@ -119,6 +119,18 @@ class CheckpointPeer:
         _podman("container", "restore", "--tcp-established", *self.names)
         return time.perf_counter() - t0
 
+    def last_words(self) -> str:
+        """The containers' last log line each, and their states (why a job stopped)."""
+        out = []
+        for name in self.names[:2]:
+            r = subprocess.run(["podman", "logs", "--tail", "1", name],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+            state = subprocess.run(["podman", "inspect", "--format", "{{.State.Status}}", name],
+                                   capture_output=True, text=True, timeout=120)  # fmt: skip
+            said = (r.stdout + r.stderr).strip().splitlines()
+            out.append(f"{name} {state.stdout.strip()}: {said[-1] if said else '(no output)'}")
+        return "; ".join(out)
+
     def remove(self) -> None:
         subprocess.run(["podman", "rm", "-f", "-t", "0", *self.names],
                        capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip

@@ -135,7 +135,7 @@ def _pcocc_once(tmp: Path, store: Store, name: str, head: str, s: dict[str, list
 
 
 def _podman_once(ck: podman_peer.CheckpointPeer, s: dict[str, list[Any]],
-                 errors: list[str]) -> None:  # fmt: skip
+                 errors: list[str], progress: Progress) -> None:  # fmt: skip
     took, size = ck.checkpoint()
     s["checkpoint_s"].append(took)
     s["job_pause_s"].append(took)  # no barrier: a container may run while others are saved
@@ -143,9 +143,12 @@ def _podman_once(ck: podman_peer.CheckpointPeer, s: dict[str, list[Any]],
     s["size"].append(size)
     s["restore_s"].append(ck.restore())
     ok = ck.goes_on()
-    if not ok:
-        errors.append(f"podman: the job's count stayed at {ck.count()} after restore")
     s["job_goes_on"].append(ok)
+    if not ok:  # recorded; fresh containers for the next repetition
+        errors.append(f"podman: the job stopped after restore ({ck.last_words()})")
+        progress("podman: the job stopped after restore; starting fresh containers")
+        ck.remove()
+        ck.start()
 
 
 def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, reps: int,
@@ -174,7 +177,7 @@ def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, re
                     _pcocc_once(tmp, store, name, head, samples[m], errors, progress)
                 else:
                     assert ck is not None
-                    _podman_once(ck, samples[m], errors)
+                    _podman_once(ck, samples[m], errors, progress)
         peer = ck.describe() if ck is not None else None
     lifecycle.down(name, store, progress)
     return {"kind": kind, "nodes": nodes, "memory_mib": memory_mib, "fill_mib": fill_mib,
