@@ -163,7 +163,8 @@ def node_ls(slurm: Env, host: str) -> list[dict[str, object]]:
 def test_a_running_job_serves_nfs_and_spark_on_every_host_then_scancel_leaves_nothing(
     slurm: Env,
 ) -> None:
-    job = sleeping_job(slurm, spec(slurm))
+    spec_path = spec(slurm)
+    job = sleeping_job(slurm, spec_path)
     try:
         hosts = slurm.cluster.hosts
         listed = {h: node_ls(slurm, h) for h in hosts}
@@ -193,11 +194,11 @@ def test_a_running_job_serves_nfs_and_spark_on_every_host_then_scancel_leaves_no
             f"site: user {slurm.user.name}",
         ), mine
         # Files the user writes on one host are the user's, seen on another.
-        w = slurm.run("srun", f"--jobid={job}", "-N1", "-w", hosts[0], "-n1", "sh", "-c",
+        step = ["srun", f"--jobid={job}", f"--hpvc={spec_path}", "--overlap", "-N1", "-n1", "-w"]
+        w = slurm.run(*step, hosts[0], "sh", "-c",
                       "echo from-n1 > /shared/mark && stat -c %u /shared/mark")  # fmt: skip
         assert w.returncode == 0 and w.stdout.strip() == str(slurm.user.uid), w.stderr
-        r = slurm.run("srun", f"--jobid={job}", "-N1", "-w", hosts[2], "-n1", "cat",
-                      "/shared/mark")  # fmt: skip
+        r = slurm.run(*step, hosts[2], "cat", "/shared/mark")
         assert r.returncode == 0 and r.stdout.strip() == "from-n1", r.stderr
     finally:
         slurm.run("scancel", str(job))
@@ -210,7 +211,10 @@ def io_status(slurm: Env) -> dict[str, Any]:
     """``hpvc io status`` on the first host, with a site file giving the
     first tenant priority 7 (docs/io.md)."""
     site = slurm.tmp / "io.toml"
-    site.write_text(f"[priority]\ndefault = 1\nusers = {{ {slurm.user.name} = 7 }}\n")
+    site.write_text(
+        f'[devices.disk0]\npath = "{slurm.tmp}"\nwrite = "1000MB/s"\n'
+        f"[priority]\ndefault = 1\nusers = {{ {slurm.user.name} = 7 }}\n"
+    )
     argv = ["env", f"HPVC_IO_SITE={site}", slurm.env["HPVC_BIN"], "io", "status", "--json",
             "--interval", "0"]  # fmt: skip
     doc = json.loads(slurm.cluster.run_on(slurm.cluster.hosts[0], argv))
@@ -242,16 +246,21 @@ def test_the_nfs_serving_host_dying_ends_the_job_cleanly_on_every_host(slurm: En
     job = sleeping_job(slurm, spec(slurm))
     victim = slurm.cluster.hosts[0]
     others = slurm.cluster.hosts[1:]
-    restarted = False
+    killed = restarted = False
     try:
         # The share's own NFS processes (Ganesha, rpcbind, the nodes' clients)
         # die with the machine too: they name the share's folder on the host.
         folder = str(slurm.cluster.store(victim).cluster_dir(f"j{job}-0")) + "/"
-        nfs = [int(x.split(":")[0].split()[1]) for x in nfs_leftovers(job) if folder in x]
+        nfs = [
+            int(x.split(":")[0].split()[1])
+            for x in nfs_leftovers(job)
+            if x.startswith("process ") and folder in x
+        ]
         assert nfs, f"no NFS process of {folder}: {nfs_leftovers(job)}"
         for pid in nfs:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        killed = True
         kill_host(slurm, victim, job, 0)
         # A node on another host now asks a dead server: answered, not hung.
         r = slurm.cluster.run_on(others[0], [slurm.env["HPVC_BIN"], "node", "ls", "--json"], 60)
@@ -275,4 +284,5 @@ def test_the_nfs_serving_host_dying_ends_the_job_cleanly_on_every_host(slurm: En
     finally:
         if not restarted:  # a failed check above: the module's sweep needs the host back
             slurm.run("scancel", str(job))
-            restart_host(slurm, victim)
+            if killed:
+                restart_host(slurm, victim)

@@ -23,3 +23,19 @@ def test_a_guest_mount_is_not_reported_as_missing_on_the_host(tmp_path: Path) ->
     guests = {**row, "mounts": {"head0": share_view.IN_GUEST}}
     assert "mounted in the guests" in share_view.text(guests)
     assert "every mount answers" in share_view.text({**row, "mounts": {"compute0": "ok"}})
+
+
+def test_a_mount_point_that_errors_is_the_hosts_and_asked(tmp_path: Path) -> None:
+    """A container node's mount whose server died answers stat with EIO or
+    ENOTCONN, which Path.exists raises: the mount is the host's, reported by
+    health (node ls of a job whose NFS host died must not crash). Here the
+    error is a name too long for the file system, which exists() raises too."""
+    node = tmp_path / ("n" * 300)
+    asked: list[Path] = []
+
+    def health(p: Path) -> str:
+        asked.append(p)
+        return "server not answering (input/output error)"
+
+    assert share_view._mount(health, node) == "server not answering (input/output error)"
+    assert asked == [node / "shared"]

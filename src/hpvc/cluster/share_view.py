@@ -50,7 +50,11 @@ def _mount(health: Callable[[Path], str | None], node_dir: Path) -> str:
     """A node's mount as the host sees it: "ok", or why not. A node with no
     mount point on the host (a VM guest mounts the export itself, with its own
     client) is read by ``hpvc status``, over ssh into the guest."""
-    if not (node_dir / "shared").exists():
+    try:
+        there = (node_dir / "shared").exists()
+    except OSError:  # a mount whose server died (EIO, ENOTCONN): the host's, asked below
+        there = True
+    if not there:
         return IN_GUEST
     return health(node_dir / "shared") or "ok"
 
