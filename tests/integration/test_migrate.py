@@ -1,0 +1,204 @@
+"""``hpvc migrate`` on one host, for real: TCG guests of the qemu backend.
+
+One cluster for the module (head0 pinned 1:1 to one CPU, compute0 and compute1
+floating, 256 MiB each, no ivshmem): a guest moves into a new QEMU while an MPI
+ping-pong (native/bench/migloop.c, every answer checked) runs across the two
+compute guests and ends right; a node that does not fit is refused with
+exit 2 and nothing changed; a dying target (killed by its PID), a timeout and
+Ctrl-C leave the node running where it was with nothing of the target left.
+The migrations that must fail are slowed to 1 MiB/s so that they are still
+under way when stopped. The cluster is taken down and checked clean even when
+a test fails.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpvc.backends.vm.migration import MigrationFailed, MigrationSettings
+from hpvc.cluster import lifecycle, ops
+from hpvc.cluster.migrate import migrate
+from hpvc.errors import DoesNotFit, InputError
+from hpvc.host import procfs
+from hpvc.store import Store
+from tests.helpers import ROOT, requires
+from tests.integration.test_cluster import clean_up, cli_env, image_ready
+from tests.integration.test_vm_cluster import vm_leftovers
+
+pytestmark = pytest.mark.integration
+NAME = f"mg{os.getpid() % 10000}"
+SLOW = {"bandwidth_mib_s": 1, "multifd": 0}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    requires("root", "qemu", "ip", "mpi")
+    image_ready()
+    tmp = tmp_path_factory.mktemp("migrate")
+    store = Store(tmp / "state")
+    spec = tmp / f"{NAME}.toml"
+    spec.write_text(
+        f'name = "{NAME}"\nkind = "vm"\n'
+        f'[network]\nsubnet = "10.221.{os.getpid() % 250}.0/24"\nmtu = 9000\n'
+        '[tuning]\npinning = "shared"\nhugepages = "2M"\npartition = "commodity"\n'
+        'locality = "none"\n'
+        '[[nodes]]\nrole = "head"\nvcpus = 1\nmemory = "256MiB"\npinning = "dedicated"\n'
+        '[[nodes]]\nrole = "compute"\ncount = 2\nvcpus = 1\nmemory = "256MiB"\n'
+    )
+    try:
+        lifecycle.up(str(spec), store)
+        loop = tmp / "migloop"
+        cc = ["mpicc", "-O2", "-o", str(loop), str(ROOT / "native" / "bench" / "migloop.c")]
+        subprocess.run(cc, check=True)
+        for node in ("compute0", "compute1"):
+            with open(loop, "rb") as f:
+                put = ["sh", "-c", "cat > /root/migloop && chmod +x /root/migloop"]
+                argv = ops.exec_argv(NAME, node, put, store)
+                subprocess.run(argv, stdin=f, check=True, timeout=60)
+        yield store
+    finally:
+        clean_up(store, lambda name: vm_leftovers(name, store))
+        assert not list(Path("/tmp").glob("hpvc-migrate-*"))
+
+
+def answers(store: Store, node: str) -> bool:
+    argv = ops.exec_argv(NAME, node, ["hostname"], store)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return r.returncode == 0 and r.stdout.strip() == node
+
+
+def target_left(store: Store, node: str) -> list[str]:
+    """What a migration target of ``node`` could leave: its folders, socket folder, tap."""
+    run = store.layout.node_run_dir(NAME, f"{node}~migrating")
+    found = [str(p) for p in (run, store.node_dir(NAME, f"{node}~migrating")) if p.exists()]
+    found += [str(p) for p in Path("/tmp").glob("hpvc-migrate-*")]
+    from hpvc.render.context import tap_name
+
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    plan = store.get(NAME).the_plan()
+    ours = {tap_name(NAME, n.name) for n in plan.nodes} | {
+        tap_name(NAME, f"{n.name}~migrating") for n in plan.nodes
+    }
+    taps = [t for t in ours if f" {t}:" in links or f" {t}@" in links]
+    if len(taps) != len(plan.nodes):
+        found.append(f"taps {sorted(taps)}")
+    return found
+
+
+def snapshot(store: Store) -> tuple[object, ...]:
+    rec = store.get(NAME)
+    return (
+        rec.plan,
+        rec.holdings,
+        rec.pages,
+        rec.status,
+        Path("/proc/sys/vm/nr_hugepages").read_text(),
+    )
+
+
+def test_a_node_moves_while_an_mpi_job_runs_across_it(cluster: Store) -> None:
+    store = cluster
+    before = store.get(NAME).the_plan().node("compute1")
+    old_pid = ops.node_pid(NAME, "compute1", store)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "hpvc", "run", NAME, "/root/migloop", "25"],
+        env=cli_env(store), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(8)  # the ranks start (ssh into TCG guests) and loop
+        assert job.poll() is None, job.communicate()[0]
+        out = migrate(NAME, "compute1", store=store)
+        out2 = migrate(NAME, "compute1", store=store)  # and again: the node's second tap
+        text, _ = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, text
+    assert "loop done:" in text and " 0 wrong" in text, text
+    assert out["migration"]["bytes_sent"] > 0 and out["migration"]["total_ms"] > 0
+    new_pid = ops.node_pid(NAME, "compute1", store)
+    assert new_pid not in (old_pid, out["pid"]) and new_pid == out2["pid"]
+    assert not procfs.running(old_pid)
+    after = store.get(NAME).the_plan().node("compute1")
+    assert (after.mac, after.ip, after.memory_mib, len(after.vcpus)) == (
+        before.mac, before.ip, before.memory_mib, len(before.vcpus)
+    )  # fmt: skip
+    st = {n["name"]: n for n in ops.status(NAME, store)["nodes"]}
+    assert st["compute1"]["state"] == "running"
+    assert [v["cpus"] for v in st["compute1"]["vm"]["vcpus"]] == [list(after.cpuset)]
+    assert answers(store, "compute1") and answers(store, "compute0")
+    assert target_left(store, "compute1") == []
+    assert store.get(NAME).status == "running"
+
+
+def test_a_node_that_does_not_fit_is_refused_and_nothing_changes(cluster: Store) -> None:
+    store = cluster
+    head = store.get(NAME).the_plan().node("head0")
+    pinned = list(head.cpuset)  # head0's CPU: a floating node may not use it
+    was = snapshot(store)
+    with pytest.raises(DoesNotFit) as e:
+        migrate(NAME, "compute0", cpus=pinned, store=store)
+    assert e.value.exit_code == 2 and "compute0 does not fit" in e.value.line()
+    r = subprocess.run(
+        [sys.executable, "-m", "hpvc", "migrate", NAME, "compute0", "--cpus", str(pinned[0])],
+        env=cli_env(store), cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    with pytest.raises(InputError, match="lives on this host"):
+        migrate(NAME, "compute0", to="elsewhere", store=store)
+    assert snapshot(store) == was
+    assert target_left(store, "compute0") == []
+
+
+def _kill_target_when_it_runs(store: Store, node: str) -> threading.Thread:
+    pidfile = store.layout.node_run_dir(NAME, f"{node}~migrating") / "qemu.pid"
+
+    def kill() -> None:
+        for _ in range(600):
+            pid = procfs.read_pidfile(pidfile)
+            if pid is not None:
+                time.sleep(1.0)  # the migration is under way (1 MiB/s)
+                os.kill(pid, signal.SIGKILL)  # the target QEMU, by its PID
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("how", ["target-died", "timeout", "interrupted"])
+def test_a_failed_migration_leaves_the_node_running_where_it_was(cluster: Store, how: str) -> None:
+    store = cluster
+    was = snapshot(store)
+    pid = ops.node_pid(NAME, "compute0", store)
+    settings = MigrationSettings(**SLOW, timeout_s=3.0 if how == "timeout" else 120.0)
+    killer = _kill_target_when_it_runs(store, "compute0") if how == "target-died" else None
+    timer = threading.Timer(3.0, _thread.interrupt_main) if how == "interrupted" else None
+    if timer:
+        timer.start()
+    try:
+        with pytest.raises(MigrationFailed) as e:
+            migrate(NAME, "compute0", settings=settings, store=store)
+    finally:
+        if killer:
+            killer.join()
+        if timer:
+            timer.cancel()
+    assert e.value.reason == how or (how == "target-died" and e.value.reason == "failed")
+    assert "keeps running where it was" in e.value.line()
+    assert ops.node_pid(NAME, "compute0", store) == pid
+    assert answers(store, "compute0")
+    assert snapshot(store) == was
+    assert target_left(store, "compute0") == []
