@@ -140,6 +140,14 @@ def slurm_report_md(doc: dict[str, Any]) -> str:
         f" {doc['node_mib']} MiB; data on the job's shared directory, NFS from head0 over"
         " the job's VXLAN network; each TeraSort step an `srun --overlap` step (driver in"
         " compute0)",
+        *(
+            [
+                "- `slurm-bind`: the same job, its data in the site's `binds=` folder on this"
+                " machine's disk (as native's): against `slurm-nfs`, what NFS costs"
+            ]
+            if "slurm-bind" in doc["configs"]
+            else []
+        ),
         "",
         "## Goals",
         "",

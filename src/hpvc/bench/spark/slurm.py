@@ -8,6 +8,8 @@ cluster, against native Spark standalone on the same three hosts.
   Slurm"); its data on the job's shared directory, NFS from head0 over the
   job's VXLAN network. Each TeraSort step is an ``srun --overlap`` step of
   that job: the driver runs in compute0, as the user.
+- ``slurm-bind``: the same job, its data in the site's ``binds=`` folder
+  (this machine's disk, as native's): against ``slurm-nfs``, what NFS costs.
 - ``native``: the same Spark, JRE and jar as host processes in the three
   hosts' own namespaces (``scripts/slurm/on.sh``): the master and the driver
   on the first host, a worker on each host, on the hosts' fabric addresses;
@@ -42,7 +44,7 @@ from hpvc.progress import Progress, quiet
 from hpvc.spark import model
 from hpvc.spark.native import NativeSpark
 
-CONFIGS = ("native", "slurm-nfs")
+CONFIGS = ("native", "slurm-nfs", "slurm-bind")
 HOSTS = 3
 WORKER_MIB = 1024
 NODE_MIB, HEAD_MIB, DRIVER_MIB = 3072, 1024, 512
@@ -105,8 +107,10 @@ class SlurmSpark:
             for p in (self.cluster.store(h).root / "jobs").glob(f"j{self.job}-*.join")
         ]
 
-    def terasort(self, rows: int, tag: str) -> dict[str, Any]:
-        base = f"/shared/{tag}"
+    def terasort(self, rows: int, tag: str, under: str = "/shared") -> dict[str, Any]:
+        """gen, sort, validate under ``under`` as the nodes see it: the job's
+        NFS directory, or the site's binds folder (this machine's disk)."""
+        base = f"{under}/{tag}"
         out: dict[str, Any] = {"steps": {}}
         for step, args in (("gen", ["gen", str(rows), f"{base}/in"]),
                            ("sort", ["sort", f"{base}/in", f"{base}/out"]),
@@ -244,8 +248,11 @@ def run(
             job = SlurmSpark(cluster, submitter, work, with_services)
             try:
                 with native:
-                    runners = {"native": _native_runner(native, tmp / "native" / "data"),
-                               "slurm-nfs": job.terasort}  # fmt: skip
+                    runners = {
+                        "native": _native_runner(native, tmp / "native" / "data"),
+                        "slurm-nfs": job.terasort,
+                        "slurm-bind": lambda r, t: job.terasort(r, t, str(work)),
+                    }
                     for size in sizes:
                         rows, label = model.rows_for(size), _label(size)
                         for rep in range(repeat):
