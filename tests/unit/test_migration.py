@@ -102,3 +102,88 @@ def test_progress_line() -> None:
         }
     )
     assert line == "migrating: 3 MiB sent, 7 MiB left, pass 2, vCPUs throttled 30%"
+
+
+# --- the direct-QEMU target's command line (hpvc.backends.qemu.migrate) --------------
+
+SRC = [
+    "/usr/bin/qemu-system-x86_64",
+    "-name",
+    "hpvc-c-compute0,debug-threads=on",
+    "-object",
+    "memory-backend-file,id=mem0,size=256M,mem-path=/s/hp,prealloc=on,share=on,"
+    "host-nodes=0,policy=bind",
+    "-object",
+    "memory-backend-file,id=mem1,size=256M,mem-path=/s/hp,prealloc=on,share=on,"
+    "host-nodes=0,policy=bind",
+    "-netdev",
+    "tap,id=net0,ifname=hvaaaa,script=no,downscript=no,vhost=off",
+    "-chardev",
+    "socket,id=console0,path=/s/run/c/compute0/console.sock,server=on,wait=off,"
+    "logfile=/s/run/c/compute0/console.fifo",
+    "-qmp",
+    "unix:/s/run/c/compute0/qmp.sock,server=on,wait=off",
+    "-pidfile",
+    "/s/run/c/compute0/qemu.pid",
+]
+
+
+def _target(argv: list[str]) -> list[str]:
+    from hpvc.backends.qemu.migrate import target_argv
+
+    return target_argv(
+        argv,
+        run_from="/s/run/c/compute0",
+        run_to="/s/run/c/compute0~migrating",
+        tap_from="hvaaaa",
+        tap_to="hvbbbb",
+        host_nodes={0: 1, 1: 3},
+    )
+
+
+def test_target_argv_moves_paths_tap_and_cells_only() -> None:
+    out = _target(SRC)
+    assert out[-2:] == ["-incoming", "defer"]
+    joined = " ".join(out)
+    assert "/s/run/c/compute0/" not in joined  # every socket and the pid file moved
+    assert "path=/s/run/c/compute0~migrating/console.sock" in joined
+    assert "unix:/s/run/c/compute0~migrating/qmp.sock" in joined
+    assert "ifname=hvbbbb," in joined and "hvaaaa" not in joined
+    cell = "memory-backend-file,id=mem{},size=256M,mem-path=/s/hp,prealloc=on,share=on,"
+    assert out[4] == cell.format(0) + "host-nodes=1,policy=bind"
+    assert out[6] == cell.format(1) + "host-nodes=3,policy=bind"
+    assert out[1:3] == SRC[1:3]  # the same -name: the node's process stays findable
+    # A node that moved before runs with -incoming: it is not doubled.
+    again = _target(out)
+    assert again.count("-incoming") == 1
+
+
+def test_current_tap_and_what_cannot_move() -> None:
+    from hpvc.backends.qemu.migrate import current_tap, refusal_for
+
+    assert current_tap(SRC) == "hvaaaa"
+    assert refusal_for(SRC) is None
+    shm = [*SRC, "-device", "ivshmem-plain,memdev=ivshmem0"]
+    assert "ivshmem" in (refusal_for(shm) or "")
+    fs = [*SRC, "-device", "vhost-user-fs-pci,chardev=fs0,tag=t"]
+    assert "virtiofs" in (refusal_for(fs) or "")
+
+
+def test_the_targets_changes_become_the_nodes() -> None:
+    from hpvc.backends.qemu.migrate import _renamed
+    from hpvc.host.journal import Change
+
+    qemu = Change(
+        "qemu-target",
+        {"name": "n", "pidfile": "/r/c/n~migrating/qemu.pid", "qmp": "/r/c/n~migrating/qmp.sock"},
+        "hpvc.backends.qemu.migrate",
+    )
+    got = _renamed(qemu, "/r/c/n~migrating", "/r/c/n")
+    assert got.kind == "qemu" and got.module == "hpvc.backends.qemu.process"
+    assert got.args["pidfile"] == "/r/c/n/qemu.pid"
+    assert got.args["sockets"] == ["/r/c/n/qmp.sock", "/r/c/n/console.sock"]
+    ring = Change("console-ring", {"fifo": "/r/c/n~migrating/console.fifo", "pid": 7}, "m")
+    assert _renamed(ring, "/r/c/n~migrating", "/r/c/n").args == {
+        "fifo": "/r/c/n/console.fifo",
+        "pid": 7,
+    }
