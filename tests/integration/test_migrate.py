@@ -111,7 +111,7 @@ def test_a_node_moves_while_an_mpi_job_runs_across_it(cluster: Store) -> None:
     before = store.get(NAME).the_plan().node("compute1")
     old_pid = ops.node_pid(NAME, "compute1", store)
     job = subprocess.Popen(
-        [sys.executable, "-m", "hpvc", "run", NAME, "/root/migloop", "25"],
+        [sys.executable, "-m", "hpvc", "run", NAME, "-n", "2", "--", "/root/migloop", "25"],
         env=cli_env(store), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
