@@ -58,7 +58,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     try:
         lifecycle.up(str(spec), store)
         loop = tmp / "migloop"
-        cc = ["mpicc", "-O2", "-o", str(loop), str(ROOT / "native" / "bench" / "migloop.c")]
+        cc = ["mpicc", "-O2", "-o", str(loop), str(Path(ROOT) / "native" / "bench" / "migloop.c")]
         subprocess.run(cc, check=True)
         for node in ("compute0", "compute1"):
             with open(loop, "rb") as f:
