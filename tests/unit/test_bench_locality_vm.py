@@ -37,8 +37,10 @@ def test_a_run_counts_only_over_the_transport_it_measures() -> None:
 
 
 def rows(lat: float, bw: float) -> list[dict[str, Any]]:
+    """pingpong's lines; ``bw`` is what it prints (rounded, 0.0 at times over TCG),
+    which the benchmark does not use: its bandwidth is bytes over the latency."""
     return [
-        {"bytes": b, "latency_us": lat * (1 + b / 1024), "bandwidth_MBps": bw * (1 + b / 1024)}
+        {"bytes": b, "latency_us": lat * (1 + b / 1024), "bandwidth_MBps": round(bw * 0, 1)}
         for b in (4, 64, 4 << 20)
     ]
 
@@ -53,13 +55,14 @@ def test_ratios_are_to_tcp_of_the_same_repetition_and_goals_follow() -> None:
     small = table[0]
     assert small["bytes"] == 4
     assert small["ivshmem"]["latency_ratio_to_tcp"] == {"min": 5.0, "median": 7.5, "max": 10.0}
-    assert small["ivshmem"]["bandwidth_ratio_to_tcp"]["min"] == 2.0
+    assert small["ivshmem"]["bandwidth_ratio_to_tcp"] == small["ivshmem"]["latency_ratio_to_tcp"]
     assert small["native"]["latency_us"]["median"] == pytest.approx(1 * (1 + 4 / 1024))
+    assert small["native"]["bandwidth_MBps"]["median"] == pytest.approx(4 / (1 + 4 / 1024))
     assert vm.goals(table) == {
         "latency_5x_lower_than_tcp_small": True,
         "bandwidth_higher_than_tcp_every_size": True,
     }
-    runs["ivshmem"] = [rows(50, 90), rows(50, 90)]
+    runs["ivshmem"] = [rows(150, 90), rows(150, 90)]  # slower than tcp
     assert vm.goals(vm.table(runs)) == {
         "latency_5x_lower_than_tcp_small": False,
         "bandwidth_higher_than_tcp_every_size": False,

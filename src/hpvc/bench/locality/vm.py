@@ -141,6 +141,12 @@ def repetitions(
     return runs
 
 
+def bandwidth(row: dict[str, Any]) -> float:
+    """MB/s as pingpong defines it (bytes over the one-way time, its latency), from
+    the latency: pingpong prints it to 0.1 MB/s, 0.0 for a few bytes under TCG."""
+    return int(row["bytes"]) / float(row["latency_us"])
+
+
 def table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Per size: each configuration's latency and bandwidth (min/median/max) and the
     per-repetition ratios to tcp (higher is better)."""
@@ -149,16 +155,14 @@ def table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
         size: dict[str, Any] = {"bytes": int(row["bytes"])}
         for config, reps in runs.items():
             lat = [float(r[i]["latency_us"]) for r in reps]
-            bw = [float(r[i]["bandwidth_MBps"]) for r in reps]
+            bw = [bandwidth(r[i]) for r in reps]
             size[config] = {"latency_us": summary(lat), "bandwidth_MBps": summary(bw)}
             if config != "tcp":
                 pairs = list(zip(runs["tcp"], reps, strict=True))
                 lat_ratio = [
                     float(t[i]["latency_us"]) / float(x[i]["latency_us"]) for t, x in pairs
                 ]
-                bw_ratio = [
-                    float(x[i]["bandwidth_MBps"]) / float(t[i]["bandwidth_MBps"]) for t, x in pairs
-                ]
+                bw_ratio = [bandwidth(x[i]) / bandwidth(t[i]) for t, x in pairs]
                 size[config]["latency_ratio_to_tcp"] = summary(lat_ratio)
                 size[config]["bandwidth_ratio_to_tcp"] = summary(bw_ratio)
         out.append(size)
