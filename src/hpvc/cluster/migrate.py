@@ -40,6 +40,7 @@ from hpvc.cluster.lifecycle import _grow_pages, _union, hostname
 from hpvc.cluster.status import open_env
 from hpvc.cluster.teardown import waiting
 from hpvc.errors import HpvcError, InputError
+from hpvc.host import hugepages
 from hpvc.plan import Plan
 from hpvc.plan.migrate import moved, replan_node
 from hpvc.plan.reservations import holdings_of
@@ -149,11 +150,15 @@ def _locked(
         store.save(rec)
     backend, env = open_env(store, rec)
     t0 = time.perf_counter()
+    grown_before = hugepages.grown(env.journal())
     try:
         _grow_pages(env, new, progress)
         stats = mod.migrate_node(backend, env, old, new, node, settings, progress)
     except BaseException:
-        pages.shrink(env.journal(), during, was_held)
+        for (host_node, size), n in sorted(hugepages.grown(env.journal()).items()):
+            extra = n - grown_before.get((host_node, size), 0)  # what this move grew
+            if extra > 0:
+                hugepages.give_back(env.journal(), host_node, size, extra)
         rec.holdings, rec.pages, rec.status = old_holdings, pages.to_record(was_held), "running"
         env.save()
         raise
