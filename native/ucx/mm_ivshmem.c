@@ -16,7 +16,11 @@
  * - the device is "ivshmem", not "memory", so UCP does not close this iface as a
  *   duplicate of posix/sysv, which cannot reach other guests;
  * - no wake-up events (the FIFO's signal is a Unix socket, which does not cross guests),
- *   and no peer-failure checks (a pid from another guest means nothing here).
+ *   and no peer-failure checks (a pid from another guest means nothing here);
+ * - the FIFO's owner pid is 1, not ours (issue 29): UCX's mm endpoint, when it connects,
+ *   looks that pid up in ITS OWN /proc (uct_ep_keepalive_init in mm_ep.c) and fails the
+ *   connection ("failed to get start time for pid N" -> Endpoint timeout, MPICH's
+ *   MPI_Init) when the owner is in another guest or pid namespace (see iface_open).
  * No region, an unmappable one, or one with too little room left: the md reports no
  * resources, and UCP uses the other transports (TCP between guests).
  *
@@ -346,6 +350,24 @@ static ucs_status_t uct_ivshmem_iface_open(uct_md_h md, uct_worker_h worker,
 	ops->iface_query = uct_ivshmem_iface_query;
 	ops->iface_get_device_address = uct_ivshmem_iface_get_device_address;
 	ops->iface_is_reachable = uct_ivshmem_iface_is_reachable;
+	/* Never armed, so a sender never sets the FIFO's "event armed" bit and never sends
+	 * to our wake-up socket's name, which another kernel would resolve to its own
+	 * abstract socket of that name (someone else's, or nobody's). */
+	ops->iface_event_fd_get = (uct_iface_event_fd_get_func_t)
+		ucs_empty_function_return_unsupported;
+	ops->iface_event_arm = (uct_iface_event_arm_func_t)ucs_empty_function_return_unsupported;
+	/* The peer reads this pid when it connects (uct_ep_keepalive_init, mm_ep.c) and on
+	 * sends with a peer check (uct_ep_keepalive_check), in its own /proc: a peer in
+	 * another guest (another kernel) or pid namespace finds some other process there,
+	 * or none (then UCX refuses the endpoint). Pid 1 exists in every guest and every
+	 * pid namespace and is never reused while that namespace lives, so the lookup
+	 * always succeeds and its start time never changes: liveness is not judged by pid
+	 * across kernels at all (EP_CHECK is off in iface_query; a dead peer's segments are
+	 * reclaimed by region.c, which compares boot id and pid namespace first). Set
+	 * before the iface's address is handed out, so no peer ever saw our own pid.
+	 * (A /proc mounted with hidepid=2 hides pid 1 from other users: not done in
+	 * hpvc's guests.) */
+	ucs_derived_of(*iface_p, uct_mm_iface_t)->recv_fifo_ctl->pid = 1;
 	return UCS_OK;
 }
 

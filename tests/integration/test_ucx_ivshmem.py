@@ -347,3 +347,49 @@ def test_mpi_rank_killed_mid_transfer_ends_the_job(
     assert done.returncode != 0, done.stdout + done.stderr
     assert "mpicheck ok" not in done.stdout
     assert show(built, region)["used"] == 0  # the dead rank's segments are no one's now
+
+
+# --- ranks in different pid namespaces (as in two guests) ---------------------------------
+
+# hydra's ssh launcher runs "LAUNCHER [options] HOST COMMAND-LINE": here each "host" is a
+# new pid namespace on this machine (with its own /proc), and "nsb" starts 30 processes
+# first, so its rank's pid differs from nsa's and does not exist in nsa's namespace:
+# what two guests' kernels look like to each other.
+PIDNS_LAUNCHER = """#!/bin/sh
+host=$1; shift
+while [ "${host#-}" != "$host" ]; do host=$1; shift; done
+n=0; [ "$host" = nsb ] && n=30
+exec unshare --pid --fork --mount-proc sh -c \\
+  "i=0; while [ \\$i -lt $n ]; do /bin/true; i=\\$((i+1)); done; exec $*"
+"""
+RANK_PID = re.compile(r"\[\w+:(\d+)\s*:\d+\]\s+ucp_worker\.c:\d+\s+UCX\s+INFO\s+ep_cfg")
+
+
+def test_mpich_ranks_in_two_pid_namespaces(
+    built: Built, region: Path, programs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 29: UCX's mm endpoint looked the FIFO owner's pid up in its own /proc, so
+    MPICH (ch4:ucx) failed in MPI_Init ("failed to get start time for pid N") between
+    ranks in different guests; the module now publishes pid 1 (mm_ivshmem.c)."""
+    requires("root")  # unshare --pid (util-linux, always there)
+    launcher = tmp_path / "launch-in-pidns"
+    launcher.write_text(PIDNS_LAUNCHER)
+    launcher.chmod(0o755)
+    cmd = ["mpiexec.mpich", "-launcher", "ssh", "-launcher-exec", str(launcher),
+           "-hosts", "nsa:1,nsb:1", "-n", "2", str(programs["mpich"]), "3"]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env_for(built, region, "ivshmem,self"), start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:  # the launcher's processes share the session this test started
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    pids = set(RANK_PID.findall(out))
+    assert len(pids) == 2, out  # two ranks, with different pids in their namespaces
+    assert proc.returncode == 0, out
+    assert "mpicheck ok ranks=2 rounds=3" in out
+    assert LANE.findall(out).count("ivshmem") >= 2, out
+    assert show(built, region)["used"] == 0
