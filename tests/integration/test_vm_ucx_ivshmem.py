@@ -21,15 +21,10 @@ only (QEMU's command lines, and a write through one cluster's region is not seen
 through the other's). Everything is brought down by the store fixture, also on
 failure; network traffic stays on the clusters' own bridges.
 
-First runs (2026-11-26 05:20, TCG): Open MPI passes. MPICH fails in MPI_Init
-("initial_address_exchange ... Endpoint timeout"): UCX's mm endpoint constructor
-(``src/uct/sm/mm/base/mm_ep.c``: ``uct_ep_keepalive_init(&ep->keepalive,
-fifo_ctl->pid)``) looks the peer's pid up in its own guest, where it does not
-exist ("failed to get start time for pid 105"), for every mm transport whatever
-``UCT_IFACE_FLAG_EP_CHECK`` says; Open MPI passed because the peer's pid happened
-to exist in the other guest too. The module (native/ucx) has to put a pid that
-exists in every guest in its FIFO's control block (pid 1, say), or create its
-endpoints without that call.
+First runs (2026-11-26 05:20, TCG): Open MPI passed; MPICH stopped in MPI_Init
+("Endpoint timeout"): UCX's mm endpoint (``mm_ep.c``: ``uct_ep_keepalive_init``)
+looked the peer's pid up in its own guest. native/ucx 17900fd publishes pid 1
+as every FIFO's owner; with it the MPICH test passed (1a5988e).
 """
 
 from __future__ import annotations
