@@ -28,6 +28,7 @@ from hpvc.cli import (
     bench_checkpoint,
     bench_coordinator,
     bench_images,
+    bench_migrate,
     bench_network,
     bench_pmix,
     bench_run,
@@ -392,6 +393,6 @@ def io_cmd(
 def register(app: typer.Typer) -> None:
     for sub in (bench_run, bench_spark, bench_coordinator, bench_network, bench_images):
         sub.register(bench_app)
-    for sub in (bench_pmix, bench_scale, bench_checkpoint):
+    for sub in (bench_pmix, bench_scale, bench_checkpoint, bench_migrate):
         sub.register(bench_app)
     app.add_typer(bench_app, name="bench")

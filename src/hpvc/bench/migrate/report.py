@@ -1,0 +1,89 @@
+"""Figures of ``hpvc bench migrate`` on one host: the guest's outside view of
+a move (longest gap between ping replies), the per size and load table, and
+its markdown. Pure: no host access. Architecture: docs/architecture.md
+(``bench/``)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from hpvc.bench.stats import summary
+
+LOADS = ("idle", "memwrite", "mpi")
+# `ping -D` prints "[1764131234.123456] 64 bytes from 10.0.0.3: icmp_seq=5 ttl=64 ..."
+REPLY_RE = re.compile(r"^\[(\d+\.\d+)\] \d+ bytes from .*icmp_seq=(\d+)", re.M)
+
+
+def loads_of(rep: int) -> tuple[str, ...]:
+    """The loads of repetition ``rep`` in turn: forwards on even, backwards on odd."""
+    return LOADS if rep % 2 == 0 else LOADS[::-1]
+
+
+def longest_gap_ms(ping_text: str) -> float | None:
+    """The longest time between two successive replies in ``ping -D`` output
+    (the guest as seen from outside; its own clock stops while paused). None
+    with fewer than two replies."""
+    stamps = [float(m[1]) for m in REPLY_RE.finditer(ping_text)]
+    if len(stamps) < 2:
+        return None
+    return max(b - a for a, b in itertools.pairwise(stamps)) * 1000.0
+
+
+def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """min / median / max per guest size and load."""
+    out: list[dict[str, Any]] = []
+    for mib in sorted({r["memory_mib"] for r in rows}):
+        for load in LOADS:
+            mine = [r for r in rows if r["memory_mib"] == mib and r["load"] == load]
+            if not mine:
+                continue
+            e: dict[str, Any] = {"memory_mib": mib, "load": load, "n": len(mine)}
+            for key in ("total_ms", "downtime_ms", "wall_s"):
+                e[key] = summary([float(r[key]) for r in mine])
+            e["sent_mib"] = summary([r["bytes_sent"] / (1 << 20) for r in mine])
+            gaps = [r["ping_gap_ms"] for r in mine if r.get("ping_gap_ms") is not None]
+            e["ping_gap_ms"] = summary(gaps) if gaps else None
+            if load == "mpi":
+                e["slowdown"] = summary([r["slowdown"] for r in mine])
+            out.append(e)
+    return out
+
+
+def slowdown(baseline_trips: int, during_trips: int) -> float:
+    """How much slower the MPI loop ran during the move than just before
+    (same length of loop): 1.0 is no slowdown."""
+    return baseline_trips / max(1, during_trips)
+
+
+def _mmm(d: dict[str, float] | None, f: str = "{:.0f}") -> str:
+    if d is None:
+        return "n/a"
+    return " / ".join(f.format(d[k]) for k in ("min", "median", "max"))
+
+
+def report_md(doc: dict[str, Any]) -> str:
+    emu = " (TCG: emulation, not KVM)" if doc["accelerator"].get("vm") == "tcg" else ""
+    lines = [
+        f"# Live migration on one host{emu}",
+        "",
+        f"{doc['reps']} repetitions per size, loads alternated; each move into a new QEMU;"
+        " min / median / max.",
+    ]
+    if doc.get("sized_down"):
+        lines += ["", doc["sized_down"]]
+    lines += [
+        "",
+        "| guest | load | total ms | downtime ms (QEMU) | ping gap ms (outside) | sent MiB |"
+        " wall s | MPI slowdown |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in doc["table"]:
+        slow = _mmm(e.get("slowdown"), "{:.2f}") if e["load"] == "mpi" else ""
+        lines.append(
+            f"| {e['memory_mib']} MiB | {e['load']} | {_mmm(e['total_ms'])} |"
+            f" {_mmm(e['downtime_ms'])} | {_mmm(e['ping_gap_ms'])} | {_mmm(e['sent_mib'])} |"
+            f" {_mmm(e['wall_s'], '{:.1f}')} | {slow} |"
+        )
+    return "\n".join(lines) + "\n"
