@@ -67,7 +67,8 @@ def migrate_cmd(
     else:
         from hpvc.bench.migrate import report, runner
 
-        doc = runner.run(mibs, reps, seconds, _progress)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = runner.run(mibs, reps, seconds, _progress, partial=out / "results.partial.json")
         text = report.report_md(doc)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")

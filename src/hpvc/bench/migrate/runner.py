@@ -27,6 +27,7 @@ also when a step fails. Across two hosts: ``hpvc.bench.migrate.slurm``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -174,20 +175,25 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
     return rows
 
 
-def run(sizes_mib: list[int], reps: int = 3, secs: int = 10,
-        progress: Progress = quiet) -> dict[str, Any]:  # fmt: skip
+def run(sizes_mib: list[int], reps: int = 3, secs: int = 10, progress: Progress = quiet,
+        partial: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """The whole benchmark; ``partial``: the document so far is written there
+    after each size (a run cut short keeps what it measured)."""
     preflight(sizes_mib, reps, secs)
     common.ensure_guest(IMAGE, progress)
     free = sum(n.free_mib for n in read_topology().numa_nodes)
     sizes, note = fitting(sizes_mib, free)
     if not sizes:
         raise InputError("--sizes", note, "give smaller sizes, e.g. --sizes 512MiB")
-    facts = common.host_facts(mpi=True)
-    rows: list[dict[str, Any]] = []
+    doc: dict[str, Any] = {"benchmark": "migrate", **common.host_facts(mpi=True),
+                           "accelerator": common.accelerator(), "sizes_mib": sizes,
+                           "asked_mib": sizes_mib, "sized_down": note, "reps": reps,
+                           "load_seconds": secs, "runs": []}  # fmt: skip
     with common.scratch_state("bench migrate", progress) as (tmp, store):
         files = list(_build(tmp))
         for mib in sizes:
-            rows += one_size(tmp, store, mib, reps, secs, files, progress)
-    return {"benchmark": "migrate", **facts, "accelerator": common.accelerator(),
-            "sizes_mib": sizes, "asked_mib": sizes_mib, "sized_down": note, "reps": reps,
-            "load_seconds": secs, "runs": rows, "table": report.table(rows)}  # fmt: skip
+            doc["runs"] += one_size(tmp, store, mib, reps, secs, files, progress)
+            doc["table"] = report.table(doc["runs"])
+            if partial is not None:
+                partial.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
