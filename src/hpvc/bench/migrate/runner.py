@@ -106,11 +106,24 @@ def _copy_in(name: str, store: Store, files: list[Path]) -> None:
 def _mpi(name: str, store: Store, secs: int) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "hpvc", "run", name, "-n", "2", "--", "/root/migloop", str(secs)]
     return subprocess.Popen(argv, env=_env(store), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _stop(p: subprocess.Popen[str]) -> None:
+    """End a load this run started: its own process group (``hpvc run``,
+    mpirun and the ssh sessions under it), by the group's id."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
 
 
 def _loop_done(p: subprocess.Popen[str], secs: int) -> dict[str, float]:
-    out, _ = p.communicate(timeout=secs + 180)
+    try:
+        out, _ = p.communicate(timeout=secs + 180)
+    except BaseException:  # a hung loop or Ctrl-C: leave nothing running
+        _stop(p)
+        raise
     got = parse_loop(out)
     if got is None or got["wrong"] or p.returncode != 0:
         raise HpvcError("bench migrate: the MPI loop", out.strip()[-300:])
@@ -164,8 +177,11 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
                 row |= _move(name, store, ip)
             except BaseException:
                 if bg is not None:  # the move's own error, not a wait on the load
-                    bg.kill()
-                    bg.wait()
+                    if load == "mpi":
+                        _stop(bg)
+                    else:
+                        bg.kill()
+                        bg.wait()
                 raise
             if bg is not None and load == "mpi":
                 row["loop"] = _loop_done(bg, secs)
