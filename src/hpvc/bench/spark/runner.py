@@ -104,7 +104,10 @@ def size_label(size: int) -> str:
 Runner = Callable[[int, str], dict[str, Any]]  # (rows, tag) -> terasort result
 
 
-def _native_runner(spark: NativeSpark, data: Path, driver_mib: int) -> Runner:
+def native_runner(
+    spark: NativeSpark, data: Path, driver_mib: int, jar: Path | None = None
+) -> Runner:
+    """TeraSort's three steps by ``spark``'s own spark-submit, timed (``jar``: whose TeraSort)."""
     conf = {"spark.driver.memory": f"{driver_mib}m"}
 
     def run(rows: int, tag: str) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def _native_runner(spark: NativeSpark, data: Path, driver_mib: int) -> Runner:
                            ("sort", ["sort", str(base / "in"), str(base / "out")]),
                            ("validate", ["validate", str(base / "out")])):  # fmt: skip
             t0 = time.perf_counter()
-            r = spark.submit(args, conf)
+            r = spark.submit(args, conf, jar=jar)
             out[f"{step}_s"] = time.perf_counter() - t0
             if r.returncode != 0:
                 tail = "\n".join(r.stderr.strip().splitlines()[-5:])
@@ -186,7 +189,7 @@ def _setups(
                 progress(f"native spark: {WORKERS} workers x 1 core, {worker_mib} MiB")
                 native = NativeSpark(tmp / "native", WORKERS, 1, worker_mib, java=java)
                 stack.enter_context(native)
-                runners[config] = _native_runner(native, tmp / "native" / "data", driver_mib)
+                runners[config] = native_runner(native, tmp / "native" / "data", driver_mib)
                 continue
             server = "host" if config == "container" else "nfs"
             kind = "vm" if config == "vm" else "container"

@@ -38,6 +38,7 @@ from typing import Any
 
 from hpvc.bench import common
 from hpvc.bench.slurm.cluster import SlurmCluster, Submitter, private_slurm
+from hpvc.bench.spark.runner import Runner, native_runner
 from hpvc.errors import HpvcError, InputError
 from hpvc.image import resolve_image
 from hpvc.progress import Progress, quiet
@@ -147,30 +148,6 @@ def _places(cluster: SlurmCluster) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _native_runner(spark: NativeSpark, data: Path) -> Any:
-    conf = {"spark.driver.memory": f"{DRIVER_MIB}m"}
-
-    def run(rows: int, tag: str) -> dict[str, Any]:
-        base = data / tag
-        shutil.rmtree(base, ignore_errors=True)
-        base.mkdir(parents=True)
-        out: dict[str, Any] = {"steps": {}}
-        for step, args in (("gen", ["gen", str(rows), str(base / "in")]),
-                           ("sort", ["sort", str(base / "in"), str(base / "out")]),
-                           ("validate", ["validate", str(base / "out")])):  # fmt: skip
-            t0 = time.perf_counter()
-            r = spark.submit(args, conf, jar=_image_jar())
-            out[f"{step}_s"] = time.perf_counter() - t0
-            if r.returncode != 0:
-                tail = "\n".join(r.stderr.strip().splitlines()[-5:])
-                raise HpvcError(f"native terasort {step}", f"exit {r.returncode}: {tail}")
-            out["steps"][step] = model.parse_result(r.stdout)
-        shutil.rmtree(base, ignore_errors=True)
-        return out
-
-    return run
-
-
 def _image_jar() -> Path:
     """The spark image's own TeraSort jar (the jar the nodes run)."""
     return resolve_image("spark").rootfs / model.IMAGE_JAR.lstrip("/")
@@ -248,8 +225,10 @@ def run(
             job = SlurmSpark(cluster, submitter, work, with_services)
             try:
                 with native:
-                    runners = {
-                        "native": _native_runner(native, tmp / "native" / "data"),
+                    runners: dict[str, Runner] = {
+                        "native": native_runner(
+                            native, tmp / "native" / "data", DRIVER_MIB, _image_jar()
+                        ),
                         "slurm-nfs": job.terasort,
                         "slurm-bind": lambda r, t: job.terasort(r, t, str(work)),
                     }
