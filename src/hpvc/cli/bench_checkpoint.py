@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.common import err_console, show_results
 from hpvc.errors import InputError
 from hpvc.units import parse_size
 
@@ -72,14 +71,7 @@ def checkpoint_cmd(
     doc = runner.run(
         kinds, sizes, memories, reps, fill, _progress, partial=out / "results.partial.json"
     )
-    text = report.report_md(doc)
-    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "report.md").write_text(text)
-    if as_json:
-        print_json(doc)
-        return
-    console.print(text, markup=False, highlight=False)
-    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+    show_results(out, doc, report.report_md(doc), as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.common import err_console, show_results
 from hpvc.errors import InputError
 from hpvc.units import parse_size
 
@@ -70,14 +69,7 @@ def migrate_cmd(
         out.mkdir(parents=True, exist_ok=True)
         doc = runner.run(mibs, reps, seconds, _progress, partial=out / "results.partial.json")
         text = report.report_md(doc)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "report.md").write_text(text)
-    if as_json:
-        print_json(doc)
-        return
-    console.print(text, markup=False, highlight=False)
-    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+    show_results(out, doc, text, as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import typer
 
-from hpvc.cli.common import console, err_console, print_json
+from hpvc.cli.common import err_console, show_results
 from hpvc.errors import HpvcError, InputError
 
 SCALE_HELP = """How hpvc's costs grow with the number of hosts (root; Slurm, crun).
@@ -117,14 +116,7 @@ def scale_cmd(
         result = planner.run(out, reps)
         doc["planner"] = result
         lines += ["", *planner.report_lines(result)]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    if as_json:
-        print_json(doc)
-        return
-    console.print("\n".join(lines), markup=False, highlight=False)
-    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
+    show_results(out, doc, "\n".join(lines) + "\n", as_json)
 
 
 def register(app: typer.Typer) -> None:

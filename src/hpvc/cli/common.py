@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
 
@@ -48,3 +50,16 @@ state = _State()
 def print_json(data: Any) -> None:
     """Machine-readable output: plain JSON on stdout, nothing else."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def show_results(out: Path, doc: dict[str, Any], report: str, as_json: bool) -> None:
+    """A benchmark's end: results.json and report.md in ``out``, then the JSON
+    (--json) or the report and where both went."""
+    from hpvc.bench.common import write_results
+
+    write_results(out, doc, report)
+    if as_json:
+        print_json(doc)
+        return
+    console.print(report, markup=False, highlight=False)
+    console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
