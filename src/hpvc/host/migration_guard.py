@@ -17,16 +17,14 @@ listens:
   packets) may go there either.
 
 The rules' text is pure (``target_rules``, ``source_rules``; unit-tested);
-``nft -f -`` applies it. Undo kind (architecture rule 5): ``"migration-guard"``
-``{table}`` deletes the table. Architecture: docs/architecture.md (``host/``).
+``nft -f -`` applies it (``hpvc.host.nftables``, shared with host/vxlan.py).
+Undo kind (architecture rule 5): ``"migration-guard"`` ``{table}`` deletes
+the table. Architecture: docs/architecture.md (``host/``).
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
-from hpvc.errors import HpvcError, MissingDependency
+from hpvc.host import nftables
 from hpvc.host.journal import Args, Journal, undoer
 
 
@@ -55,22 +53,10 @@ def source_rules(table: str, target: str, port: int, uid: int) -> str:
     return out + "".join(line + "\n" for line in fwd.splitlines() if "add table" not in line)
 
 
-def _nft() -> str:
-    nft = shutil.which("nft")
-    if nft is None:
-        raise MissingDependency(
-            "migration between hosts", "nft not found", "apt-get install nftables"
-        )
-    return nft
-
-
 def _apply(journal: Journal, table: str, text: str) -> None:
-    nft = _nft()
+    nft = nftables.find("migration between hosts")
     journal.record("migration-guard", table=table)
-    r = subprocess.run([nft, "-f", "-"], input=text, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
-        raise HpvcError(f"nftables table {table}", why)
+    nftables.load(nft, table, text)
 
 
 def guard_target(journal: Journal, tag: str, address: str, port: int, source: str) -> str:
@@ -86,13 +72,7 @@ def guard_source(journal: Journal, tag: str, target: str, port: int, uid: int) -
 
 
 def remove(table: str) -> None:
-    nft = shutil.which("nft")
-    if nft is None:
-        return
-    r = subprocess.run([nft, "delete", "table", "inet", table],
-                       capture_output=True, text=True, check=False)  # fmt: skip
-    if r.returncode != 0 and "No such file" not in r.stderr:
-        raise HpvcError(f"nftables table {table}", r.stderr.strip() or f"exit {r.returncode}")
+    nftables.delete(table)
 
 
 @undoer("migration-guard")

@@ -28,7 +28,7 @@ doctor`` says who holds the port. nftables, not tc: this
 kernel has tc's ``clsact`` but none of the classifiers a match needs (u32,
 flower, bpf), and Debian ships ``nft`` (package nftables). The table's text is
 ``hpvc.render.network.vni_filter``'s, the same that ``network-<host>.sh`` shows:
-one spelling of the rule, applied here with ``nft -f -``.
+one spelling of the rule, applied here with ``nft -f -`` (``hpvc.host.nftables``).
 
 Undo kinds (architecture rule 5): ``"vxlan"`` ``{name, vni}`` deletes the link if it
 is still a VXLAN with that VNI (its forwarding entries go with it; the holder too);
@@ -46,7 +46,7 @@ from typing import Any
 from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 
 from hpvc.errors import HpvcError, MissingDependency
-from hpvc.host import probe
+from hpvc.host import nftables, probe
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.plan.network import filter_table, vxlan_link_name
 from hpvc.plan.overlay import HOLDER_LINK, HOLDER_VNI, SOURCE_PORTS, VXLAN_PORT, Overlay
@@ -316,12 +316,7 @@ def read_back(cluster: str, vni: int) -> dict[str, Any]:
 
 
 def _nft() -> str:
-    path = shutil.which("nft")
-    if path is None:
-        raise MissingDependency(
-            "the cluster network across hosts", "nft not found", "apt-get install nftables"
-        )
-    return path
+    return nftables.find("the cluster network across hosts")
 
 
 def _filter(journal: Journal, overlay: Overlay) -> None:
@@ -331,10 +326,7 @@ def _filter(journal: Journal, overlay: Overlay) -> None:
 def _apply(journal: Journal, table: str, text: str) -> None:
     nft = _nft()
     journal.record("vxlan-filter", table=table)
-    r = subprocess.run([nft, "-f", "-"], input=text, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
-        raise HpvcError(f"nftables table {table}", why)
+    nftables.load(nft, table, text)
 
 
 def dropped(vni: int) -> int | None:
@@ -374,12 +366,4 @@ def _undo_vxlan(args: Args) -> None:
 
 @undoer("vxlan-filter")
 def _undo_filter(args: Args) -> None:
-    nft = shutil.which("nft")
-    if nft is None:
-        return
-    table = str(args["table"])
-    r = subprocess.run(
-        [nft, "delete", "table", "inet", table], capture_output=True, text=True, check=False
-    )
-    if r.returncode != 0 and "No such file" not in r.stderr:
-        raise HpvcError(f"nftables table {table}", r.stderr.strip() or f"exit {r.returncode}")
+    nftables.delete(str(args["table"]))
