@@ -1,14 +1,22 @@
 """The pure parts of ``hpvc bench spark --slurm``: the job's specs, the
-driver's command line, and the report (goal, first-task table)."""
+driver's command line, the report (goal, first-task table), and the
+native side held to the job's CPUs (bench.spark.pinning, real taskset)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tomllib
+from pathlib import Path
 
-from hpvc.bench.spark import report
+import pytest
+
+from hpvc.bench.spark import pinning, report
 from hpvc.bench.spark import slurm as bench
+from hpvc.errors import HpvcError, InputError
 from hpvc.slurm import policy
 from hpvc.spark import model
+from hpvc.spark.native import Daemon, NativeSpark, stop_group
 
 
 def test_the_jobs_spec_passes_the_site_and_differs_only_by_its_services() -> None:
@@ -64,3 +72,69 @@ def test_report_judges_the_goal_on_paired_ratios_and_tables_the_first_task() -> 
     missed = report.slurm_report_md(_doc([10.0, 12.0], [20.0, 12.0]))
     assert "min/median/max 0.500 / 0.750 / 1.000: NOT met" in missed
     assert "### with NFS and Spark" in met and "### without" in met
+
+
+def _pinned_doc() -> dict[str, object]:
+    doc = _doc([10.0, 12.0], [20.0, 24.0])
+    samples = doc["samples"]
+    assert isinstance(samples, list)
+    for rep, v in enumerate([19.0, 24.0]):
+        samples.append({"suite": "spark-slurm", "config": "native-pinned", "rep": rep,
+                        "unit": "s", "metric": "sort 1GiB", "value": v,
+                        "higher_is_better": False})  # fmt: skip
+    doc["configs"] = ["native", "native-pinned", "slurm-nfs"]
+    doc["share_cpus"] = {"n1": [0], "n2": [0], "n3": [0]}
+    return doc
+
+
+def test_report_judges_the_job_against_native_on_the_same_cpus_too() -> None:
+    md = report.slurm_report_md(_pinned_doc())
+    assert (
+        "slurm-nfs/native, sort 1GiB (>= 0.95): min/median/max 0.500 / 0.500 / 0.500: NOT met" in md
+    )
+    # 19/20 and 24/24: paired with native-pinned of the same repetition.
+    assert (
+        "slurm-nfs/native-pinned, sort 1GiB (>= 0.95): min/median/max 0.950 / 0.975 / 1.000: met"
+        in md
+    )
+    assert "n1 CPUs 0; n2 CPUs 0; n3 CPUs 0" in md
+    assert "## Against native-pinned" in md
+
+
+def test_unknown_or_incomplete_configs_are_refused_before_anything() -> None:
+    for configs in (("native", "slurm-nfs", "podman"), ("native-pinned", "slurm-nfs")):
+        with pytest.raises(InputError, match="needs native and slurm-nfs"):
+            bench.run([1 << 30], 1, configs=configs)
+
+
+def test_place_cpus_lists_each_hosts_share_in_host_order_and_refuses_a_missing_one() -> None:
+    cpus = {"n2": (1,), "n1": (0, 1, 2, 3, 8), "n3": (0,)}
+    assert pinning.place_cpus(cpus, ["n1", "n2", "n3"]) == ["0-3,8", "1", "0"]
+    with pytest.raises(HpvcError, match="n4"):
+        pinning.place_cpus(cpus, ["n1", "n4"])
+
+
+def test_pinned_holds_each_daemon_and_the_driver_to_its_place_then_frees_them(
+    tmp_path: Path,
+) -> None:
+    """Real processes, real taskset: the master at place 0, worker-1 at place 1;
+    the driver's prefix gains ``taskset -c``; all of it undone after."""
+    everywhere = os.sched_getaffinity(0)
+    first, last = min(everywhere), max(everywhere)
+    native = NativeSpark(
+        tmp_path, 2, places=[("10.0.0.1", ["on", "n1"]), ("10.0.0.2", ["on", "n2"])]
+    )
+    for name in ("master", "worker-1"):
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        native.daemons.append(Daemon(name, proc, tmp_path / f"{name}.log"))
+    try:
+        with pinning.pinned(native, [str(first), str(last)]):
+            assert os.sched_getaffinity(native.daemons[0].proc.pid) == {first}
+            assert os.sched_getaffinity(native.daemons[1].proc.pid) == {last}
+            assert native.places[0][1] == ["on", "n1", "taskset", "-c", str(first)]
+        for d in native.daemons:
+            assert os.sched_getaffinity(d.proc.pid) == everywhere
+        assert native.places[0][1] == ["on", "n1"]
+    finally:
+        for d in native.daemons:
+            stop_group(d.proc, grace_s=1)

@@ -47,9 +47,10 @@ Examples:
 
 With --slurm: a private three-host Slurm test cluster; TeraSort as an
 sbatch job of a head and three compute containers (NFS from head0, a
-worker per host) against native Spark in the three hosts' namespaces, and
-a job's time to its first task with NFS and Spark against without
-(docs/benchmarks.md, "Spark as a Slurm job").
+worker per host) against native Spark in the three hosts' namespaces,
+unpinned (native) and held to the CPUs Slurm gave the job on each host
+(native-pinned), and a job's time to its first task with NFS and Spark
+against without (docs/benchmarks.md, "Spark as a Slurm job").
 """
 
 
@@ -82,9 +83,11 @@ def spark_cmd(
         " (default 1,4, kept to what this host's workers hold).",
     ),
     repeat: int = typer.Option(3, min=1, help="Repetitions per size and configuration."),
-    configs: str = typer.Option(
-        ",".join(spark_bench.DEFAULT_CONFIGS),
-        help=f"Configurations to run, from {', '.join(spark_bench.CONFIGS)}.",
+    configs: str | None = typer.Option(
+        None,
+        help=f"Configurations to run, from {', '.join(spark_bench.CONFIGS)} (default"
+        f" {','.join(spark_bench.DEFAULT_CONFIGS)}); with --slurm from native, native-pinned,"
+        " slurm-nfs, slurm-bind (default native,native-pinned,slurm-nfs).",
     ),
     out: Path = typer.Option(Path("bench/results/spark"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
@@ -94,8 +97,9 @@ def spark_cmd(
     user: str = typer.Option("nobody", help="With --slurm: the ordinary user who submits."),
 ) -> None:
     if slurm:
-        _slurm(sizes, repeat, out, as_json, user)
+        _slurm(sizes, repeat, out, as_json, user, configs)
         return
+    configs = configs or ",".join(spark_bench.DEFAULT_CONFIGS)
     chosen = tuple(c for c in configs.split(",") if c)
     unknown = [c for c in chosen if c not in spark_bench.CONFIGS]
     if unknown or "native" not in chosen:
@@ -114,11 +118,14 @@ def spark_cmd(
     console.print(f"results: {out / 'results.json'}, report: {out / 'report.md'}")
 
 
-def _slurm(sizes: str | None, repeat: int, out: Path, as_json: bool, user: str) -> None:
+def _slurm(
+    sizes: str | None, repeat: int, out: Path, as_json: bool, user: str, configs: str | None
+) -> None:
     from hpvc.bench.spark import slurm as spark_slurm
 
     given = _sizes(sizes) if sizes is not None else [1 << 30, 4 << 30]
-    doc = spark_slurm.run(given, repeat, _progress, user)
+    chosen = tuple(c for c in configs.split(",") if c) if configs else spark_slurm.DEFAULT_CONFIGS
+    doc = spark_slurm.run(given, repeat, _progress, user, chosen, out / "results.partial.json")
     common.write_results(out, doc, spark_report.slurm_report_md(doc))
     if as_json:
         print_json(doc)

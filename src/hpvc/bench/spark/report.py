@@ -135,7 +135,15 @@ def slurm_report_md(doc: dict[str, Any]) -> str:
         f" (one per host) of 1 core and {doc['worker_mib']} MiB, one whole-worker executor each.",
         "",
         "- `native`: master, driver and a worker on the first host, a worker on each other,"
-        " as host processes in the hosts' namespaces; data on this machine's disk",
+        " as host processes in the hosts' namespaces; data on this machine's disk; unpinned",
+        *(
+            [
+                "- `native-pinned`: the same daemons and driver held to the CPUs of the job's"
+                f" share on each host ({_cpus(doc)}): native on what Slurm gave the job"
+            ]
+            if "native-pinned" in doc["configs"]
+            else []
+        ),
         "- `slurm-nfs`: an `sbatch -N3` job of a head and three compute containers of"
         f" {doc['node_mib']} MiB; data on the job's shared directory, NFS from head0 over"
         " the job's VXLAN network; each TeraSort step an `srun --overlap` step (driver in"
@@ -156,20 +164,34 @@ def slurm_report_md(doc: dict[str, Any]) -> str:
              "median_ratio_at_least": doc["goal"]["median_ratio_at_least"]}
             for s in doc["sizes"]]  # fmt: skip
     rows = ratio_rows(spark)
-    for g in goal:
-        row = next((r for r in rows if (r["metric"], r["config"]) == (g["metric"], g["config"])),
-                   None)  # fmt: skip
-        r = row["ratio"] if row else None
-        cell = "no data" if r is None else (
-            f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}")  # fmt: skip
-        met = {True: "met", False: "NOT met", None: "n/a"}[
-            goal_of(row, goal, "native") if row else None
-        ]
-        lines.append(f"- slurm-nfs/native, {g['metric']} (>= {g['median_ratio_at_least']}):"
-                     f" min/median/max {cell}: {met}")  # fmt: skip
+    bases = ["native"] + (["native-pinned"] if "native-pinned" in doc["configs"] else [])
+    for base in bases:
+        based = ratio_rows(spark, baseline=base)
+        for g in goal:
+            row = next((r for r in based
+                        if (r["metric"], r["config"]) == (g["metric"], g["config"])),
+                       None)  # fmt: skip
+            r = row["ratio"] if row else None
+            cell = "no data" if r is None else (
+                f"{r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}")  # fmt: skip
+            met = {True: "met", False: "NOT met", None: "n/a"}[
+                goal_of(row, goal, base) if row else None
+            ]
+            lines.append(f"- slurm-nfs/{base}, {g['metric']} (>= {g['median_ratio_at_least']}):"
+                         f" min/median/max {cell}: {met}")  # fmt: skip
     lines += ["", "## A job's time to its first task", "",
               "`srun -N3 --hpvc=SPEC hostname` as a new job (its shares come up in it), with"
               " the Spark spec and with the same nodes without `[shared]` and `[spark]`:", "",
               table_md(ratio_rows(start, baseline="without"), [], baseline="without"),
               "## All figures", "", table_md(rows, goal)]  # fmt: skip
+    if "native-pinned" in doc["configs"]:
+        lines += ["## Against native-pinned (the same CPUs as the job)", "",
+                  table_md(ratio_rows(spark, baseline="native-pinned"), goal,
+                           baseline="native-pinned")]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _cpus(doc: dict[str, Any]) -> str:
+    """The job's CPUs per host as recorded (``n1 0; n2 0; ...``)."""
+    got = doc.get("share_cpus") or {}
+    return "; ".join(f"{h} CPUs {','.join(map(str, c))}" for h, c in got.items()) or "not recorded"

@@ -14,7 +14,11 @@ cluster, against native Spark standalone on the same three hosts.
   hosts' own namespaces (``scripts/slurm/on.sh``): the master and the driver
   on the first host, a worker on each host, on the hosts' fabric addresses;
   its data in a folder all hosts see (this machine's disk, as a cluster file
-  system would be).
+  system would be); not pinned: every CPU of this machine.
+- ``native-pinned``: the same daemons held to the CPUs the job's share on
+  each host was given (``bench.spark.pinning``): on a test cluster whose
+  hosts share the machine's CPUs, the job has only what Slurm gave it, and
+  this is native on the same CPUs (the issue's "on the same three hosts").
 
 Both offer the same workers (one core, ``WORKER_MIB`` each, one whole-worker
 executor each, the same driver memory) and stay up for the whole run; every
@@ -29,6 +33,7 @@ new job with the Spark spec against the same nodes without ``[shared]`` and
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -38,6 +43,7 @@ from typing import Any
 
 from hpvc.bench import common
 from hpvc.bench.slurm.cluster import SlurmCluster, Submitter, private_slurm
+from hpvc.bench.spark import pinning
 from hpvc.bench.spark.runner import Runner, native_runner
 from hpvc.errors import HpvcError, InputError
 from hpvc.image import resolve_image
@@ -45,7 +51,8 @@ from hpvc.progress import Progress, quiet
 from hpvc.spark import model
 from hpvc.spark.native import NativeSpark
 
-CONFIGS = ("native", "slurm-nfs", "slurm-bind")
+CONFIGS = ("native", "native-pinned", "slurm-nfs", "slurm-bind")
+DEFAULT_CONFIGS = ("native", "native-pinned", "slurm-nfs")
 HOSTS = 3
 WORKER_MIB = 1024
 NODE_MIB, HEAD_MIB, DRIVER_MIB = 3072, 1024, 512
@@ -184,12 +191,22 @@ def _samples(config: str, rep: int, size: str, result: dict[str, Any]) -> list[d
 
 
 def run(
-    sizes: list[int], repeat: int = 3, progress: Progress = quiet, user: str = "nobody"
+    sizes: list[int],
+    repeat: int = 3,
+    progress: Progress = quiet,
+    user: str = "nobody",
+    configs: tuple[str, ...] = DEFAULT_CONFIGS,
+    partial: Path | None = None,
 ) -> dict[str, Any]:
-    """Both configurations and the first-task figures, ``repeat`` alternated
-    repetitions each, jobs submitted by ``user``; results.json's doc."""
+    """The ``configs`` and the first-task figures, ``repeat`` alternated
+    repetitions each, jobs submitted by ``user``; results.json's doc (after
+    each size so far, into ``partial``)."""
     if repeat < 1:
         raise InputError("--repeat", "must be at least 1", "--repeat 3")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or "native" not in configs or "slurm-nfs" not in configs:
+        raise InputError(f"--configs {','.join(configs)!r}", "needs native and slurm-nfs",
+                         f"from: {', '.join(CONFIGS)}")  # fmt: skip
     common.require("bench spark --slurm", ["crun", "ganesha.nfsd", "srun"], root=True)
     submitter = Submitter.named(user)
     common.ensure_image("spark", progress)
@@ -205,6 +222,20 @@ def run(
     plain.write_text(spec(nfs_gib, services=False))
     samples: list[dict[str, Any]] = []
     rootfs = resolve_image("spark").rootfs
+    doc: dict[str, Any] = {
+        "suite": "spark-slurm",
+        "host": facts,
+        "configs": list(configs),
+        "sizes": [_label(x) for x in sizes],
+        "repeat": repeat,
+        "hosts": HOSTS,
+        "workers": HOSTS,
+        "worker_mib": WORKER_MIB,
+        "node_mib": NODE_MIB,
+        "submitted_by": submitter.name,
+        "samples": samples,
+        "goal": {"metric": "sort", "config": "slurm-nfs", "median_ratio_at_least": GOAL},
+    }
     try:
         site = f"images=hpc,spark binds={work}"
         subnet = common.free_subnets(1)[0]
@@ -224,23 +255,37 @@ def run(
             progress(f"native spark on {', '.join(cluster.hosts)}; the job of {HOSTS} hosts")
             job = SlurmSpark(cluster, submitter, work, with_services)
             try:
+                cpus = pinning.share_cpus(cluster, job.job)
+                doc["share_cpus"] = {h: list(c) for h, c in cpus.items()}
+                progress(f"CPUs of the job's shares: {doc['share_cpus']}")
                 with native:
+                    unpinned = native_runner(
+                        native, tmp / "native" / "data", DRIVER_MIB, _image_jar()
+                    )
+                    held = pinning.place_cpus(cpus, cluster.hosts)
+
+                    def pinned(rows: int, tag: str) -> dict[str, Any]:
+                        with pinning.pinned(native, held):
+                            return unpinned(rows, tag)
+
                     runners: dict[str, Runner] = {
-                        "native": native_runner(
-                            native, tmp / "native" / "data", DRIVER_MIB, _image_jar()
-                        ),
+                        "native": unpinned,
+                        "native-pinned": pinned,
                         "slurm-nfs": job.terasort,
                         "slurm-bind": lambda r, t: job.terasort(r, t, str(work)),
                     }
                     for size in sizes:
                         rows, label = model.rows_for(size), _label(size)
                         for rep in range(repeat):
-                            shift = rep % len(CONFIGS)
-                            for config in CONFIGS[shift:] + CONFIGS[:shift]:
+                            shift = rep % len(configs)
+                            for config in configs[shift:] + configs[:shift]:
                                 progress(f"{label} rep {rep + 1}/{repeat}: {config}")
                                 result = runners[config](rows, f"r{rep}")
                                 _verdict(result, rows, config)
                                 samples += _samples(config, rep, label, result)
+                        if partial is not None:
+                            partial.parent.mkdir(parents=True, exist_ok=True)
+                            partial.write_text(json.dumps(doc, indent=2) + "\n")
             finally:
                 job.close()
             left = _wait_swept(cluster)
@@ -248,20 +293,7 @@ def run(
         shutil.rmtree(tmp, ignore_errors=True)
     if left:
         raise HpvcError("bench spark --slurm", f"shares left after the runs: {left}", "")
-    return {
-        "suite": "spark-slurm",
-        "host": facts,
-        "configs": list(CONFIGS),
-        "sizes": [_label(x) for x in sizes],
-        "repeat": repeat,
-        "hosts": HOSTS,
-        "workers": HOSTS,
-        "worker_mib": WORKER_MIB,
-        "node_mib": NODE_MIB,
-        "submitted_by": submitter.name,
-        "samples": samples,
-        "goal": {"metric": "sort", "config": "slurm-nfs", "median_ratio_at_least": GOAL},
-    }
+    return doc
 
 
 def _wait_swept(cluster: SlurmCluster, timeout: float = 120) -> list[tuple[str, str]]:
