@@ -164,3 +164,53 @@ def _restore_locked(
             raise HpvcError(f"restore {spec.name}", str(e) or type(e).__name__) from e
         raise
     return rec
+
+
+def restore_part(
+    src: Path,
+    m: cf.Manifest,
+    spec: Spec,
+    doc: dict[str, Any],
+    origin: str,
+    planner: lc.Planner,
+    store: Store,
+    progress: Progress = quiet,
+    *,
+    before_thaw: Callable[[], None] = lambda: None,
+    setup: Callable[[ClusterRecord], None] = lambda rec: None,
+    hosts: str | None = None,
+) -> ClusterRecord:
+    """A part of a cluster across hosts (a Slurm job's share) restored from ``src``
+    under the caller's ``spec``, ``planner`` (which keeps the saved addresses and
+    MACs) and record settings (``setup``: overlay, binds, user, as ``up_spec``
+    sets them); ``before_thaw`` runs once every node is loaded, still frozen (the
+    job's other hosts restoring theirs: hpvc.slurm.checkpoint_share). Checks
+    and undo as ``restore``'s."""
+    cf.verify(src, m)
+    require_root("hpvc restore")
+    backend = _backend(m)
+    backend.preflight(spec)
+    _check_images(m, spec)
+    backend.build_image(spec, progress)
+    with store.cluster_lock(spec.name, "hpvc restore", waiting(spec.name, progress)):
+        rec, plan = lc._book(store, spec, doc, origin, planner, backend, False)
+        setup(rec)
+        names = [n.name for n in plan.nodes]
+        env = ClusterEnv(store, rec, backend.new_state())
+        try:
+            lc._prepare(env, backend, plan, hosts, progress)
+            env.save()
+            backend.restore_nodes(env, plan, names, src / cf.NODES, progress)
+            before_thaw()
+            backend.thaw(env, plan, names)
+            rec.status = "running"
+            env.save()
+        except BaseException as e:
+            progress(f"restore {lc.stopped_by(e)}; undoing")
+            errors = teardown(store, spec.name)
+            if errors:
+                raise HpvcError(f"restore {spec.name}", f"{e}; and undo failed: {errors[0]}",
+                                "hpvc node down") from e  # fmt: skip
+            raise
+    after_change(store, progress)
+    return rec
