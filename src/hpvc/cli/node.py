@@ -118,6 +118,10 @@ def up_cmd(
     ),
     site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Progress on stderr."),
+    restarts: int = typer.Option(0, min=0, help="Slurm's restart count (a requeued job: > 0)."),
+    checkpoint_every: int = typer.Option(
+        0, "--checkpoint-every", min=0, help="Seconds between checkpoints (--hpvc-checkpoint)."
+    ),
 ) -> None:
     from hpvc.cli import STARTED  # now: a resident hpvc's fork sets it anew
     from hpvc.slurm import node, policy
@@ -147,7 +151,12 @@ def up_cmd(
         mem_mib=mem_mib,
         uid=uid,
         gid=gid,
+        restarts=restarts,
+        checkpoint_every=checkpoint_every,
     )
+    from hpvc.slurm.checkpoint_timer import check_every
+
+    check_every(checkpoint_every, _site(site))  # before anything changes
     began = time.perf_counter()
     joins = node.up(req, text, _site(site), progress=_progress if verbose else quiet)
     times = node.up_times(Store(), req, began - STARTED, time.perf_counter() - began)
@@ -170,10 +179,16 @@ def down_cmd(
     job: int = typer.Option(..., min=1, help="Slurm job id."),
     as_json: bool = typer.Option(False, "--json", help="Print what was taken down as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Every undo step on stderr."),
+    site: list[str] = typer.Option(None, "--site", help=SITE_HELP),
+    ended: bool = typer.Option(
+        False, "--ended", help="The job ended for good: remove its checkpoints (the epilog)."
+    ),
 ) -> None:
-    from hpvc.slurm import node
+    from hpvc.slurm import checkpoint_timer, node
 
     names = node.down(job, progress=_progress if verbose else quiet)
+    if ended and (gone := checkpoint_timer.remove(_site(site), job)) is not None:
+        err_console.print(f"job {job}: removed its checkpoints {gone}")
     if as_json:
         print_json({"job": job, "removed": names})
     elif names:
@@ -258,3 +273,8 @@ def register(app: typer.Typer) -> None:
 from hpvc.cli import node_migrate  # noqa: E402
 
 node_migrate.register(node_app)
+
+# hpvc node checkpoint and its steps (issue 28): a module of their own.
+from hpvc.cli import node_checkpoint  # noqa: E402
+
+node_checkpoint.register(node_app)

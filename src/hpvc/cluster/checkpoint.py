@@ -60,15 +60,16 @@ def checkpoint(
         return _locked(store, name, out, stop, progress)
 
 
-def _refuse(store: Store, name: str) -> tuple[Backend, ClusterEnv, Plan]:
-    """What cannot be checkpointed, in one line before anything is frozen."""
+def _refuse(store: Store, name: str, across: bool = False) -> tuple[Backend, ClusterEnv, Plan]:
+    """What cannot be checkpointed, in one line before anything is frozen
+    (``across``: a share of a cut taken across hosts, ``Cut``, may span hosts)."""
     rec = store.get(name)
     if rec.status != "running":
         raise InputError(f"cluster {name!r}", f"is {rec.status}", f"see hpvc status {name}")
     backend, env = open_env(store, rec)
     if not backend.capabilities.checkpoint:
         raise no_checkpoint(backend.name)
-    if rec.overlay:
+    if rec.overlay and not across:
         raise InputError(
             f"checkpoint {name}",
             "a cluster across hosts (a Slurm job's share) is not checkpointed yet",
@@ -177,6 +178,64 @@ def _remove_partial(dest: Path, made: bool) -> None:
     else:  # an empty folder the user gave: empty it again
         for p in dest.iterdir():
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+class Cut:
+    """This host's part of one cut taken across hosts (a Slurm job's share:
+    ``hpvc.slurm.checkpoint_share``): ``checkpoint``'s own steps, one call
+    each, so that the caller freezes every host's part before any host saves
+    (``freeze``, ``save``, then ``finish``; ``abort`` at any point thaws and
+    removes the partial folder). The caller holds the cluster's lock."""
+
+    def __init__(self, store: Store, name: str, out: Path, progress: Progress = quiet) -> None:
+        self.store, self.name, self.progress = store, name, progress
+        self.backend, self.env, self.plan = _refuse(store, name, across=True)
+        self.dest = _destination(store, name, out)
+        self.names = [n.name for n in self.plan.nodes]
+        self.made = not self.dest.exists()
+        self.frozen = False
+        self.extras: dict[str, dict[str, Any]] = {}
+        self.created, self.t0 = 0.0, 0.0
+
+    def freeze(self) -> None:
+        private_dir(self.dest)
+        self.created, self.t0 = time.time(), time.perf_counter()
+        self.frozen = True  # a freeze failing half-way is thawed by abort
+        self.backend.freeze(self.env, self.plan, self.names)
+
+    def save(self) -> None:
+        for n in self.names:
+            node_dir = private_dir(self.dest / cf.NODES / n)
+            self.extras[n] = self.backend.save(self.env, self.plan, n, node_dir, self.progress)
+
+    def finish(self, stop: bool) -> cf.Manifest:
+        if stop:
+            _down_locked(self.store, self.name, self.progress)
+        else:
+            self.backend.thaw(self.env, self.plan, self.names)
+        self.frozen = False
+        env, plan = self.env, self.plan
+        m = cf.Manifest(
+            cluster=self.name,
+            created=self.created,
+            spec=env.rec.spec,
+            spec_text=_spec_text(env.rec.spec_path),
+            plan=env.rec.plan,
+            subnet=plan.network.subnet,
+            nodes=tuple(
+                _entry(env, plan, self.backend, self.dest, n, self.extras[n]) for n in self.names
+            ),
+            frozen_s=time.perf_counter() - self.t0,
+            stopped=stop,
+        )
+        cf.write_manifest(self.dest, m)
+        return m
+
+    def abort(self) -> None:
+        _remove_partial(self.dest, self.made)
+        if self.frozen:
+            self.frozen = False
+            self.backend.thaw(self.env, self.plan, self.names)
 
 
 # --- the files a user keeps ------------------------------------------------------------

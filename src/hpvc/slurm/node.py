@@ -36,9 +36,7 @@ from hpvc.errors import HpvcError, InputError
 from hpvc.host import fabric
 from hpvc.locks import file_lock
 from hpvc.paths import private_dir
-from hpvc.plan import Plan, plan_cluster
 from hpvc.plan.addresses import bridge_name
-from hpvc.plan.model import Reservations
 from hpvc.plan.overlay import Overlay
 from hpvc.plan.planner import expand
 from hpvc.progress import Progress, quiet
@@ -52,17 +50,16 @@ from hpvc.slurm.policy import (
     job_user,
     load,
     parse_share_name,
-    restrict,
     share_name,
     share_overlay,
     split,
     task_pool,
 )
+from hpvc.slurm.shares import share_planner
 from hpvc.spec import Spec
 from hpvc.store import ClusterRecord, Store
 from hpvc.sysroot import HOST
 from hpvc.topology import read_topology
-from hpvc.topology.model import Topology
 from hpvc.units import parse_cpulist
 
 # Namespaces a task joins: all of its node's. Under --mpi=pmix too: the
@@ -207,6 +204,8 @@ class Request:
     mem_mib: int = 0  # the job's memory on this host (S_JOB_ALLOC_MEM), 0 = not allocated
     uid: int = -1  # the job's user (S_JOB_UID), -1 = not known (an older plugin)
     gid: int = -1
+    restarts: int = 0  # Slurm's restart count: above 0, a requeued job (restored if it can be)
+    checkpoint_every: int = 0  # --hpvc-checkpoint: seconds between cuts, 0 none
 
 
 def up(
@@ -264,8 +263,13 @@ def up(
                 if req.cpus
                 else None
             )
-            _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress,
-                      console_mib=site.limits.max_console_mib)  # fmt: skip
+            # A requeued job's share comes back from its last cut, if any; the first
+            from hpvc.slurm import checkpoint_share, checkpoint_timer  # host times cuts
+
+            if not checkpoint_share.restore(store, spec, doc, req, share, cpus, site, progress):
+                _up_share(store, spec, doc, req, index, share, cpus, site.binds, progress,
+                          console_mib=site.limits.max_console_mib)  # fmt: skip
+            checkpoint_timer.start(store, req, site, req.checkpoint_every)
         out = joins(store, req.job, index, share, roles, req.mpi)
         _write_cache(store, name, req.mpi, out)
         return out
@@ -329,14 +333,7 @@ def _up_share(
     bridge = bridge_name(f"j{req.job}")
 
     overlay = _overlay(spec, req)
-    mtu = overlay.mtu if overlay is not None else None
-
-    def planner(_: Spec, host: str, topo: Topology, res: Reservations) -> Plan:
-        mine = restrict(topo, cpus) if cpus is not None else topo
-        plan = plan_cluster(part, [(host, mine)], res, only=set(share))
-        network = replace(plan.network, bridge=bridge, mtu=mtu or plan.network.mtu)
-        return replace(plan, network=network)
-
+    planner = share_planner(part, bridge, share, cpus, overlay)
     progress(f"share {index} of job {req.job}: {', '.join(share)}")
     return lifecycle.up_spec(
         part,

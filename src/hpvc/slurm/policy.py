@@ -86,6 +86,13 @@ class Site:
     # by arithmetic before any node is expanded (hpvc.spec.limits); and what the
     # host keeps of a node's console log (max_console).
     limits: Limits = DEFAULT_LIMITS
+    # Checkpoints of jobs (docs/checkpoint.md "Under Slurm"): the folder every
+    # host sees where each job's go ("" none: no checkpoints, no restore), the
+    # shortest period a job may ask, and the command reaching another host as
+    # root (called as COMMAND HOST ARGV..., like ssh; "" ssh -o BatchMode=yes).
+    checkpoints: str = ""
+    checkpoint_min_s: int = 300
+    checkpoint_via: str = ""
 
     @classmethod
     def parse(cls, items: Sequence[str]) -> Site:
@@ -131,6 +138,18 @@ class Site:
                     raise InputError(f"site setting {item!r}", "one value", f"{key}=1024")
                 where = f"site setting {item!r}"
                 site = replace(site, limits=site.limits.with_item(key, values[0], where))
+            elif key in ("checkpoints", "checkpoint_via"):
+                if len(values) != 1 or not values[0].startswith("/"):
+                    raise InputError(f"site setting {item!r}", "not an absolute path",
+                                     f"{key}=/shared/hpvc-checkpoints")  # fmt: skip
+                if key == "checkpoints":
+                    site = replace(site, checkpoints=values[0])
+                else:
+                    site = replace(site, checkpoint_via=values[0])
+            elif key == "checkpoint_min":
+                if len(values) != 1 or not values[0].isdigit() or int(values[0]) < 1:
+                    raise InputError(f"site setting {item!r}", "not seconds", "checkpoint_min=300")
+                site = replace(site, checkpoint_min_s=int(values[0]))
             elif key == "binds":
                 for v in values:
                     if not v.startswith("/") or not Path(v).is_dir():
@@ -143,7 +162,8 @@ class Site:
                     f"site setting {key!r}",
                     "unknown",
                     "known: images, kinds, subnets, binds, user_subnets, io_weight,"
-                    " threads_as_cores, max_nodes, max_groups, max_disk, max_console",
+                    " threads_as_cores, max_nodes, max_groups, max_disk, max_console,"
+                    " checkpoints, checkpoint_min, checkpoint_via",
                 )
         return site
 

@@ -6,20 +6,38 @@ join one network."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import hostlist  # type: ignore[import-untyped]
 
 from hpvc.errors import DoesNotFit, InputError
 from hpvc.plan.addresses import node_ip, node_mac
+from hpvc.plan.model import Plan, Reservations
 from hpvc.plan.overlay import Overlay, Vtep, host_address, node_mtu, vni_for
-from hpvc.plan.planner import expand
+from hpvc.plan.planner import expand, plan_cluster
 from hpvc.slurm.names import parse_share_name as parse_share_name
 from hpvc.slurm.names import share_name as share_name
 from hpvc.spec import Spec
 from hpvc.topology.model import Core, NumaNode, Package, Topology
 
 # ---- splitting the cluster over the job's hosts ---------------------------
+
+
+def share_planner(
+    part: Spec, bridge: str, share: list[str], cpus: set[int] | None, overlay: Overlay | None
+) -> Callable[[Spec, str, Topology, Reservations], Plan]:
+    """How a share is planned on a host (``up``'s planner): its nodes only, on the
+    job's CPUs there, on the job's bridge (``hpvc node up`` and its restore)."""
+    mtu = overlay.mtu if overlay is not None else None
+
+    def planner(_: Spec, host: str, topo: Topology, res: Reservations) -> Plan:
+        mine = restrict(topo, cpus) if cpus is not None else topo
+        plan = plan_cluster(part, [(host, mine)], res, only=set(share))
+        network = replace(plan.network, bridge=bridge, mtu=mtu or plan.network.mtu)
+        return replace(plan, network=network)
+
+    return planner
 
 
 def split(spec: Spec, hosts: int) -> list[list[str]]:
