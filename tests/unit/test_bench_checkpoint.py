@@ -111,3 +111,24 @@ def test_cli_parses_sizes() -> None:
         cli.parse_memories("lots")
     with pytest.raises(InputError):
         cli.parse_counts("two")
+
+
+def test_nodes_keep_their_memory_when_the_host_has_it() -> None:
+    assert report.node_mib(4, 4096, 17000) == (4096, "")
+
+
+def test_nodes_are_given_less_where_the_host_has_less_and_it_is_said() -> None:
+    got, note = report.node_mib(4, 4096, 15000)
+    assert got == 3584  # 15000 // 4 = 3750, down to a multiple of 256
+    assert "given 3584 MiB each, not 4096" in note and "15000 MiB available" in note
+    assert report.node_mib(8, 4096, 1000)[0] == 256  # never below 256 MiB
+
+
+def test_report_names_nodes_given_less_memory() -> None:
+    sized = {"memory_mib": 4096, "node_mib": 3584, "nodes_sized_down": "given 3584 MiB each"}
+    cfg = _cfg([1.0], [2.0], "container") | sized
+    doc = _doc(container=[cfg])
+    doc["host"]["loadavg_end"] = [2.5]  # type: ignore[index]
+    text = report.report_md(doc)
+    assert "| 2 x 3584 MiB (of 4 GiB) (job holds 512 MiB) | hpvc |" in text
+    assert "- 2 x 4 GiB: given 3584 MiB each" in text and "at the end [2.5]." in text

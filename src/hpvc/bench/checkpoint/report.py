@@ -39,6 +39,22 @@ def fill_mib(nodes: int, memory_mib: int, fraction: float, available_mib: int) -
     )
 
 
+def node_mib(nodes: int, memory_mib: int, available_mib: int) -> tuple[int, str]:
+    """Memory each node of the cluster is given: ``memory_mib``, less where the
+    host's memory available at run time cannot hold ``nodes`` of it (the
+    planner books a node's whole memory; a shared host's other runs hold the
+    rest), in steps of 256 MiB, at least 256 MiB; with the reason ("" when not
+    sized down)."""
+    room = available_mib // max(nodes, 1) // 256 * 256
+    if memory_mib <= room:
+        return memory_mib, ""
+    got = max(256, room)
+    return got, (
+        f"nodes given {got} MiB each, not {memory_mib}: {available_mib} MiB available"
+        f" on the host at run time for {nodes} nodes"
+    )
+
+
 def union_s(windows: list[list[float]]) -> float:
     """Seconds covered by at least one [start, end] window (a job that needs
     every node stalls while any one is paused)."""
@@ -63,8 +79,17 @@ def _cell(samples: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
     return " / ".join(fmt.format(s[k]) for k in ("min", "median", "max"))
 
 
+def _size_words(cfg: dict[str, Any]) -> str:
+    """The cluster's size: "4 x 4 GiB", or "4 x 3840 MiB (of 4 GiB)" where the
+    nodes were given less."""
+    asked, given = cfg["memory_mib"], cfg.get("node_mib", cfg["memory_mib"])
+    if given == asked:
+        return f"{cfg['nodes']} x {asked // 1024} GiB"
+    return f"{cfg['nodes']} x {given} MiB (of {asked // 1024} GiB)"
+
+
 def _rows(cfg: dict[str, Any]) -> list[str]:
-    head = f"{cfg['nodes']} x {cfg['memory_mib'] // 1024} GiB (job holds {cfg['fill_mib']} MiB)"
+    head = f"{_size_words(cfg)} (job holds {cfg['fill_mib']} MiB)"
     out = []
     for m in METHODS_OF[cfg.get("kind", "vm")]:
         r = cfg[m]
@@ -129,8 +154,9 @@ def _section(kind: str, cfgs: list[dict[str, Any]]) -> list[str]:
                for c in cfgs if "skipped" in c]  # fmt: skip
     if skipped:
         lines += ["", "Not measured (the host could not hold them):", *skipped]
-    notes = [f"- {c['nodes']} x {c['memory_mib'] // 1024} GiB: {c['sized_down']}"
-             for c in measured if c.get("sized_down")]  # fmt: skip
+    notes = [f"- {c['nodes']} x {c['memory_mib'] // 1024} GiB: {why}"
+             for c in measured for why in (c.get("nodes_sized_down"), c.get("sized_down"))
+             if why]  # fmt: skip
     if notes:
         lines += ["", "Sized down to the host's memory:", *notes]
     errors = [f"- {c['nodes']} x {c['memory_mib'] // 1024} GiB: {e}"
@@ -155,7 +181,8 @@ def report_md(doc: dict[str, Any]) -> str:
         "",
         f"{h['date']}, {h['cpu_model']}, {h['cpus']} CPUs, kernel {h['kernel']},"
         f" hpvc {h['hpvc']}, {doc.get('criu', 'criu ?')}; VMs under"
-        f" {doc['accelerator'].get('vm')}; load average at start {h['loadavg_start']}.",
+        f" {doc['accelerator'].get('vm')}; load average at start {h['loadavg_start']}"
+        + (f", at the end {h['loadavg_end']}." if h.get("loadavg_end") else "."),
         f"{doc['reps']} repetitions per size, methods alternated"
         f" (hpvc first in odd repetitions); min / median / max.",
     ]

@@ -157,9 +157,15 @@ def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, re
     ``nodes`` x ``memory_mib``; the cluster is taken down at the end."""
     methods = report.METHODS_OF[kind]
     name = f"ck{kind[0]}{nodes}x{memory_mib // 1024 or 1}"
+    # What the host holds now, read at run time: a shared host's other runs may
+    # hold memory a planner would need (the nodes are given less, and it is said).
+    free = available_mib()
+    asked, (memory_mib, node_note) = memory_mib, report.node_mib(nodes, memory_mib, free)
+    if node_note:
+        progress(f"{name}: {node_note}")
     # Containers: Podman's as many containers hold as much beside hpvc's nodes.
     holders = nodes * (2 if kind == "container" else 1)
-    fill_mib, note = report.fill_mib(holders, memory_mib, fill, available_mib())
+    fill_mib, note = report.fill_mib(holders, memory_mib, fill, free)
     progress(f"{name}: up ({nodes} {kind}s x {memory_mib} MiB), the job holds {fill_mib} MiB each")
     lifecycle.up(str(_spec(tmp, name, nodes, f"{memory_mib}MiB", kind)), store, progress)
     plan = store.get(name).the_plan()
@@ -180,7 +186,8 @@ def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, re
                     _podman_once(ck, samples[m], errors, progress)
         peer = ck.describe() if ck is not None else None
     lifecycle.down(name, store, progress)
-    return {"kind": kind, "nodes": nodes, "memory_mib": memory_mib, "fill_mib": fill_mib,
+    return {"kind": kind, "nodes": nodes, "memory_mib": asked, "node_mib": memory_mib,
+            "available_mib": free, "nodes_sized_down": node_note, "fill_mib": fill_mib,
             "sized_down": note, "order": order, "errors": errors, "peer": peer,
             **samples}  # fmt: skip
 
