@@ -82,6 +82,7 @@ static int copy_dir(char *dst, size_t size, const char *key, const char *value)
 static const char *const POLICY_KEYS[] = {
 	"images", "kinds", "subnets", "binds", "user_subnets", "io_weight",
 	"threads_as_cores", "max_nodes", "max_groups", "max_disk", "max_console",
+	"checkpoints", "checkpoint_min", "checkpoint_via",
 };
 
 static int is_policy_key(const char *arg, size_t klen)
@@ -136,12 +137,30 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 				return -1;
 			cfg->nsite++;
 		} else {
-			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores, max_nodes, max_groups, max_disk, max_console)",
+			slurm_error("hpvc: plugstack.conf: unknown argument '%.*s' (known: hpvc, state_dir, image_dir, timeout, images, kinds, subnets, binds, user_subnets, io_weight, threads_as_cores, max_nodes, max_groups, max_disk, max_console, checkpoints, checkpoint_min, checkpoint_via)",
 				    (int)klen, av[i]);
 			return -1;
 		}
 	}
 	return 0;
+}
+
+int hpvc_keeps_checkpoints(const struct hpvc_config *cfg)
+{
+	for (int i = 0; i < cfg->nsite; i++) {
+		if (strncmp(cfg->site[i], "checkpoints=", 12) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+int hpvc_site_argv(const struct hpvc_config *cfg, char **argv, int k)
+{
+	for (int i = 0; i < cfg->nsite; i++) {
+		argv[k++] = "--site";
+		argv[k++] = cfg->site[i];
+	}
+	return k;
 }
 
 void hpvc_config_free(struct hpvc_config *cfg)

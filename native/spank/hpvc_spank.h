@@ -19,7 +19,7 @@
 #define HPVC_MAX_TASKS 1024
 #define HPVC_MAX_CGROUPS 32
 #define HPVC_MAX_ENV 64 /* hpvc's own and an imported image's Env (48 at most) */
-#define HPVC_MAX_SITE 8
+#define HPVC_MAX_SITE 12
 
 /* plugstack.conf arguments (args.c) */
 struct hpvc_config {
@@ -38,9 +38,17 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av);
 void hpvc_root_env(const struct hpvc_config *cfg, char *state, size_t ssize, char *images,
 		   size_t isize, char *extra, char *env[HPVC_ROOT_ENV]);
 void hpvc_config_free(struct hpvc_config *cfg);
+/* Does the site keep jobs' checkpoints (a checkpoints= argument)? */
+int hpvc_keeps_checkpoints(const struct hpvc_config *cfg);
+/* The policy arguments as "--site" "k=v" pairs into argv from k on; the new k. */
+int hpvc_site_argv(const struct hpvc_config *cfg, char **argv, int k);
 
-/* The user's --hpvc=SPEC (plugin.c) */
+/* The user's --hpvc=SPEC and --hpvc-checkpoint=SECONDS (plugin.c; 0: none) */
 extern char *hpvc_spec_arg;
+extern unsigned hpvc_checkpoint_every;
+/* A requeued job's batch step: HPVC_RESTORED=1 in the batch script's
+ * environment when its shares will come back from a checkpoint (remote.c). */
+int hpvc_batch_restored(spank_t sp, const struct hpvc_config *cfg);
 
 /* Running hpvc (run.c): argv with a NULL end. Captures stdout into *out
  * (malloc'ed, NUL ended); each stderr line is logged with slurm_error("hpvc:

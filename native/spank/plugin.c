@@ -17,6 +17,7 @@
 SPANK_PLUGIN(hpvc, 1);
 
 char *hpvc_spec_arg;
+unsigned hpvc_checkpoint_every;
 static struct hpvc_config config;
 static int configured;
 
@@ -45,6 +46,28 @@ static int spec_option(int val, const char *optarg, int remote)
 	return hpvc_spec_arg ? 0 : -1;
 }
 
+/* --hpvc-checkpoint=SECONDS: the period is checked against the site's
+ * checkpoint_min by `hpvc node up` (Python), before anything changes. */
+static int checkpoint_option(int val, const char *optarg, int remote)
+{
+	(void)val;
+	(void)remote;
+	char *end = NULL;
+	unsigned long v = optarg ? strtoul(optarg, &end, 10) : 0;
+	if (optarg == NULL || end == optarg || *end != '\0' || v < 1 || v > 31536000) {
+		slurm_error("hpvc: --hpvc-checkpoint needs seconds between checkpoints: --hpvc-checkpoint=600");
+		return -1;
+	}
+	hpvc_checkpoint_every = (unsigned)v;
+	return 0;
+}
+
+static struct spank_option checkpoint_opt = {
+	"hpvc-checkpoint", "SECONDS",
+	"Checkpoint the job's hpvc cluster every SECONDS; requeued (--requeue), the job goes on from its last checkpoint (docs/checkpoint.md)",
+	1, 0, checkpoint_option
+};
+
 static struct spank_option spec_opt = {
 	"hpvc", "SPEC",
 	"Run the job's steps inside the virtual nodes of the hpvc cluster described by SPEC (a TOML file; see docs/slurm.md)",
@@ -61,7 +84,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	 * salloc (allocator context) only see options registered at init. */
 	spank_context_t ctx = spank_context();
 	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE) {
-		if (spank_option_register(sp, &spec_opt) != ESPANK_SUCCESS) {
+		if (spank_option_register(sp, &spec_opt) != ESPANK_SUCCESS ||
+		    spank_option_register(sp, &checkpoint_opt) != ESPANK_SUCCESS) {
 			slurm_error("hpvc: cannot register --hpvc");
 			return -1;
 		}
@@ -164,5 +188,6 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	configured = 0;
 	free(hpvc_spec_arg);
 	hpvc_spec_arg = NULL;
+	hpvc_checkpoint_every = 0;
 	return 0;
 }

@@ -21,6 +21,7 @@ struct share {
 	char job_nodes[8192]; /* the job's hosts, from slurmctld */
 	uid_t uid;          /* the job's user (S_JOB_UID), (uid_t)-1 if unknown */
 	gid_t gid;
+	uint32_t restarts;  /* Slurm's restart count: a requeued job's is above 0 */
 };
 
 /* The job's and the step's node lists as slurmctld has them (n[1-3]), never
@@ -127,14 +128,16 @@ static int find_share(spank_t sp, uint32_t step, uint32_t nodeid, struct share *
 	if (spank_get_item(sp, S_JOB_UID, &s->uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &s->gid) != ESPANK_SUCCESS)
 		s->uid = (uid_t)-1;
+	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &s->restarts) != ESPANK_SUCCESS)
+		s->restarts = 0;
 	return 0;
 }
 
 /* The command line of `hpvc node up` for a share, with the numbers it
  * passes as text. */
 struct node_up {
-	char *argv[28 + 2 * HPVC_MAX_SITE];
-	char job[16], index[16], hosts[16], mem[32], uid[16], gid[16];
+	char *argv[32 + 2 * HPVC_MAX_SITE];
+	char job[16], index[16], hosts[16], mem[32], uid[16], gid[16], restarts[16], every[16];
 };
 
 /* mem: the job's memory on this host (MB, 0 if unknown), for hpvc to refuse
@@ -185,10 +188,15 @@ static void node_up_argv(const struct hpvc_config *cfg, struct share *s, uint64_
 		argv[k++] = "--nodelist";
 		argv[k++] = s->job_nodes;
 	}
-	for (int i = 0; i < cfg->nsite; i++) {
-		argv[k++] = "--site";
-		argv[k++] = cfg->site[i];
-	}
+	/* A requeued job's shares come back from its last checkpoint; the first
+	 * host takes one every --hpvc-checkpoint seconds (docs/checkpoint.md). */
+	snprintf(u->restarts, sizeof(u->restarts), "%u", s->restarts);
+	snprintf(u->every, sizeof(u->every), "%u", hpvc_checkpoint_every);
+	argv[k++] = "--restarts";
+	argv[k++] = u->restarts;
+	argv[k++] = "--checkpoint-every";
+	argv[k++] = u->every;
+	k = hpvc_site_argv(cfg, argv, k);
 	argv[k] = NULL;
 }
 
@@ -247,6 +255,8 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	}
 	/* The batch script, the extern and the interactive step stay on the host:
 	 * they must reach slurmctld and run srun. Steps run in the virtual nodes. */
+	if (step == SLURM_BATCH_SCRIPT)
+		return hpvc_batch_restored(sp, cfg);
 	if (step >= SLURM_INTERACTIVE_STEP)
 		return 0;
 	/* A spec is at most 64 KiB (hpvc node check), 88 KiB in base64. */
@@ -262,4 +272,32 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	hpvc_free_joins();
 	hpvc_slots = 0;
 	return node_up(sp, cfg, &s, spec);
+}
+
+int hpvc_batch_restored(spank_t sp, const struct hpvc_config *cfg)
+{
+	uint32_t job = 0, restarts = 0;
+	if (!hpvc_keeps_checkpoints(cfg) ||
+	    spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts) != ESPANK_SUCCESS || restarts == 0 ||
+	    spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS)
+		return 0; /* a first run: nothing to ask, no Python started */
+	char sjob[16], state[4200], images[4200], *env[HPVC_ROOT_ENV];
+	char *argv[8 + 2 * HPVC_MAX_SITE];
+	snprintf(sjob, sizeof(sjob), "%u", job);
+	int k = 0;
+	argv[k++] = (char *)cfg->hpvc;
+	argv[k++] = "node";
+	argv[k++] = "checkpoint-latest";
+	argv[k++] = "--job";
+	argv[k++] = sjob;
+	k = hpvc_site_argv(cfg, argv, k);
+	argv[k] = NULL;
+	hpvc_root_env(cfg, state, sizeof(state), images, sizeof(images), NULL, env);
+	char *out = NULL;
+	int rc = hpvc_run(argv, env, cfg->timeout, 1, &out);
+	int found = rc == 0 && out != NULL && out[0] == '/';
+	free(out);
+	if (found && spank_setenv(sp, "HPVC_RESTORED", "1", 1) != ESPANK_SUCCESS)
+		slurm_error("hpvc: job %u: cannot set HPVC_RESTORED in the batch script", job);
+	return 0;
 }

@@ -185,8 +185,11 @@ def down_cmd(
     ),
 ) -> None:
     from hpvc.slurm import checkpoint_timer, node
+    from hpvc.store import Store
 
     names = node.down(job, progress=_progress if verbose else quiet)
+    if not node.job_shares(Store(), job):
+        checkpoint_timer.forget(Store(), job)
     if ended and (gone := checkpoint_timer.remove(_site(site), job)) is not None:
         err_console.print(f"job {job}: removed its checkpoints {gone}")
     if as_json:

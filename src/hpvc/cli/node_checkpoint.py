@@ -58,6 +58,8 @@ def checkpoint_cmd(
     from hpvc.slurm import checkpoint as jck
     from hpvc.slurm import migrate, policy
 
+    if os.geteuid() != 0:
+        raise InputError("hpvc node checkpoint", "needs root", "run it as root (the site's)")
     s: policy.Site = _site(site)  # type: ignore[assignment]
     if out is None and not s.checkpoints:
         raise InputError(

@@ -242,7 +242,8 @@ class Worker:
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.err: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
+        self.err_pump = threading.Thread(target=self._pump_err, daemon=True)
+        self.err_pump.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -274,6 +275,7 @@ class Worker:
             ) from None
         if line is None:
             rc = self.proc.wait(timeout=30)
+            self.err_pump.join(timeout=5)  # its last words
             said = next((e for e in reversed(self.err) if e.strip()), f"exit {rc}")
             err = InputError if rc == 2 else HpvcError
             raise err(f"on {self.host}", said.strip().removeprefix("hpvc: "), "")
@@ -324,8 +326,6 @@ def take(
     progress: Progress = quiet,
 ) -> Taken:
     """Cut job ``job``'s cluster on ``hosts`` into ``root/<stamp>``; keep ``keep`` cuts."""
-    if os.geteuid() != 0:
-        raise InputError("hpvc node checkpoint", "needs root", "run it as root (the site's)")
     hpvc = list(hpvc or [sys.executable, "-m", "hpvc"])
     argvs = [via_argv(via, h, []) for h in hosts]  # a template without {host}: refused now
     private_dir(root)
@@ -341,6 +341,8 @@ def take(
             for w in workers:
                 w.close()
             shutil.rmtree(cut, ignore_errors=True)
+            if not any(p.name != ".lock" for p in root.iterdir()):
+                shutil.rmtree(root, ignore_errors=True)  # nothing of the job's was there
             raise
         for w in workers:
             w.close()

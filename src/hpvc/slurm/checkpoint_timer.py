@@ -117,6 +117,12 @@ def run(
         os.close(lock)
 
 
+def forget(store: Store, job: int) -> None:
+    """The job's timer files on this host (its shares are gone: the timer ends)."""
+    for suffix in ("timer.lock", "timer.log"):
+        (jobs_dir(store) / f"{job}.{suffix}").unlink(missing_ok=True)
+
+
 def remove(site: Site, job: int) -> Path | None:
     """The job ended for good: its checkpoints go (the folder, or None if none)."""
     if not site.checkpoints:

@@ -1,0 +1,321 @@
+"""A Slurm job's virtual cluster checkpointed across its hosts, and restored when
+Slurm requeues the job on other hosts (issue 28 item 4; docs/checkpoint.md
+"Under Slurm").
+
+One private three-host test cluster for the module, whose plugstack keeps
+checkpoints (``checkpoints=``, ``checkpoint_min=5``, ``checkpoint_via=`` a
+wrapper of scripts/slurm/on.sh). The tenant submits with ``--requeue`` a
+two-host job of two container nodes (``locality = "none"``): head0 on the
+first host, compute0 on the second, a TCP counter between them over VXLAN
+(the client in head0 checks every echo: a message lost, doubled or reordered
+stops it with ``BAD``). Root then:
+
+1. ``hpvc node checkpoint --job J``: one cut of both hosts' shares, the job
+   runs on;
+2. ``scontrol requeue J`` with n1 excluded: the job comes back on n2 and n3,
+   its batch script sees ``HPVC_RESTORED=1``, its shares come back from the
+   cut (head0 now on n2), and the counter goes on from where the cut was,
+   over the same connection;
+3. the job ends; its checkpoints and everything of it on every host are gone.
+
+Also: refusals (a job that does not exist, a job without ``--hpvc``: exit 2,
+no cut left), and periodic cuts (``--hpvc-checkpoint=5``: a cut appears, only
+two are kept, none after the job ends).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpvc.bench.slurm import cluster as bench_slurm
+from hpvc.host import criu
+from hpvc.slurm import checkpoint as jck
+from tests.helpers import requires
+from tests.integration.slurm_env import Env
+from tests.integration.test_cluster import image_ready
+from tests.integration.test_slurm_cluster import requires_slurm
+from tests.integration.test_slurm_vm import wait_done
+
+SPEC = """name = "ck"
+kind = "container"
+image = "hpc"
+[network]
+subnet = "10.88.64.0/24"
+[tuning]
+pinning = "shared"
+hugepages = "none"
+partition = "commodity"
+locality = "none"
+[[nodes]]
+role = "head"
+memory = "128MiB"
+[[nodes]]
+role = "compute"
+count = 1
+memory = "128MiB"
+"""
+
+PROG = """
+import os, socket, sys, time
+if sys.argv[1] == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 7400)); s.listen(1); c, _ = s.accept()
+    while (d := c.recv(16)):
+        c.sendall(d)
+    raise SystemExit("BAD: server saw the connection close")
+for _ in range(100):
+    try:
+        c = socket.create_connection(("compute0", 7400)); break
+    except OSError:
+        time.sleep(0.2)
+n = 0
+while True:
+    n += 1
+    c.sendall(b"%015d\\n" % n)
+    got = b""
+    while len(got) < 16:
+        d = c.recv(16 - len(got))
+        if not d:
+            raise SystemExit("BAD: connection closed at %d" % n)
+        got += d
+    if int(got) != n:
+        raise SystemExit("BAD: sent %d, echo %d" % (n, int(got)))
+    open("/root/count.new", "w").write(str(n)); os.rename("/root/count.new", "/root/count")
+    time.sleep(0.02)
+"""
+
+START = """srun -N2 -n2 sh -c 'echo $PROG | base64 -d > /root/p.py
+if [ "$HPVC_NODE" = compute0 ]; then role=server; else role=client; sleep 1; fi
+setsid python3 /root/p.py $role </dev/null >>/root/job.log 2>&1 &
+sleep 0.5'"""
+
+JOB = """#!/bin/bash
+set -u
+export PROG={prog}
+echo "start restored=${{HPVC_RESTORED:-0}} restarts=${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
+if [ "${{HPVC_RESTORED:-0}}" = 1 ]; then
+  srun -N2 -n2 true
+else
+  {start}
+fi
+echo "loop running"
+srun -N1 -n1 sh -c 'while [ ! -e /root/stop ]; do sleep 0.5; done
+echo "final count $(cat /root/count)"; cat /root/job.log'
+echo "job done"
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+    """Three hosts, no site binds (a share with binds is not checkpointed), the
+    site keeping checkpoints in ``ckpt`` (every host sees it: one machine)."""
+    requires("root", "crun", "ip")
+    requires_slurm()
+    image_ready()
+    if not criu.check().ok:  # not a skip: make setup installs CRIU 4.2
+        pytest.fail(f"CRIU cannot run here: {criu.check().error}")
+    tmp = Path(tempfile.mkdtemp(prefix="hpvc-slurm-ckpt-test-"))
+    os.chmod(tmp, 0o755)
+    shared = tmp / "work"
+    shared.mkdir()
+    ckpt = tmp / "ckpt"
+    via = tmp / "via.sh"
+    left: list[tuple[str, str]] = []
+    try:
+        extra = f"kinds=container checkpoints={ckpt} checkpoint_min=5 checkpoint_via={via}"
+        with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=extra, hosts=3) as c:
+            keep = {k: v for k, v in c.env.items() if k.startswith(("HPVC_SLURM", "SLURM_CONF"))}
+            exports = "".join(f"export {k}='{v}'\n" for k, v in keep.items())
+            on = bench_slurm.repo_dir() / "scripts" / "slurm" / "on.sh"
+            via.write_text(f'#!/bin/sh\n{exports}exec bash {on} "$@"\n')
+            via.chmod(0o755)
+            try:
+                yield Env(tmp, c, shared, tenants)
+            finally:
+                left = c.sweep(c.env["HPVC_BIN"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert left == [], f"shares left after the module: {left}"
+
+
+def _root(slurm: Env, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``argv`` as root on this machine, with the test cluster's Slurm."""
+    return subprocess.run(list(argv), env=slurm.cluster.env, capture_output=True, text=True,
+                          timeout=timeout, check=False)  # fmt: skip
+
+
+def _checkpoint(slurm: Env, job: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    c = slurm.cluster
+    via = str(slurm.tmp / "via.sh") + " {host}"
+    site = f"--site=checkpoints={slurm.tmp / 'ckpt'}"
+    return _root(slurm, c.env["HPVC_BIN"], "node", "checkpoint", f"--job={job}", site,
+                 "--via", via, *extra, timeout=300)  # fmt: skip
+
+
+def _job_dir(slurm: Env, job: int) -> Path:
+    return jck.job_dir(slurm.tmp / "ckpt", job)
+
+
+def _host_of(slurm: Env, job: int, node: str) -> str:
+    for host in slurm.cluster.hosts:
+        out = slurm.cluster.run_on(host, [slurm.cluster.env["HPVC_BIN"], "node", "ls", "--json"])
+        if any(s["job"] == job and node in s["nodes"] for s in json.loads(out)):
+            return host
+    return ""
+
+
+def _in_node(slurm: Env, job: int, node: str, script: str) -> str:
+    host = _host_of(slurm, job, node)
+    assert host, f"{node} of job {job} runs nowhere"
+    argv = [slurm.cluster.env["HPVC_BIN"], "node", "enter", f"--job={job}", f"--node={node}",
+            "--", "sh", "-c", script]  # fmt: skip
+    return slurm.cluster.run_on(host, argv)
+
+
+def _count(slurm: Env, job: int) -> int:
+    out = _in_node(slurm, job, "head0", "cat /root/count 2>/dev/null; echo; cat /root/job.log")
+    assert "BAD" not in out and "Error" not in out, out
+    first = out.split("\n", 1)[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def _goes_on(slurm: Env, job: int, past: int = 0, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    start = max(_count(slurm, job), past)
+    while (now := _count(slurm, job)) <= start:
+        assert time.monotonic() < deadline, f"the count stayed at {now}"
+        time.sleep(0.5)
+    return now
+
+
+def _wait_for(out: Path, text: str, times: int = 1, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        now = out.read_text() if out.exists() else ""
+        if now.count(text) >= times:
+            return now
+        assert time.monotonic() < deadline, f"no {text!r} x{times} in:\n{now[-2000:]}"
+        time.sleep(1)
+
+
+def _state(slurm: Env, job: int) -> tuple[str, str]:
+    info = jck.parse_scontrol(_root(slurm, "scontrol", "show", "job", "-o", str(job)).stdout)
+    return info.get("JobState", ""), info.get("NodeList", "")
+
+
+def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:
+    spec = slurm.work / "ck.toml"
+    spec.write_text(SPEC)
+    prog = base64.b64encode(PROG.encode()).decode()
+    (slurm.work / "job.sh").write_text(JOB.format(prog=prog, start=START))
+    out = slurm.work / "job.out"
+    r = slurm.run("sbatch", "--parsable", "-N2", "-w", "n1,n2", "--requeue", "--open-mode=append",
+                  f"--hpvc={spec}", "-o", str(out), str(slurm.work / "job.sh"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    try:
+        _wait_for(out, "loop running")
+        assert "restored=0" in out.read_text()
+        assert _host_of(slurm, job, "head0") == "n1" and _host_of(slurm, job, "compute0") == "n2"
+        _goes_on(slurm, job)
+
+        # 1. One cut of both hosts' shares; the job runs on.
+        took = _checkpoint(slurm, job, "--json")
+        assert took.returncode == 0, took.stderr
+        report = json.loads(took.stdout)
+        print("checkpoint:", {k: report[k] for k in ("dir", "seconds", "frozen_s", "size")})
+        cut = Path(report["dir"])
+        m = jck.read_job(cut)
+        assert [(s.index, s.host, s.nodes) for s in m.shares] == [
+            (0, "n1", ("head0",)),
+            (1, "n2", ("compute0",)),
+        ]
+        assert (cut / "share-0" / "manifest.json").exists()
+        assert (cut / "share-1" / "manifest.json").exists()
+        at_cut = _count(slurm, job)
+        _goes_on(slurm, job, at_cut)
+
+        # 2. Requeued, away from n1: back on n2 and n3 from the cut.
+        rq = _root(slurm, "scontrol", "requeue", str(job))
+        assert rq.returncode == 0, rq.stderr
+        ex = _root(slurm, "scontrol", "update", f"jobid={job}", "ExcNodeList=n1")
+        assert ex.returncode == 0, ex.stderr
+        _root(slurm, "scontrol", "update", f"jobid={job}", "StartTime=now")
+        text = _wait_for(out, "loop running", times=2, timeout=240)
+        assert "restored=1" in text, text
+        state, hosts = _state(slurm, job)
+        assert state == "RUNNING" and hosts == "n[2-3]", (state, hosts)
+        assert _host_of(slurm, job, "head0") == "n2" and _host_of(slurm, job, "compute0") == "n3"
+        restored = _count(slurm, job)
+        assert restored >= at_cut  # from the cut, not from 0
+        assert _goes_on(slurm, job, restored) > restored  # same connection, no message lost
+        assert jck.latest(_job_dir(slurm, job)) == cut
+
+        # 3. The job ends; its checkpoints go with it.
+        _in_node(slurm, job, "head0", "touch /root/stop")
+        assert wait_done(slurm, job, timeout=120, out=out) == "gone"
+        text = out.read_text()
+        print(text[-1500:])
+        assert "job done" in text and "BAD" not in text, text
+    finally:
+        slurm.run("scancel", str(job))
+    slurm.wait_clean(job, timeout=90)
+    assert not _job_dir(slurm, job).exists()
+
+
+def test_refusals_leave_no_cut(slurm: Env) -> None:
+    nope = _checkpoint(slurm, 999999)
+    assert nope.returncode == 2, nope.stderr
+    assert len(nope.stderr.strip().splitlines()) <= 2, nope.stderr
+    r = slurm.run("sbatch", "--parsable", "-N2", "-o", "/dev/null", "--wrap", "sleep 120")
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    try:
+        deadline = time.monotonic() + 60
+        while _state(slurm, job)[0] != "RUNNING":
+            assert time.monotonic() < deadline, _state(slurm, job)
+            time.sleep(0.5)
+        plain = _checkpoint(slurm, job)
+        assert plain.returncode == 2, plain.stderr
+        assert "no hpvc share" in plain.stderr, plain.stderr
+        assert not _job_dir(slurm, job).exists()  # the cut's folder and the job's went
+    finally:
+        slurm.run("scancel", str(job))
+    wait_done(slurm, job, timeout=60)
+
+
+def test_periodic_checkpoints_keep_two(slurm: Env) -> None:
+    spec = slurm.work / "ckp.toml"
+    spec.write_text(SPEC.replace("10.88.64.0/24", "10.88.65.0/24"))
+    r = slurm.run("sbatch", "--parsable", "-N2", "--hpvc-checkpoint=5", f"--hpvc={spec}",
+                  "-o", "/dev/null", "--wrap", "srun -N2 -n2 true; sleep 300")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    d = _job_dir(slurm, job)
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 90
+        while len(seen) < 3:
+            assert time.monotonic() < deadline, f"cuts seen: {sorted(seen)}"
+            now = {p.name for p in jck.cuts(d)}
+            assert len(now) <= 2, now
+            seen |= now
+            time.sleep(0.5)
+    finally:
+        slurm.run("scancel", str(job))
+    wait_done(slurm, job, timeout=60)
+    slurm.wait_clean(job, timeout=60)
+    deadline = time.monotonic() + 30
+    while d.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not d.exists(), sorted(p.name for p in d.iterdir())
