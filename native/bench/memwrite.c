@@ -4,8 +4,11 @@
  *
  * Holds MIB MiB and writes one word into every 4 KiB page of it, round after
  * round, for SECONDS of its own clock, so that a migration keeps finding
- * dirty pages. Prints "memwrite done: R rounds" at the end. Built by
- * `hpvc bench migrate` (hpvc.bench.migrate.runner) and copied into the guests.
+ * dirty pages. Each round first checks that every page still holds what the
+ * round before wrote (a page a migration lost or sent stale shows there).
+ * Prints "memwrite done: R rounds, W wrong" at the end and exits 1 when a
+ * page was wrong. Built by `hpvc bench migrate` (hpvc.bench.migrate.runner)
+ * and tests/integration/test_migrate.py, and copied into the guests.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +28,14 @@ int main(int argc, char **argv) {
     }
     size_t step = 4096 / sizeof(unsigned long), words = bytes / sizeof(unsigned long);
     time_t end = time(NULL) + secs;
-    unsigned long rounds = 0;
+    unsigned long rounds = 0, wrong = 0;
     while (time(NULL) < end) {
-        for (size_t i = 0; i < words; i += step) mem[i] = rounds + i;
+        for (size_t i = 0; i < words; i += step) {
+            if (rounds > 0 && mem[i] != rounds - 1 + i) wrong++;
+            mem[i] = rounds + i;
+        }
         rounds++;
     }
-    printf("memwrite done: %lu rounds\n", rounds);
-    return 0;
+    printf("memwrite done: %lu rounds, %lu wrong\n", rounds, wrong);
+    return wrong != 0;
 }

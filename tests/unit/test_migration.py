@@ -3,6 +3,8 @@ the QMP commands each side gets, and what a query-migrate reply says."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpvc.backends.vm import migration as m
@@ -187,3 +189,41 @@ def test_the_targets_changes_become_the_nodes() -> None:
         "fifo": "/r/c/n/console.fifo",
         "pid": 7,
     }
+
+
+# --- postcopy ------------------------------------------------------------------------
+
+
+def test_wait_says_whether_the_switch_to_postcopy_was_made() -> None:
+    """The switch is asked once after the given passes, and the stats say it was made."""
+    active = {"status": "active", "ram": {"dirty-sync-count": 2}}
+    done = {"status": "completed", "ram": {"postcopy-requests": 41, "dirty-sync-count": 2}}
+    replies = [active, {"status": "postcopy-active"}, done]
+    asked: list[object] = []
+
+    def qmp(*commands: m.Command) -> list[object]:
+        asked.extend(commands)
+        return [replies.pop(0) if c == "query-migrate" else {} for c in commands]
+
+    s = m.wait(qmp, 30.0, postcopy_after_passes=2)
+    assert asked.count("migrate-start-postcopy") == 1
+    assert (s.postcopy, s.postcopy_requests) == (True, 41)
+    replies[:] = [done]
+    assert m.wait(qmp, 30.0, postcopy_after_passes=2).postcopy is False  # done before the switch
+
+
+def test_postcopy_refused_for_an_unprivileged_qemu_unless_the_sysctl_allows(
+    tmp_path: Path,
+) -> None:
+    from hpvc.host import userfaultfd
+
+    sysctl = tmp_path / "proc/sys/vm/unprivileged_userfaultfd"
+    sysctl.parent.mkdir(parents=True)
+    sysctl.write_text("0\n")
+    why = userfaultfd.postcopy_refusal(2113929216, tmp_path)
+    assert why is not None and "vm.unprivileged_userfaultfd=1 (it is 0)" in why
+    assert userfaultfd.postcopy_refusal(0, tmp_path) is None  # QEMU as root
+    sysctl.write_text("1\n")
+    assert userfaultfd.postcopy_refusal(2113929216, tmp_path) is None
+    sysctl.unlink()
+    assert "(it is unreadable)" in (userfaultfd.postcopy_refusal(5, tmp_path) or "")

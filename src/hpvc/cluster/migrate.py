@@ -7,7 +7,8 @@ state lock while it books:
    node, ``--to`` another host (a Slurm job's hosts: ``hpvc node migrate``,
    ``hpvc.cluster.across``), a backend that cannot move it (asked through
    its ``migrate`` module, found by registry name as ``across`` is found:
-   architecture rule 3, no branch on the node's kind here), a node that does
+   architecture rule 3, no branch on the node's kind here), postcopy where
+   the target could not take it (the module's ``postcopy_refusal``), a node that does
    not fit (``hpvc.plan.migrate.replan_node``: the node planned like a new
    one, its guest topology kept); all exit 2, the record untouched;
 2. book the new place beside the old one (the cluster holds both CPU sets
@@ -132,6 +133,14 @@ def _locked(
         why = mod.refusal(backend, env, old, old.node(node))
         if why:
             raise InputError(what, why, "see docs/vms.md, Live migration")
+        why = mod.postcopy_refusal(env) if settings.postcopy else None
+        if why:
+            raise InputError(
+                f"{what} --postcopy",
+                why,
+                "move it without --postcopy, or let the site allow it:"
+                " sysctl -w vm.unprivileged_userfaultfd=1 (docs/vms.md, Live migration)",
+            )
         spec = parse_spec(rec.spec, rec.spec_path, "site")
         topo = read_topology("/")
         free = pages.unheld(store, topo, host, name, own=_without(rec, old, node))

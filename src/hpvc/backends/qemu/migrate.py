@@ -1,9 +1,10 @@
 """A direct-QEMU node moved into a new QEMU process on the same host (issue 27).
 
 ``hpvc.cluster.migrate`` finds this module by the backend's registry name (as
-``hpvc.cluster.across`` finds ``across``) and calls ``refusal`` before it plans
-anything, then ``migrate_node`` with the node's old and new place. The QMP
-side is ``hpvc.backends.vm.migration``; this module is the host side:
+``hpvc.cluster.across`` finds ``across``) and calls ``refusal`` (and, for
+``--postcopy``, ``postcopy_refusal``) before it plans anything, then
+``migrate_node`` with the node's old and new place. The QMP side is
+``hpvc.backends.vm.migration``; this module is the host side:
 
 1. the target: the source's own command line (``/proc/PID/cmdline``: the
    device model the guest runs on, whatever made it) with the new place's
@@ -49,7 +50,7 @@ from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import migration
 from hpvc.backends.vm.console import with_tail
 from hpvc.errors import HpvcError
-from hpvc.host import console_ring, disk_access, net, procfs, qemu_user
+from hpvc.host import console_ring, disk_access, net, procfs, qemu_user, userfaultfd
 from hpvc.host.journal import Args, Change, Journal, undo_one, undoer
 from hpvc.paths import private_dir
 from hpvc.plan import Plan, PlannedNode
@@ -190,6 +191,11 @@ def refusal(backend: QemuBackend, env: ClusterEnv, plan: Plan, node: PlannedNode
         return f"node {node.name} is not running"
     argv = procfs.cmdline(pid) or []
     return refusal_for(argv)
+
+
+def postcopy_refusal(env: ClusterEnv) -> str | None:
+    """Why the cluster's QEMUs cannot take a postcopy guest here (``--postcopy``), or None."""
+    return userfaultfd.postcopy_refusal(qemu_user.find(env.store.root, env.name) or 0)
 
 
 def migrate_node(

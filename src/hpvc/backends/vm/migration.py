@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from hpvc.errors import HpvcError, InputError
@@ -199,6 +199,8 @@ class MigrationStats:
     passes: int  # dirty-memory sync passes
     throttle_pct: int  # auto-converge's last vCPU throttle (0: none)
     mbps: float
+    postcopy: bool = False  # the switch to postcopy was made (the target ran the guest first)
+    postcopy_requests: int = 0  # pages the target asked for after it (QEMU's count)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -209,6 +211,8 @@ class MigrationStats:
             "passes": self.passes,
             "throttle_pct": self.throttle_pct,
             "mbps": self.mbps,
+            "postcopy": self.postcopy,
+            "postcopy_requests": self.postcopy_requests,
         }
 
 
@@ -230,6 +234,7 @@ def stats(reply: Mapping[str, Any]) -> MigrationStats:
         passes=_int(ram, "dirty-sync-count"),
         throttle_pct=_int(reply, "cpu-throttle-percentage"),
         mbps=float(mbps) if isinstance(mbps, int | float) else 0.0,
+        postcopy_requests=_int(ram, "postcopy-requests"),
     )
 
 
@@ -312,7 +317,7 @@ def wait(
             reply = _status(qmp)
             status = str(reply.get("status", ""))
             if status == "completed":
-                return stats(reply)
+                return replace(stats(reply), postcopy=switched)
             if status in ("failed", "cancelled"):
                 desc = reply.get("error-desc", status)
                 raise MigrationFailed(status, f"QEMU says {status}: {desc}")

@@ -12,7 +12,9 @@ repetition the loads run in turn, their order reversed every other one
 
 - ``idle``: nothing runs in the guests;
 - ``memwrite``: ``native/bench/memwrite.c`` writes every page of a quarter
-  of the guest's memory (at most ``WRITE_MIB``, 64 MiB) round after round in compute1;
+  of the guest's memory (at most ``WRITE_MIB``, 64 MiB) round after round in
+  compute1, checking each round what the one before wrote (a wrong page
+  fails the run);
 - ``mpi``: the MPI ping-pong ``native/bench/migloop.c`` across compute0 and
   compute1 (``hpvc run -n 2``), once just before without a move (baseline)
   and once through the move: slowdown = baseline round trips / round trips.
@@ -191,6 +193,8 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
             elif bg is not None:
                 out, _ = bg.communicate(timeout=secs + 120)
                 row["memwrite_out"] = out.strip()[-200:]
+                if bg.returncode != 0 or " 0 wrong" not in out:  # a page the move lost
+                    raise HpvcError("bench migrate: the memory writer", row["memwrite_out"])
             progress(
                 f"{name} rep {rep} {load}: {row['total_ms']} ms total,"
                 f" {row['downtime_ms']} ms downtime, ping gap {row['ping_gap_ms']} ms"
