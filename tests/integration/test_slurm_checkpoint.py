@@ -219,7 +219,7 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:
     prog = base64.b64encode(PROG.encode()).decode()
     (slurm.work / "job.sh").write_text(JOB.format(prog=prog, start=START))
     out = slurm.work / "job.out"
-    r = slurm.run("sbatch", "--parsable", "-N2", "-w", "n1,n2", "--requeue", "--open-mode=append",
+    r = slurm.run("sbatch", "--parsable", "-N2", "-x", "n3", "--requeue", "--open-mode=append",
                   f"--hpvc={spec}", "-o", str(out), str(slurm.work / "job.sh"))  # fmt: skip
     assert r.returncode == 0, r.stderr
     job = int(r.stdout.strip().split(";")[0])
@@ -248,9 +248,12 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:
         # 2. Requeued, away from n1: back on n2 and n3 from the cut.
         rq = _root(slurm, "scontrol", "requeue", str(job))
         assert rq.returncode == 0, rq.stderr
-        ex = _root(slurm, "scontrol", "update", f"jobid={job}", "ExcNodeList=n1")
+        deadline = time.monotonic() + 60
+        while _state(slurm, job)[0] != "PENDING":
+            assert time.monotonic() < deadline, _state(slurm, job)
+            time.sleep(0.5)
+        ex = _root(slurm, "scontrol", "update", f"jobid={job}", "ExcNodeList=n1", "StartTime=now")
         assert ex.returncode == 0, ex.stderr
-        _root(slurm, "scontrol", "update", f"jobid={job}", "StartTime=now")
         text = _wait_for(out, "loop running", times=2, timeout=240)
         assert "restored=1" in text, text
         state, hosts = _state(slurm, job)

@@ -95,6 +95,9 @@ def serve(
             "no such folder on this host",
             "the job's checkpoints must be on storage every host sees",
         )
+    if not node.job_shares(store, job):  # checked before the job's lock file is made
+        raise InputError(f"job {job}", "has no hpvc share on this host",
+                         "checkpoint a job submitted with --hpvc, on its hosts")  # fmt: skip
     with node.job_lock(store, job):
         names = [n for n in node.job_shares(store, job) if store.load(n) is not None]
         if not names:
