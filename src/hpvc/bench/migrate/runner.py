@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,43 @@ def _stop(p: subprocess.Popen[str]) -> None:
     p.wait()
 
 
-def _loop_done(p: subprocess.Popen[str], secs: int) -> dict[str, float]:
+GUEST_LOOK = (
+    "date +%s.%N; cat /sys/devices/system/clocksource/clocksource0/current_clocksource;"
+    " ps -eo pid,stat,etime,time,wchan:24,args | grep -v ' \\[' ; ss -tnpi | head -40"
+)
+
+
+def _look(name: str, store: Store) -> str:
+    """What each compute guest says about itself (its clock against the host's, its
+    processes and TCP connections): kept with a loop that did not end."""
+    parts = []
+    for node in ("compute0", "compute1"):
+        argv = ops.exec_argv(name, node, ["sh", "-c", GUEST_LOOK], store)
+        t0 = time.time()
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+            text = r.stdout + r.stderr
+        except subprocess.TimeoutExpired:
+            text = "(no answer in 30 s)"
+        parts.append(f"--- {node} (host clock {t0:.3f} when asked)\n{text}")
+    return "\n".join(parts)
+
+
+def _loop_done(
+    p: subprocess.Popen[str], secs: int, look: Callable[[], object] | None = None
+) -> dict[str, float]:
     try:
-        out, _ = p.communicate(timeout=secs + 180)
-    except BaseException:  # a hung loop or Ctrl-C: leave nothing running
+        out, _ = p.communicate(timeout=secs + 90)
+    except subprocess.TimeoutExpired:
+        if look is not None:
+            look()  # into the run's log, before the loop is ended
+        _stop(p)
+        out, _ = p.communicate()
+        last = out.strip().splitlines()[-1:] or ["no output"]
+        raise HpvcError(
+            "bench migrate: the MPI loop", f"did not end in {secs + 90} s; it said: {last[0]}"
+        ) from None
+    except BaseException:  # Ctrl-C: leave nothing running
         _stop(p)
         raise
     got = parse_loop(out)
@@ -160,12 +194,16 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
     _copy_in(name, store, files)
     ip = store.get(name).the_plan().node("compute1").ip
     rows: list[dict[str, Any]] = []
+
+    def look() -> None:
+        progress(f"{name}: an MPI loop did not end; the guests say:\n{_look(name, store)}")
+
     for rep in range(reps):
         for load in report.loads_of(rep):
             row: dict[str, Any] = {"memory_mib": mib, "load": load, "rep": rep}
             bg: subprocess.Popen[str] | None = None
             if load == "mpi":
-                row["baseline"] = _loop_done(_mpi(name, store, secs), secs)
+                row["baseline"] = _loop_done(_mpi(name, store, secs), secs, look)
                 bg = _mpi(name, store, secs)
                 time.sleep(min(8, secs / 2))  # the ranks start (ssh into the guests)
             elif load == "memwrite":
@@ -186,7 +224,7 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
                         bg.wait()
                 raise
             if bg is not None and load == "mpi":
-                row["loop"] = _loop_done(bg, secs)
+                row["loop"] = _loop_done(bg, secs, look)
                 row["slowdown"] = report.slowdown(
                     int(row["baseline"]["round_trips"]), int(row["loop"]["round_trips"])
                 )
