@@ -10,12 +10,10 @@ set -eu
 rows=${1:-100000}
 srun -N "$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 hostname   # brings every share up
 dir=/shared/terasort-$SLURM_JOB_ID
-submit() {
-  srun -N1 -n1 env JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
-    /opt/spark/bin/spark-submit --master spark://head0:7077 --deploy-mode client \
-    --driver-memory 512m --conf spark.executor.memory=512m \
-    --conf spark.local.dir=/tmp --class hpvc.terasort.TeraSort /opt/hpvc/terasort.jar "$@"
-}
-submit gen "$rows" "$dir/in"
-submit sort "$dir/in" "$dir/out"
-submit validate "$dir/out"
+# One application for the three, so the driver and executors start once:
+# generate into $dir/in, sort into $dir/out, validate $dir/out.
+srun -N1 -n1 env JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+  /opt/spark/bin/spark-submit --master spark://head0:7077 --deploy-mode client \
+  --driver-memory 512m --conf spark.executor.memory=512m \
+  --conf spark.local.dir=/tmp --class hpvc.terasort.TeraSort /opt/hpvc/terasort.jar \
+  all "$rows" "$dir"
