@@ -109,14 +109,23 @@ def submit(slurm: Env, spec: Path, script: str, out: Path) -> int:
     return int(r.stdout.strip().split(";")[0])
 
 
-def wait_done(slurm: Env, job: int, timeout: float = 400) -> str:
+def wait_done(slurm: Env, job: int, timeout: float = 400, out: Path | None = None) -> str:
+    """Wait for ``job`` to leave the queue. One still there after ``timeout``
+    is cancelled (and waited for, so its epilogs clean its hosts and the
+    module's sweep does not blame the next test) and the test fails with the
+    tail of its output ``out``: where it stood."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = slurm.run("squeue", "-h", "-j", str(job), "-o", "%T")
         if r.stdout.strip() == "":
             return "gone"
         time.sleep(1)
-    raise AssertionError(f"job {job} still queued or running after {timeout} s")
+    slurm.run("scancel", str(job))
+    gone = time.monotonic() + 120
+    while time.monotonic() < gone and slurm.run("squeue", "-h", "-j", str(job)).stdout.strip():
+        time.sleep(1)
+    tail = out.read_text()[-3000:] if out is not None and out.exists() else "(no output)"
+    raise AssertionError(f"job {job} still queued or running after {timeout} s; output:\n{tail}")
 
 
 JOB = """set -u
@@ -152,7 +161,7 @@ def test_vm_job_runs_its_steps_in_the_guests(slurm: Env, vm_spec: Path) -> None:
     build_pingpong(slurm.work)
     out = slurm.work / "vm-job.out"
     job = submit(slurm, vm_spec, JOB, out)
-    wait_done(slurm, job)
+    wait_done(slurm, job, out=out)
     text = out.read_text()
     sections = dict(
         [*part.split(":\n", 1), ""][:2] for part in text.split("step ")[1:]

@@ -51,7 +51,8 @@ def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Itera
 
 # Every rank: its rank, the world's size, its guest, the sum of all ranks
 # (an allreduce) and, for rank 0, a token passed once round the ring (each
-# rank adds its own: 100 + 1 + 2 + 3), crossing between the hosts twice.
+# rank adds its own: 100 + 1 + 2 + 3), crossing between the hosts twice; a
+# barrier before MPI_Finalize.
 RING_C = r"""
 #include <mpi.h>
 #include <stdio.h>
@@ -74,6 +75,11 @@ int main(int argc, char **argv)
 		MPI_Send(&token, 1, MPI_INT, (rank + 1) % size, 0, MPI_COMM_WORLD);
 	}
 	printf("rank %d of %d on %s sum %d token %d\n", rank, size, host, sum, rank ? 0 : token);
+	fflush(stdout);
+	/* Every connection used both ways before MPI_Finalize: Debian's MPICH */
+	/* 4.0.2 (ch4:ucx) can hang in it otherwise, one rank's endpoint flush */
+	/* waiting on a peer already in the PMI barrier (docs/containers.md). */
+	MPI_Barrier(MPI_COMM_WORLD);
 	MPI_Finalize();
 	return 0;
 }
@@ -132,7 +138,7 @@ def test_srun_mpi_pmix_and_pmi2_start_ranks_in_the_guests(slurm: Env, vm_spec: P
     subprocess.run(cc, check=True)
     out = slurm.work / "pmix-job.out"
     job = submit(slurm, vm_spec, JOB, out)
-    wait_done(slurm, job, timeout=500)
+    wait_done(slurm, job, timeout=500, out=out)
     text = out.read_text()
     part = sections(text)
     size = (slurm.work / "ring").stat().st_size
@@ -179,7 +185,7 @@ def test_debians_mpich_runs_under_srun_mpi_pmi2_in_the_guests(slurm: Env) -> Non
     spec.write_text(VM_SPEC.replace('image = "hpc"', 'image = "mpich"'))
     out = slurm.work / "mpich-job.out"
     job = submit(slurm, spec, MPICH_JOB, out)
-    wait_done(slurm, job, timeout=300)
+    wait_done(slurm, job, timeout=500, out=out)
     text = out.read_text()
     part = sections(text)
     ranks = sorted(ln for ln in part["mpich"].splitlines() if ln.startswith("rank "))
