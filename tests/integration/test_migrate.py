@@ -202,3 +202,87 @@ def test_a_failed_migration_leaves_the_node_running_where_it_was(cluster: Store,
     assert answers(store, "compute0")
     assert snapshot(store) == was
     assert target_left(store, "compute0") == []
+
+
+def test_a_container_node_is_refused_in_one_line_and_nothing_changes(tmp_path: Path) -> None:
+    """Container nodes cannot move (Debian's crun has no CRIU): refused before
+    anything is booked, exit 2, the node and the record as they were."""
+    from tests.integration.test_cluster import spec_file
+
+    requires("root", "crun", "ip")
+    store = Store(tmp_path / "state")
+    name = f"mc{os.getpid() % 10000}"
+    try:
+        lifecycle.up(spec_file(tmp_path, name, computes=1), store)
+        rec = store.get(name)
+        was = (rec.plan, rec.holdings, rec.pages, rec.status)
+        pid = ops.node_pid(name, "compute0", store)
+        r = subprocess.run(
+            [sys.executable, "-m", "hpvc", "migrate", name, "compute0"],
+            env=cli_env(store), cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "container nodes cannot be live-migrated" in r.stderr
+        rec = store.get(name)
+        assert (rec.plan, rec.holdings, rec.pages, rec.status) == was
+        assert ops.node_pid(name, "compute0", store) == pid
+        st = {n["name"]: n["state"] for n in ops.status(name, store)["nodes"]}
+        assert st["compute0"] == "running"
+    finally:
+        clean_up(store)
+
+
+USERFAULTFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
+
+
+def _put_memwrite(store: Store, tmp: Path) -> None:
+    exe = tmp / "memwrite"
+    src = Path(ROOT) / "native" / "bench" / "memwrite.c"
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
+    with open(exe, "rb") as f:
+        put = ["sh", "-c", "cat > /root/memwrite && chmod +x /root/memwrite"]
+        argv = ops.exec_argv(NAME, "compute1", put, store)
+        subprocess.run(argv, stdin=f, check=True, timeout=60)
+
+
+def test_postcopy_moves_a_node_under_the_memory_writer(cluster: Store, tmp_path: Path) -> None:
+    """--postcopy: refused in one line while the host keeps userfaultfd from the
+    QEMU's uid (nothing changed); with it allowed, compute1 moves while
+    native/bench/memwrite.c writes 64 MiB in it, the switch to postcopy is made
+    (precopy cannot converge: 1 ms downtime, 64 MiB/s), and every page the
+    writer checks afterwards holds what it wrote. The sysctl is put back."""
+    store = cluster
+    _put_memwrite(store, tmp_path)
+    settings = MigrationSettings(
+        postcopy=True, multifd=0, bandwidth_mib_s=64, downtime_ms=1, auto_converge=False
+    )
+    sysctl_was = USERFAULTFD.read_text()
+    writer: subprocess.Popen[str] | None = None
+    try:
+        USERFAULTFD.write_text("0\n")
+        was = snapshot(store)
+        with pytest.raises(InputError) as e:
+            migrate(NAME, "compute1", settings=settings, store=store)
+        assert e.value.exit_code == 2 and "vm.unprivileged_userfaultfd=1" in e.value.line()
+        assert snapshot(store) == was and target_left(store, "compute1") == []
+        USERFAULTFD.write_text("1\n")
+        old_pid = ops.node_pid(NAME, "compute1", store)
+        argv = ops.exec_argv(NAME, "compute1", ["/root/memwrite", "64", "25"], store)
+        writer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(4)  # the writer holds its memory and loops
+        assert writer.poll() is None, writer.communicate()[0]
+        out = migrate(NAME, "compute1", settings=settings, store=store)
+        text, _ = writer.communicate(timeout=180)
+    finally:
+        USERFAULTFD.write_text(sysctl_was)
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert out["migration"]["postcopy"] is True, out["migration"]
+    assert writer.returncode == 0 and " 0 wrong" in text, text
+    assert ops.node_pid(NAME, "compute1", store) == out["pid"] != old_pid
+    assert not procfs.running(old_pid)
+    assert answers(store, "compute1")
+    assert target_left(store, "compute1") == []
+    assert store.get(NAME).status == "running"
