@@ -149,3 +149,117 @@ def test_stdio_keys_name_pipes_and_files_as_criu_does() -> None:
         child.wait()
         os.close(r)
         os.close(w)
+
+
+# A node's mountinfo as crun 1.8 leaves it with cgroup v1 (lines cut to the
+# fields read), and the host's cgroup mounts of the same hierarchies.
+NODE_INFO = """\
+700 690 0:52 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+712 700 0:60 / /sys/fs/cgroup rw - tmpfs cgroup rw,size=1024k
+713 712 0:31 /hpvc/c1/head0 /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+714 712 0:32 /hpvc/c1/head0 /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
+715 712 0:33 /hpvc/c1/head0 /sys/fs/cgroup/freezer ro - cgroup cgroup ro,freezer
+716 712 0:34 /other /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+717 700 0:40 /clusters/c1/hosts /etc/hosts rw - ext4 /dev/loop0 rw
+"""
+HOST_INFO = """\
+30 25 0:31 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+31 25 0:32 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd,xattr
+32 25 0:33 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer
+33 25 0:34 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+34 25 0:35 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+"""
+
+
+def test_cgroup_mounts_of_a_node_map_to_the_host_s_hierarchies() -> None:
+    found = criu.parse_cgroup_mounts(NODE_INFO, HOST_INFO, "/hpvc/c1/head0")
+    assert found == {
+        "/sys/fs/cgroup/cpu": "/sys/fs/cgroup/cpu",
+        "/sys/fs/cgroup/systemd": "/sys/fs/cgroup/systemd",  # options in another order
+        "/sys/fs/cgroup/freezer": "/sys/fs/cgroup/freezer",  # ro inside, rw outside
+    }  # memory's root is another cgroup's; tmpfs, cgroup2 and binds are not cgroup v1 mounts
+    assert criu.parse_cgroup_mounts(NODE_INFO, HOST_INFO, "/hpvc/c2/head0") == {}
+
+
+def test_this_host_s_cgroup_hierarchies_are_listed_once() -> None:
+    text = Path("/proc/self/mountinfo").read_text()
+    mounts = criu.host_cgroup_mounts()
+    assert len(mounts) == len(set(mounts))
+    assert all(f" {m} " in text for m in mounts)
+    assert all(":" not in criu.cgroup_key(m) for m in mounts)  # CRIU splits its maps at ':'
+
+
+def test_binds_saved_in_the_old_cluster_s_folder_keep_their_mount_point(tmp_path: Path) -> None:
+    old, new = tmp_path / "clusters" / "a", tmp_path / "clusters" / "b"
+    binds = {str(new / "mpi"): str(new / "mpi"), "/etc/hosts": str(new / "hosts")}
+    assert crun_ckpt.saved_binds(binds, old, new) == {
+        str(old / "mpi"): str(new / "mpi"),  # Open MPI's session folder: saved at a's path
+        "/etc/hosts": str(new / "hosts"),
+    }
+    assert crun_ckpt.saved_binds(binds, new, new) == binds  # the same name: as saved
+
+
+def test_a_crun_record_without_what_restore_rewrites_is_refused() -> None:
+    with pytest.raises(InputError) as e:
+        crun_ckpt._check_state({"pid": 1, "bundle": "/b"})
+    assert "process-start-time, cgroup-path" in e.value.line() and e.value.exit_code == 2
+    crun_ckpt._check_state({"pid": 1, "bundle": "/b", "process-start-time": 1, "cgroup-path": "/x"})
+
+
+def _recording_criu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A criu on PATH that writes its arguments, one a line, and a pidfile."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "criu"
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$@" > {tmp_path}/argv\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --pidfile ] && echo 4242 > "$2"; shift; done\n'
+    )
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path / "argv"
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+
+
+def test_dump_names_each_cgroup_mount_by_its_host_hierarchy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _recording_criu(tmp_path, monkeypatch)
+    criu.dump(1, tmp_path / "img", netns=Path("/proc/self/ns/net"), binds=["/etc/hosts"],
+              stdio={}, freezer=tmp_path, root=tmp_path,
+              cgroups={"/sys/fs/cgroup/cpu": "/sys/fs/cgroup/cpu"})  # fmt: skip
+    maps = _pairs(out.read_text().splitlines(), "--ext-mount-map")
+    assert maps == ["/etc/hosts:/etc/hosts", "/sys/fs/cgroup/cpu:hpvc-cgroup/sys/fs/cgroup/cpu"]
+
+
+def test_restore_under_another_name_moves_the_cgroups_and_their_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _recording_criu(tmp_path, monkeypatch)
+    r, w = os.pipe()
+    try:
+        pid = criu.restore(tmp_path, netns=Path("/proc/self/ns/net"),
+                           binds={"/old/mpi": "/new/mpi"}, stdio={}, console_fd=w,
+                           root=tmp_path, pidfile=tmp_path / "pid", cgroup="/hpvc/b/head0",
+                           cgroup_mounts=["/sys/fs/cgroup/cpu"], move_cgroup=True)  # fmt: skip
+        argv = out.read_text().splitlines()
+        assert pid == 4242
+        assert _pairs(argv, "--cgroup-root") == ["/hpvc/b/head0"]
+        assert _pairs(argv, "--ext-mount-map") == [
+            "auto",
+            "/old/mpi:/new/mpi",
+            "hpvc-cgroup/sys/fs/cgroup/cpu:/sys/fs/cgroup/cpu/hpvc/b/head0",
+        ]
+        criu.restore(tmp_path, netns=Path("/proc/self/ns/net"), binds={}, stdio={},
+                     console_fd=w, root=tmp_path, pidfile=tmp_path / "pid",
+                     cgroup="/hpvc/a/head0", cgroup_mounts=["/sys/fs/cgroup/cpu"])  # fmt: skip
+        argv = out.read_text().splitlines()
+        assert "--cgroup-root" not in argv  # the saved name: the saved cgroups
+        assert "hpvc-cgroup/sys/fs/cgroup/cpu:/sys/fs/cgroup/cpu/hpvc/a/head0" in argv
+    finally:
+        os.close(r)
+        os.close(w)

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +94,52 @@ def check(which: Which = shutil.which) -> CriuCheck:
 NETNS_KEY = "hpvc-netns"
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
+# A node's cgroup v1 mounts (crun binds each hierarchy's node folder at
+# /sys/fs/cgroup/<controller>) are named to CRIU by the host's mount point of
+# their hierarchy, behind this prefix (no ':', CRIU splits its maps at the
+# first one), so that a restore under another cluster name maps each to the
+# new cluster's folder instead of the one CRIU would find by itself.
+CGROUP_KEY = "hpvc-cgroup"
+
+
+def parse_cgroup_mounts(node_info: str, host_info: str, cgroup: str) -> dict[str, str]:
+    """Mount point inside a node -> the host's mount point of the same cgroup v1
+    hierarchy, for each cgroup mount in the node's mountinfo (``node_info``)
+    whose root is the node's cgroup ``cgroup`` ("/hpvc/<cluster>/<node>");
+    hierarchies are matched by their super options (controllers, name=)."""
+
+    def cgroup_rows(text: str) -> list[tuple[str, str, str]]:
+        rows = []
+        for line in text.splitlines():
+            head, sep, tail = line.partition(" - ")
+            f, t = head.split(), tail.split()
+            if sep and len(f) >= 5 and len(t) >= 3 and t[0] == "cgroup":
+                opts = ",".join(sorted(o for o in t[2].split(",") if o not in ("rw", "ro")))
+                rows.append((f[3], f[4], opts))
+        return rows
+
+    host = {opts: mnt for root, mnt, opts in cgroup_rows(host_info) if root == "/"}
+    return {
+        mnt: host[opts]
+        for root, mnt, opts in cgroup_rows(node_info)
+        if root == cgroup and opts in host
+    }
+
+
+def cgroup_mounts(pid: int, cgroup: str) -> dict[str, str]:
+    """``parse_cgroup_mounts`` for the task ``pid`` on this host."""
+    node = Path(f"/proc/{pid}/mountinfo").read_text()
+    return parse_cgroup_mounts(node, Path("/proc/self/mountinfo").read_text(), cgroup)
+
+
+def host_cgroup_mounts() -> list[str]:
+    """The host's mount points of its cgroup v1 hierarchies."""
+    text = Path("/proc/self/mountinfo").read_text()
+    return sorted(set(parse_cgroup_mounts(text, text, "/").values()))
+
+
+def cgroup_key(host_mountpoint: str) -> str:
+    return CGROUP_KEY + host_mountpoint
 
 
 def stdio_keys(pid: int) -> dict[int, str]:
@@ -142,10 +188,12 @@ def dump(
     stdio: dict[int, str],
     freezer: Path,
     root: Path,
+    cgroups: dict[str, str] | None = None,
 ) -> None:
     """``criu dump`` of the process tree of ``pid`` (a frozen node's init) into
     ``images``; the tasks stay, frozen. ``binds``: mount points inside the node
-    of folders bound from the host."""
+    of folders bound from the host; ``cgroups``: its cgroup mounts (mount point
+    -> the host's mount point of that hierarchy, ``cgroup_mounts``)."""
     images.mkdir(parents=True, exist_ok=True)
     argv = [_criu(), "dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, "-v4"]
     argv += ["--tcp-established", "--file-locks", "-R", "--root", str(root)]
@@ -154,6 +202,8 @@ def dump(
     argv += ["--external", f"net[{os.stat(netns).st_ino}]:{NETNS_KEY}", "--external", "mnt[]"]
     for dest in binds:
         argv += ["--ext-mount-map", f"{dest}:{dest}"]
+    for inside, host in (cgroups or {}).items():
+        argv += ["--ext-mount-map", f"{inside}:{cgroup_key(host)}"]
     for key in stdio.values():
         if key.startswith("file["):
             argv += ["--external", key]
@@ -171,13 +221,20 @@ def restore(
     console_fd: int,
     root: Path,
     pidfile: Path,
+    cgroup: str = "",
+    cgroup_mounts: Sequence[str] = (),
+    move_cgroup: bool = False,
 ) -> int:
     """``criu restore`` of ``images`` into the network namespace at ``netns`` and
     the root ``root``, its tasks in the cgroups they were saved in (with their
-    limits: CRIU's soft mode); ``binds`` maps each
-    bound mount point to its folder on this host now; the saved stdio pipes
-    become ``console_fd``, other stdio files /dev/null. Returns the restored
-    init's PID; its tasks are frozen (as they were dumped)."""
+    limits: CRIU's soft mode), or, with ``move_cgroup``, in ``cgroup``
+    ("/hpvc/<cluster>/<node>") instead (``--cgroup-root``: a restore under
+    another cluster name); the node's cgroup mounts are bound from ``cgroup``
+    under each of the host's hierarchy mount points ``cgroup_mounts``
+    (``host_cgroup_mounts``); ``binds`` maps each
+    bound mount point (as saved) to its folder on this host now; the saved
+    stdio pipes become ``console_fd``, other stdio files /dev/null. Returns the
+    restored init's PID; its tasks are frozen (as they were dumped)."""
     fds: list[int] = []
     argv = [_criu(), "restore", "-D", str(images), "-o", RESTORE_LOG, "-v4", "-d"]
     argv += ["--tcp-established", "--file-locks", "--root", str(root)]
@@ -194,6 +251,10 @@ def restore(
             argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
         for dest, source in binds.items():
             argv += ["--ext-mount-map", f"{dest}:{source}"]
+        if move_cgroup:
+            argv += ["--cgroup-root", cgroup]
+        for host in cgroup_mounts:
+            argv += ["--ext-mount-map", f"{cgroup_key(host)}:{host}{cgroup}"]
         done = subprocess.run(
             argv, capture_output=True, text=True, check=False, pass_fds=(*fds, console_fd)
         )

@@ -10,7 +10,9 @@ crun 1.8 (Debian's) is built without CRIU, so hpvc drives CRIU itself
   repair mode, SysV IPC of its own IPC namespace, the contents of its /dev
   and /dev/shm tmpfs), ``upper.tar`` (the overlay's upper folder: the node's
   writable layer, whiteouts and xattrs kept), ``crun-state.json`` (crun's
-  record of the container, to hand the restored node back to crun);
+  record of the container, to hand the restored node back to crun); with the
+  first node, ``shared.tar``: the shared directory's host folder where it
+  lives in the cluster's folder (restored before any node);
 - restore, per node: what ``start`` makes before ``crun run`` (folder, layer
   with the saved upper folder, overlay root, network namespace and veth with
   the same address and MAC, config.json for crun exec), a new console
@@ -21,13 +23,19 @@ crun 1.8 (Debian's) is built without CRIU, so hpvc drives CRIU itself
   record's layout is crun 1.8's own (``/run/crun/<id>/status``): restore
   refuses a saved record without the fields it rewrites.
 
+A restore under another cluster name (``hpvc restore --name``): the nodes'
+cgroups move to the new cluster's (CRIU's ``--cgroup-root``), their cgroup
+mounts are bound from there (saved under a key per host hierarchy,
+``hpvc.host.criu.cgroup_mounts``), the binds from the new cluster's folders;
+hostnames, addresses, MACs and processes are the saved ones.
+
 Not covered, refused in one line before any node is frozen: nodes sharing
-the cluster's PID and IPC namespaces and /dev/shm (``locality = "shm"``:
-CRIU dumps a process tree only from the init of its PID namespace, and the
-holder owns that one), a shared directory served by an NFS server node, and
-a restore under another cluster name (the cgroup binds CRIU finds inside a
-node name the cluster). Where ``criu check`` fails (CRIU 3.17 on kernels
-6.13+), every step raises ``refusal()``.
+the cluster's PID and IPC namespaces and /dev/shm (``locality = "shm"``: a
+node's background job belongs to the shared namespace's init, in no node's
+tree, and CRIU 4.2 cannot dump that namespace whole, the nodes' hostnames
+being nested UTS namespaces: scripts/checkpoint/shm-repro.sh), and a shared
+directory served by an NFS server node. Where ``criu check`` fails (CRIU 3.17
+on kernels 6.13+), every step raises ``refusal()``.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ WHAT = "checkpoint of crun (container) nodes"
 DOC = "docs/checkpoint.md, Containers"
 CRIU_DIR = "criu"
 UPPER_TAR = "upper.tar"
+SHARED_TAR = "shared.tar"  # the shared directory's host folder, with the first node
 CRUN_STATE = "crun-state.json"
 STDIO = "stdio.json"  # CRIU's names of the init's stdio, which restore hands new ones for
 CRUN_RUN = Path("/run/crun")
@@ -89,10 +98,13 @@ def usable() -> None:
 def refuse_unsupported(env: ClusterEnv, plan: Plan) -> None:
     """What this backend cannot checkpoint, in one line, before anything is frozen."""
     if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
+        # scripts/checkpoint/shm-repro.sh shows why (docs/checkpoint.md, Limits).
         raise InputError(
             f"checkpoint of {env.name}",
-            'its container nodes share one PID and IPC namespace and /dev/shm (locality = "shm"),'
-            " which CRIU cannot dump node by node",
+            'its container nodes share one PID namespace (locality = "shm"): a job a node'
+            " runs in the background belongs to that namespace's init, in no node's process"
+            " tree, and CRIU 4.2 cannot dump the namespace whole (each node's own hostname"
+            " is a nested UTS namespace)",
             'set [tuning] locality = "none" in the spec (docs/checkpoint.md)',
         )
     if shared.shared_of(plan).server == "nfs":
@@ -141,6 +153,14 @@ def _tar(argv: list[str], what: str) -> None:
         raise HpvcError(what, lines[-1] if lines else f"tar exit {done.returncode}")
 
 
+def _shared_folder(env: ClusterEnv, plan: Plan) -> Path | None:
+    """The host folder of the cluster's shared directory where it lives in the
+    cluster's folder (``server = "host"``, gone at ``down``); None otherwise
+    (``keep = true``: it outlives the cluster and is bound again as it is)."""
+    sh = shared.shared_of(plan)
+    return shared.host_folder(env, sh) if sh.server == "host" and not sh.keep else None
+
+
 TAR_OPTS = ["--xattrs", "--xattrs-include=*", "--acls", "--numeric-owner", "--sparse"]
 
 
@@ -162,11 +182,17 @@ def save(
         stdio=stdio,
         freezer=freezer.cgroup_dir(_rel(plan, name)),
         root=node_dir / "rootfs",
+        cgroups=criu.cgroup_mounts(pid, _rel(plan, name)),
     )
     inject(f"save:{name}")
     progress(f"node {name}: writable layer")
     _tar(["-C", str(_upper(env, plan, name)), *TAR_OPTS, "-cf", str(dest_dir / UPPER_TAR), "."],
          f"save the writable layer of {name}")  # fmt: skip
+    folder = _shared_folder(env, plan)
+    if folder is not None and name == plan.nodes[0].name:  # once, with the first node
+        progress("the shared directory")
+        _tar(["-C", str(folder), *TAR_OPTS, "-cf", str(dest_dir / SHARED_TAR), "."],
+             "save the shared directory")  # fmt: skip
     state = json.loads((CRUN_RUN / cid / "status").read_text())
     (dest_dir / CRUN_STATE).write_text(json.dumps(state, indent=1) + "\n")
     (dest_dir / STDIO).write_text(json.dumps({str(k): v for k, v in stdio.items()}) + "\n")
@@ -174,8 +200,8 @@ def save(
     return {"files": files, "binds": sorted(binds)}
 
 
-def _crun_state(src: dict[str, Any], pid: int, node_dir: Path) -> dict[str, Any]:
-    """crun's record of a container, for a restored init ``pid``."""
+def _check_state(src: dict[str, Any]) -> None:
+    """Refuse a saved crun record without the fields restore rewrites."""
     missing = [k for k in ("pid", "process-start-time", "cgroup-path", "bundle") if k not in src]
     if missing:
         raise InputError(
@@ -183,6 +209,11 @@ def _crun_state(src: dict[str, Any], pid: int, node_dir: Path) -> dict[str, Any]
             f"has no {', '.join(missing)} (another crun than 1.8?)",
             "restore on a host with the crun the checkpoint was taken with",
         )
+
+
+def _crun_state(src: dict[str, Any], pid: int, node_dir: Path) -> dict[str, Any]:
+    """crun's record of a container, for a restored init ``pid``."""
+    _check_state(src)
     started = procfs.start_time(pid)
     return src | {
         "pid": pid,
@@ -202,12 +233,7 @@ def _restore_one(env: ClusterEnv, plan: Plan, name: str, src: Path, progress: Pr
     j = env.node_journal(name)
     cid = ct.container_id(plan.cluster, name)
     saved = json.loads((src / CRUN_STATE).read_text())
-    if saved.get("cgroup-path") != _rel(plan, name):
-        raise InputError(
-            f"restore of container node {name}",
-            f"it was saved as cgroup {saved.get('cgroup-path')}, not {_rel(plan, name)}",
-            "restore container nodes under their cluster's own name",
-        )
+    _check_state(saved)
     tree.record(j, node_dir)
     top = layer.mount_layer(j, env.store.root, node_dir, node.disk_mib) if node.disk_mib else None
     upper = (top or node_dir) / "upper"
@@ -223,24 +249,43 @@ def _restore_one(env: ClusterEnv, plan: Plan, name: str, src: Path, progress: Pr
     out = console_ring.start(j, node_dir / "console.log", env.rec.console_bytes(), append=True)
     assert out is not None
     j.record("container", id=cid, cgroup=config["linux"]["cgroupsPath"])
+    cgroup = _rel(plan, name)
     try:
         pid = criu.restore(
             src / CRIU_DIR,
             netns=Path(netns),
-            binds=_binds(config),
+            binds=saved_binds(_binds(config), Path(saved["bundle"]).parent.parent, env.dir),
             stdio={int(k): v for k, v in saved_stdio(src).items()},
             console_fd=out,
             root=node_dir / "rootfs",
             pidfile=node_dir / "restored.pid",
+            cgroup=cgroup,
+            cgroup_mounts=criu.host_cgroup_mounts(),
+            move_cgroup=saved["cgroup-path"] != cgroup,  # restored under another name
         )
     finally:
         os.close(out)
     run_dir = CRUN_RUN / cid
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(dumps(config))
-    (run_dir / "status").write_text(json.dumps(_crun_state(saved, pid, node_dir), indent=4))
+    state = _crun_state(saved, pid, node_dir) | {"cgroup-path": cgroup}
+    (run_dir / "status").write_text(json.dumps(state, indent=4))
     ct.update_cpus(cid, format_cpulist(node.cpuset))  # this host's plan, not the saved one
     inject(f"restore:{name}")
+
+
+def saved_binds(binds: dict[str, str], saved_dir: Path, cluster_dir: Path) -> dict[str, str]:
+    """Each bind of the node as CRIU saved it (its mount point) -> its folder on this
+    host now. Under another cluster name (or state folder) a bind whose mount point
+    is in the cluster's folder (Open MPI's session folder: the same path inside as
+    outside) was saved at the old folder's path; inside the node it stays there."""
+    out = {}
+    for dest, source in binds.items():
+        path = Path(dest)
+        if saved_dir != cluster_dir and path.is_relative_to(cluster_dir):
+            dest = str(saved_dir / path.relative_to(cluster_dir))
+        out[dest] = source
+    return out
 
 
 def saved_stdio(src: Path) -> dict[str, str]:
@@ -256,5 +301,9 @@ def restore_nodes(
     refuse_unsupported(env, plan)
     if shutil.which("tar") is None:
         raise MissingDependency(WHAT, "tar not found", "apt-get install tar")
+    folder, saved = _shared_folder(env, plan), src_dir / plan.nodes[0].name / SHARED_TAR
+    if folder is not None and saved.exists():  # before any node reopens its files there
+        progress("the shared directory")
+        _tar(["-C", str(folder), *TAR_OPTS, "-xf", str(saved)], "restore the shared directory")
     for name in names:
         _restore_one(env, plan, name, src_dir / name, progress)
