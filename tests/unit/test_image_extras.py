@@ -4,6 +4,7 @@ and a fake extra. No root, no network."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -20,8 +21,37 @@ from hpvc.image.extras import EXTRAS, SPARK_EXTRA, Extra, preset_extras, with_ex
 from hpvc.progress import Progress
 from tests.unit.test_image import DEFAULT_DIGEST, Fake, build, leftovers, run_cli
 
-# The spark preset's recipe digest: changes only with its recipe (see DEFAULT_DIGEST).
-SPARK_DIGEST = "ce29b2d290e28f59ed72b3e787b7a99787339aedd65f687090d65524d2d82f84"
+# The spark preset's recipe digest with its TeraSort sources' digest pinned to
+# PINNED_CONTENT (the fixture below): changes only with its recipe (see DEFAULT_DIGEST).
+PINNED_CONTENT = "0" * 64
+REAL_SPARK = EXTRAS[SPARK_EXTRA]  # as registered, before the fixture pins it
+SPARK_DIGEST = "59e4c6dcc04d997dd3a7d93bd723d4c1ec69ffe8dd48c35204f9cbd9a2af367d"
+
+
+@pytest.fixture(autouse=True)
+def pinned_spark_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spark extra's content digest fixed, so SPARK_DIGEST does not follow
+    every edit of the Java sources (test_the_terasort_sources_are_in_the_digest
+    checks the real one)."""
+    pinned = dataclasses.replace(EXTRAS[SPARK_EXTRA], content=lambda: PINNED_CONTENT)
+    monkeypatch.setitem(EXTRAS, SPARK_EXTRA, pinned)
+
+
+def test_the_terasort_sources_are_in_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed TeraSort is a new spark recipe (an image holding the old jar is
+    not reused), and the content is the sources' own digest."""
+    from hpvc.spark.app import sources_digest
+
+    before = spark_spec().digest
+    other = dataclasses.replace(EXTRAS[SPARK_EXTRA], content=lambda: "1" * 64)
+    monkeypatch.setitem(EXTRAS, SPARK_EXTRA, other)
+    assert spark_spec().digest != before
+    monkeypatch.setitem(EXTRAS, SPARK_EXTRA, REAL_SPARK)
+    doc = json.loads(spark_spec().canonical_json())
+    assert doc["extras_content"] == {SPARK_EXTRA: sources_digest()}
+    assert "extras_content" not in json.loads(
+        ImageSpec.make(extras=[image_extras.OPENBLAS_EXTRA]).canonical_json()
+    )  # no content of hpvc's own: the digest as before
 
 
 @pytest.fixture
@@ -84,7 +114,8 @@ def fake_extra(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         (rootfs / "opt/spark/RELEASE").write_text("fake\n")
         progress("copying Spark")
 
-    fake = Extra(SPARK_EXTRA, EXTRAS[SPARK_EXTRA].packages, install, "fake")  # the same recipe
+    pinned = EXTRAS[SPARK_EXTRA]
+    fake = Extra(SPARK_EXTRA, pinned.packages, install, "fake", pinned.content)  # the same recipe
     monkeypatch.setitem(EXTRAS, SPARK_EXTRA, fake)
     return calls
 
@@ -178,3 +209,31 @@ def test_the_hpc_openblas_preset_is_hpc_plus_debians_openblas(tmp_path: Path) ->
     said: list[str] = []
     install(tmp_path, said.append)
     assert said and lib.name in said[0]
+
+
+def test_ensure_image_builds_a_spark_image_with_an_older_terasort_again(
+    tmp_path: Path, store: Store, fake_extra: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.common.ensure_image (the benchmarks' and tests' way to get an image):
+    a spark image whose TeraSort sources changed since its build is built again
+    with its own recipe; a current one, and one without extras, are left alone."""
+    from hpvc.bench import common
+
+    monkeypatch.setenv("HPVC_IMAGE_DIR", str(store.root))
+    fake = Fake(tmp_path)
+    built = build(fake, store, "spark", extras=[SPARK_EXTRA])
+    build(fake, store, "hpc")
+    calls: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(common, "build_image", lambda name, *a, **kw: calls.append((name, kw)))
+    common.ensure_image("spark")
+    common.ensure_image("hpc")
+    assert calls == []  # both current
+    newer = dataclasses.replace(EXTRAS[SPARK_EXTRA], content=lambda: "2" * 64)
+    monkeypatch.setitem(EXTRAS, SPARK_EXTRA, newer)
+    said: list[str] = []
+    common.ensure_image("spark", said.append)
+    common.ensure_image("hpc")
+    assert [(n, kw["extras"], kw["suite"]) for n, kw in calls] == [
+        ("spark", (SPARK_EXTRA,), built.suite)
+    ]
+    assert said == [f"image 'spark' holds an older {SPARK_EXTRA}: building it again"]

@@ -38,12 +38,21 @@ class Extra:
     packages: tuple[str, ...]
     install: Installer
     about: str
+    # The digest of what it installs of hpvc's own, beyond its pinned name
+    # (part of the image recipe's digest: hpvc.image.model.ImageSpec).
+    content: Callable[[], str] | None = None
 
 
 def _spark(rootfs: Path, progress: Progress) -> None:
     from hpvc.spark.install import install_spark  # Spark's code only when an image wants it
 
     install_spark(rootfs, progress)
+
+
+def _spark_content() -> str:
+    from hpvc.spark.app import sources_digest  # the TeraSort jar's sources and Spark version
+
+    return sources_digest()
 
 
 SPARK_EXTRA = "spark-3.5.3"  # hpvc.spark.dist.VERSION; a test keeps the two equal
@@ -78,6 +87,7 @@ EXTRAS: dict[str, Extra] = {
         packages=("openjdk-17-jre-headless", "procps", *NFS_SERVER_PACKAGES),
         install=_spark,
         about="Apache Spark 3.5.3 at /opt/spark, hpvc's TeraSort at /opt/hpvc/terasort.jar",
+        content=_spark_content,
     ),
     OPENBLAS_EXTRA: Extra(
         name=OPENBLAS_EXTRA,
@@ -92,6 +102,16 @@ EXTRAS: dict[str, Extra] = {
 # default packages, and whatever --packages adds).
 # ``hpc-openblas``: the nodes of ``hpvc bench run --suite hpcc`` (hpvc.bench.hpcc.blas).
 PRESETS: dict[str, tuple[str, ...]] = {"spark": (SPARK_EXTRA,), "hpc-openblas": (OPENBLAS_EXTRA,)}
+
+
+def content_digests(names: Iterable[str]) -> dict[str, str]:
+    """{extra: digest of what it installs of hpvc's own} for the known ``names`` that have one."""
+    out = {}
+    for name in names:
+        extra = EXTRAS.get(name)
+        if extra is not None and extra.content is not None:
+            out[name] = extra.content()
+    return out
 
 
 def preset_extras(name: str) -> tuple[str, ...]:

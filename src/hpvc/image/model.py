@@ -103,6 +103,12 @@ def split_packages(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _extras_content(names: list[str]) -> dict[str, str]:
+    from hpvc.image.extras import content_digests  # here: extras imports this module
+
+    return content_digests(names)
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """The recipe of a rootfs; everything that decides its content, nothing else."""
@@ -147,6 +153,11 @@ class ImageSpec:
         }
         if self.extras:  # absent, not empty: recipes without extras keep their digests
             doc["extras"] = sorted(set(self.extras))
+            # What an extra installs of hpvc's own (the spark extra's TeraSort
+            # jar), by digest: changed sources are a new recipe, not a reuse.
+            content = _extras_content(doc["extras"])
+            if content:
+                doc["extras_content"] = content
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @property
