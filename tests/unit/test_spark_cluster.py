@@ -59,6 +59,9 @@ def test_master_and_worker_lines_start_in_the_background_with_their_sizes() -> N
     assert worker.split(" >")[0].endswith("spark://10.88.0.2:7100")
     assert "SPARK_LOCAL_IP=10.88.0.4" in worker
     shlex.split(worker)  # a well-formed shell line
+    # Both daemons' JVMs C1 only (spark.model.DAEMON_JAVA_OPTS), as native Spark's.
+    for line in (master, worker):
+        assert "SPARK_DAEMON_JAVA_OPTS=-XX:TieredStopAtLevel=1" in shlex.split(line)
 
 
 def test_a_slurm_jobs_daemons_run_as_its_user_known_to_the_node(tmp_path: Path) -> None:

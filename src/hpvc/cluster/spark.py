@@ -52,6 +52,7 @@ def _env(sp: SparkPlan, address: str, plan: Plan) -> dict[str, str]:
         "SPARK_LOCAL_DIRS": f"{SCRATCH}/local",
         "SPARK_WORKER_DIR": f"{SCRATCH}/work",
         "SPARK_DAEMON_MEMORY": f"{sizing.DAEMON_MEMORY_MIB}m",
+        "SPARK_DAEMON_JAVA_OPTS": model.DAEMON_JAVA_OPTS,
         "SPARK_LOG_DIR": f"{spark_dir(plan)}/logs",
         "SPARK_NO_DAEMONIZE": "1",
     }

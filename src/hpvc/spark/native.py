@@ -175,6 +175,7 @@ class NativeSpark:
             SPARK_LOCAL_IP=host or self.host,
             SPARK_LOCAL_DIRS=str(local_dir),
             SPARK_DAEMON_MEMORY=f"{self.daemon_memory_mib}m",
+            SPARK_DAEMON_JAVA_OPTS=model.DAEMON_JAVA_OPTS,
         )
         env.pop("SPARK_ENV_LOADED", None)
         env.update(self.extra_env)
