@@ -138,7 +138,7 @@ def test_node_moves_between_hosts_under_a_running_mpi_job(slurm: Env) -> None:
     spec = slurm.work / "mig.toml"
     spec.write_text(SPEC)
     build_loop(slurm.work)  # native/bench/migloop.c: a ping-pong that checks its answers
-    (slurm.work / "job.sh").write_text("#!/bin/bash\n" + JOB.format(ticks=80, secs=70))
+    (slurm.work / "job.sh").write_text("#!/bin/bash\n" + JOB.format(ticks=55, secs=45))
     out = slurm.work / "job.out"
     r = slurm.run("sbatch", "--parsable", "-N2", "--mem=700M", f"--hpvc={spec}", "-o", str(out),
                   str(slurm.work / "job.sh"))  # fmt: skip
