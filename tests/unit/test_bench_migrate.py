@@ -111,3 +111,14 @@ def test_cli_refuses_bad_sizes_and_host_counts_with_exit_2(
         assert e.value.code == 2
         assert named in capsys.readouterr().err
     assert cli.parse_sizes("1GiB, 512MiB") == [1024, 512]
+
+
+def test_a_load_that_failed_is_counted_and_named_and_its_move_kept() -> None:
+    ok = _row(1024, "memwrite", 300, 20.0, rep=1)
+    bad = _row(1024, "memwrite", 500, 30.0, rep=0, load_failed="writer: exit 255, said nothing")
+    rows = [ok, bad]
+    table = report.table(rows)
+    assert table[0]["n"] == 2 and table[0]["load_failed"] == 1
+    assert table[0]["total_ms"]["max"] == 500  # the move itself was measured
+    md = report.report_md({"accelerator": {"vm": "tcg"}, "reps": 2, "table": table, "runs": rows})
+    assert "| 1 of 2 |" in md and "rep 0 memwrite: writer: exit 255, said nothing" in md

@@ -45,8 +45,10 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             e["sent_mib"] = summary([r["bytes_sent"] / (1 << 20) for r in mine])
             gaps = [r["ping_gap_ms"] for r in mine if r.get("ping_gap_ms") is not None]
             e["ping_gap_ms"] = summary(gaps) if gaps else None
-            if load == "mpi":
-                e["slowdown"] = summary([r["slowdown"] for r in mine])
+            slow = [r["slowdown"] for r in mine if "slowdown" in r]
+            if load == "mpi" and slow:
+                e["slowdown"] = summary(slow)
+            e["load_failed"] = sum(1 for r in mine if r.get("load_failed"))
             out.append(e)
     return out
 
@@ -76,14 +78,21 @@ def report_md(doc: dict[str, Any]) -> str:
     lines += [
         "",
         "| guest | load | total ms | downtime ms (QEMU) | ping gap ms (outside) | sent MiB |"
-        " wall s | MPI slowdown |",
-        "|---|---|---|---|---|---|---|---|",
+        " wall s | MPI slowdown | load failed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in doc["table"]:
         slow = _mmm(e.get("slowdown"), "{:.2f}") if e["load"] == "mpi" else ""
         lines.append(
             f"| {e['memory_mib']} MiB | {e['load']} | {_mmm(e['total_ms'])} |"
             f" {_mmm(e['downtime_ms'])} | {_mmm(e['ping_gap_ms'])} | {_mmm(e['sent_mib'])} |"
-            f" {_mmm(e['wall_s'], '{:.1f}')} | {slow} |"
+            f" {_mmm(e['wall_s'], '{:.1f}')} | {slow} | {e.get('load_failed', 0)} of {e['n']} |"
         )
+    failed = [r for r in doc.get("runs", []) if r.get("load_failed")]
+    if failed:
+        lines += ["", "Loads that did not end right (the move itself was measured):", ""]
+        lines += [
+            f"- {r['memory_mib']} MiB rep {r['rep']} {r['load']}: {r['load_failed']}"
+            for r in failed
+        ]
     return "\n".join(lines) + "\n"

@@ -166,6 +166,24 @@ def _loop_done(
     return got
 
 
+def _writer_done(p: subprocess.Popen[str], secs: int, look: Callable[[], object]) -> dict[str, Any]:
+    """The memory writer's end: its output, and ``load_failed`` when it did not
+    end right (a wrong page, an exit other than 0, no end in time); the guests
+    are looked at then. Kept in the row: the move itself was measured."""
+    try:
+        out, _ = p.communicate(timeout=secs + 120)
+    except subprocess.TimeoutExpired:
+        look()
+        p.kill()
+        out, _ = p.communicate()
+        return {"memwrite_out": out.strip()[-200:], "load_failed": "writer: no end in time"}
+    got: dict[str, Any] = {"memwrite_out": out.strip()[-200:], "memwrite_exit": p.returncode}
+    if p.returncode != 0 or " 0 wrong" not in out:  # a page the move lost, or it died
+        look()
+        got["load_failed"] = f"writer: exit {p.returncode}, said {got['memwrite_out'] or 'nothing'}"
+    return got
+
+
 def _move(name: str, store: Store, ip: str) -> dict[str, Any]:
     ping = subprocess.Popen(["ping", "-D", "-n", "-i", "0.002", ip], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -196,14 +214,17 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
     rows: list[dict[str, Any]] = []
 
     def look() -> None:
-        progress(f"{name}: an MPI loop did not end; the guests say:\n{_look(name, store)}")
+        progress(f"{name}: a load went wrong; the guests say:\n{_look(name, store)}")
 
     for rep in range(reps):
         for load in report.loads_of(rep):
             row: dict[str, Any] = {"memory_mib": mib, "load": load, "rep": rep}
             bg: subprocess.Popen[str] | None = None
             if load == "mpi":
-                row["baseline"] = _loop_done(_mpi(name, store, secs), secs, look)
+                try:
+                    row["baseline"] = _loop_done(_mpi(name, store, secs), secs, look)
+                except HpvcError as e:  # kept, and the move still measured
+                    row["load_failed"] = f"baseline loop: {e.line()}"
                 bg = _mpi(name, store, secs)
                 time.sleep(min(8, secs / 2))  # the ranks start (ssh into the guests)
             elif load == "memwrite":
@@ -224,15 +245,18 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
                         bg.wait()
                 raise
             if bg is not None and load == "mpi":
-                row["loop"] = _loop_done(bg, secs, look)
-                row["slowdown"] = report.slowdown(
-                    int(row["baseline"]["round_trips"]), int(row["loop"]["round_trips"])
-                )
+                try:
+                    row["loop"] = _loop_done(bg, secs, look)
+                except HpvcError as e:
+                    row["load_failed"] = f"loop through the move: {e.line()}"
+                if "loop" in row and "baseline" in row:
+                    row["slowdown"] = report.slowdown(
+                        int(row["baseline"]["round_trips"]), int(row["loop"]["round_trips"])
+                    )
             elif bg is not None:
-                out, _ = bg.communicate(timeout=secs + 120)
-                row["memwrite_out"] = out.strip()[-200:]
-                if bg.returncode != 0 or " 0 wrong" not in out:  # a page the move lost
-                    raise HpvcError("bench migrate: the memory writer", row["memwrite_out"])
+                row |= _writer_done(bg, secs, look)
+            if row.get("load_failed"):
+                progress(f"{name} rep {rep} {load}: the load failed: {row['load_failed']}")
             progress(
                 f"{name} rep {rep} {load}: {row['total_ms']} ms total,"
                 f" {row['downtime_ms']} ms downtime, ping gap {row['ping_gap_ms']} ms"
