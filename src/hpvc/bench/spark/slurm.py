@@ -179,14 +179,24 @@ def _verdict(result: dict[str, Any], rows: int, config: str) -> None:
 
 
 def _samples(config: str, rep: int, size: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The step times, and the sort's own phases (TeraSort's TERATIME: the
+    executors' start-up, sampling, the sort with its shuffle and output), so
+    a gap to native can be placed in a phase."""
     base = {"suite": "spark-slurm", "config": config, "rep": rep, "unit": "s",
             "higher_is_better": False}  # fmt: skip
     steps = result["steps"]
+    sort = steps["sort"]["TERATIME"]
+    phases = [
+        {**base, "metric": f"sort {size}: {key.removesuffix('_s')}", "value": value}
+        for key, value in sort.items()
+        if key.endswith("_s") and key != "total_s" and isinstance(value, float)
+    ]
     return [
-        {**base, "metric": f"sort {size}", "value": steps["sort"]["TERATIME"]["total_s"]},
+        {**base, "metric": f"sort {size}", "value": sort["total_s"]},
         {**base, "metric": f"sort step wall {size}", "value": result["sort_s"]},
         {**base, "metric": f"gen {size}", "value": steps["gen"]["TERATIME"]["total_s"]},
         {**base, "metric": f"validate {size}", "value": steps["validate"]["TERATIME"]["total_s"]},
+        *phases,
     ]
 
 
