@@ -163,9 +163,30 @@ def ensure_bridge(
             raise HpvcError(what, f"{name} exists and is not a bridge", "remove it or rename")
         _disable_ipv6(name)
         ipr.link("set", index=index, mtu=mtu)
+        _pin_mac(ipr, index)
         if address:
             _ensure_addr(ipr, index, address, prefixlen)
         ipr.link("set", index=index, state="up")
+
+
+def _pin_mac(ipr: Any, index: int) -> None:
+    """Keep the bridge's MAC address as it is now, whatever ports come and go.
+
+    A Linux bridge whose address was never set takes the lowest MAC of its
+    ports and changes it when that port leaves (or a lower one joins): a
+    VM node's live migration swaps its tap for a new one, so the host's own
+    address on the cluster bridge (the guests' gateway, the MPI launcher's
+    and ssh's peer) could change MAC under the guests, whose ARP entry for it
+    then points nowhere until it expires: connections from a guest to the
+    host stall (issue 27: an MPI loop that hung, a memory writer whose ssh
+    never ended, an Open MPI daemon lost after a move across hosts). An
+    address set by hand is kept by the kernel (br_stp_recalculate_bridge_id);
+    setting the one it has now changes nothing a guest already knows.
+    docs/network.md."""
+    links = ipr.get_links(index)
+    mac = links[0].get_attr("IFLA_ADDRESS") if links else None
+    if mac:
+        ipr.link("set", index=index, address=mac)
 
 
 def create_netns(journal: Journal, name: str) -> str:
