@@ -132,3 +132,29 @@ def test_report_names_nodes_given_less_memory() -> None:
     text = report.report_md(doc)
     assert "| 2 x 3584 MiB (of 4 GiB) (job holds 512 MiB) | hpvc |" in text
     assert "- 2 x 4 GiB: given 3584 MiB each" in text and "at the end [2.5]." in text
+
+
+def test_down_is_run_again_only_when_a_node_s_tasks_were_still_exiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hpvc.errors import HpvcError
+
+    calls: list[str] = []
+    still = HpvcError("down c", "cgroup /hpvc/c (remove cgroup /hpvc/c: tasks are still in it")
+
+    def down(name: str, store: object, progress: object) -> None:
+        calls.append(name)
+        if len(calls) == 1:
+            raise still
+
+    monkeypatch.setattr(runner.lifecycle, "down", down)
+    monkeypatch.setattr(runner, "DOWN_AGAIN_S", 0)
+    runner._down("c", None, lambda m: None)  # type: ignore[arg-type]
+    assert calls == ["c", "c"]
+
+    def broken(name: str, store: object, progress: object) -> None:
+        raise HpvcError("down c", "something else")
+
+    monkeypatch.setattr(runner.lifecycle, "down", broken)
+    with pytest.raises(HpvcError):
+        runner._down("c", None, lambda m: None)  # type: ignore[arg-type]
