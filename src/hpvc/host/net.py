@@ -178,8 +178,7 @@ def _pin_mac(ipr: Any, index: int) -> None:
     address on the cluster bridge (the guests' gateway, the MPI launcher's
     and ssh's peer) could change MAC under the guests, whose ARP entry for it
     then points nowhere until it expires: connections from a guest to the
-    host stall (issue 27: an MPI loop that hung, a memory writer whose ssh
-    never ended, an Open MPI daemon lost after a move across hosts). An
+    host stall (issue 27; shown in a namespace by test_bridge_mac.py). An
     address set by hand is kept by the kernel (br_stp_recalculate_bridge_id);
     setting the one it has now changes nothing a guest already knows.
     docs/network.md."""
