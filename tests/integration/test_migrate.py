@@ -14,6 +14,7 @@ a test fails.
 from __future__ import annotations
 
 import _thread
+import json
 import os
 import signal
 import subprocess
@@ -286,3 +287,34 @@ def test_postcopy_moves_a_node_under_the_memory_writer(cluster: Store, tmp_path:
     assert answers(store, "compute1")
     assert target_left(store, "compute1") == []
     assert store.get(NAME).status == "running"
+
+
+def _mac(ifname: str) -> str:
+    out = subprocess.run(["ip", "-j", "link", "show", ifname], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return str(json.loads(out)[0]["address"])
+
+
+def test_the_host_keeps_its_mac_on_the_bridge_when_a_node_moves(cluster: Store) -> None:
+    """The moving node's tap is given the lowest MAC on the bridge, which a bridge
+    whose address was never set would take as its own and lose with the tap at
+    the switch: the guests' ARP entry for the host (their gateway, ssh's and
+    mpirun's peer) would point nowhere. The bridge keeps its MAC through the
+    move, and each guest's entry for the host still names it."""
+    from hpvc.backends.qemu.migrate import current_tap
+
+    store = cluster
+    net = store.get(NAME).the_plan().network
+    tap = current_tap(procfs.cmdline(ops.node_pid(NAME, "compute1", store)) or [])
+    assert tap is not None
+    subprocess.run(["ip", "link", "set", tap, "address", "02:00:00:00:00:01"], check=True)
+    before = _mac(net.bridge)
+    migrate(NAME, "compute1", store=store)
+    assert _mac(net.bridge) == before
+    for node in ("compute0", "compute1"):
+        look = ["sh", "-c", f"ip neigh show {net.gateway} dev eth0"]
+        argv = ops.exec_argv(NAME, node, look, store)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert r.returncode == 0, (node, r.stderr)
+        assert before in r.stdout or not r.stdout.strip(), (node, r.stdout)
+    assert target_left(store, "compute1") == []
