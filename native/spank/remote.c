@@ -114,6 +114,20 @@ static int job_spec(spank_t sp, char *spec, size_t size)
 	return 0;
 }
 
+/* Slurm's restart count: the item where Slurm sets it (the batch step), else
+ * the job's SLURM_RESTART_COUNT (a user who forges it only makes hpvc look
+ * for checkpoints of this job, which a job that never ran has none of). */
+static uint32_t restart_count(spank_t sp)
+{
+	uint32_t n = 0;
+	char text[16];
+	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &n) == ESPANK_SUCCESS && n > 0)
+		return n;
+	if (spank_getenv(sp, "SLURM_RESTART_COUNT", text, sizeof(text)) != ESPANK_SUCCESS)
+		return 0;
+	return (uint32_t)strtoul(text, NULL, 10);
+}
+
 /* Where this host stands in the step's job: its place in the job's hosts,
  * its cores and the MPI type. */
 static int find_share(spank_t sp, uint32_t step, uint32_t nodeid, struct share *s)
@@ -128,8 +142,7 @@ static int find_share(spank_t sp, uint32_t step, uint32_t nodeid, struct share *
 	if (spank_get_item(sp, S_JOB_UID, &s->uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &s->gid) != ESPANK_SUCCESS)
 		s->uid = (uid_t)-1;
-	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &s->restarts) != ESPANK_SUCCESS)
-		s->restarts = 0;
+	s->restarts = restart_count(sp);
 	return 0;
 }
 
@@ -245,6 +258,10 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	static struct share s;
 	uint32_t step = 0, nodeid = 0;
 	memset(&s, 0, sizeof(s));
+	/* The batch step may not carry the job's --hpvc option: asked by the
+	 * restart count and the site's checkpoints alone. */
+	if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step == SLURM_BATCH_SCRIPT)
+		return hpvc_batch_restored(sp, cfg);
 	if (hpvc_spec_arg == NULL)
 		return 0;
 	if (spank_get_item(sp, S_JOB_ID, &s.job) != ESPANK_SUCCESS ||
@@ -255,8 +272,6 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	}
 	/* The batch script, the extern and the interactive step stay on the host:
 	 * they must reach slurmctld and run srun. Steps run in the virtual nodes. */
-	if (step == SLURM_BATCH_SCRIPT)
-		return hpvc_batch_restored(sp, cfg);
 	if (step >= SLURM_INTERACTIVE_STEP)
 		return 0;
 	/* A spec is at most 64 KiB (hpvc node check), 88 KiB in base64. */
@@ -276,9 +291,8 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 
 int hpvc_batch_restored(spank_t sp, const struct hpvc_config *cfg)
 {
-	uint32_t job = 0, restarts = 0;
-	if (!hpvc_keeps_checkpoints(cfg) ||
-	    spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts) != ESPANK_SUCCESS || restarts == 0 ||
+	uint32_t job = 0;
+	if (!hpvc_keeps_checkpoints(cfg) || restart_count(sp) == 0 ||
 	    spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS)
 		return 0; /* a first run: nothing to ask, no Python started */
 	char sjob[16], state[4200], images[4200], *env[HPVC_ROOT_ENV];

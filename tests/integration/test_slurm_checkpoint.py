@@ -5,7 +5,7 @@ Slurm requeues the job on other hosts (issue 28 item 4; docs/checkpoint.md
 One private three-host test cluster for the module, whose plugstack keeps
 checkpoints (``checkpoints=``, ``checkpoint_min=5``, ``checkpoint_via=`` a
 wrapper of scripts/slurm/on.sh). The tenant submits with ``--requeue`` a
-two-host job of two container nodes (``locality = "none"``): head0 on the
+two-host job of two 1-vCPU VM nodes (TCG): head0 on the
 first host, compute0 on the second, a TCP counter between them over VXLAN
 (the client in head0 checks every echo: a message lost, doubled or reordered
 stops it with ``BAD``). Root then:
@@ -17,6 +17,11 @@ stops it with ``BAD``). Root then:
    cut (head0 now on n2), and the counter goes on from where the cut was,
    over the same connection;
 3. the job ends; its checkpoints and everything of it on every host are gone.
+
+VM nodes, not containers: a container node's processes started by a Slurm
+step stay in Slurm's freezer cgroup, and CRIU cannot dump them
+(docs/checkpoint.md "Under Slurm", Limits). The batch script waits on its
+host, not in a step.
 
 Also: refusals (a job that does not exist, a job without ``--hpvc``: exit 2,
 no cut left), and periodic cuts (``--hpvc-checkpoint=5``: a cut appears, only
@@ -39,6 +44,8 @@ import pytest
 
 from hpvc.bench.slurm import cluster as bench_slurm
 from hpvc.host import criu
+from hpvc.image import resolve_image
+from hpvc.image.guest import build_guest
 from hpvc.slurm import checkpoint as jck
 from tests.helpers import requires
 from tests.integration.slurm_env import Env
@@ -47,7 +54,7 @@ from tests.integration.test_slurm_cluster import requires_slurm
 from tests.integration.test_slurm_vm import wait_done
 
 SPEC = """name = "ck"
-kind = "container"
+kind = "vm"
 image = "hpc"
 [network]
 subnet = "10.88.64.0/24"
@@ -58,11 +65,13 @@ partition = "commodity"
 locality = "none"
 [[nodes]]
 role = "head"
-memory = "128MiB"
+vcpus = 1
+memory = "256MiB"
 [[nodes]]
 role = "compute"
 count = 1
-memory = "128MiB"
+vcpus = 1
+memory = "256MiB"
 """
 
 PROG = """
@@ -90,28 +99,30 @@ while True:
         got += d
     if int(got) != n:
         raise SystemExit("BAD: sent %d, echo %d" % (n, int(got)))
-    open("/root/count.new", "w").write(str(n)); os.rename("/root/count.new", "/root/count")
+    open("/tmp/ck/count.new", "w").write(str(n)); os.rename("/tmp/ck/count.new", "/tmp/ck/count")
     time.sleep(0.02)
 """
 
-START = """srun -N2 -n2 sh -c 'echo $PROG | base64 -d > /root/p.py
+START = """echo $PROG | base64 -d > p.py
+srun -N2 -n2 --input=all sh -c 'mkdir -p /tmp/ck; cat > /tmp/ck/p.py' < p.py
+srun -N2 -n2 sh -c '
 if [ "$HPVC_NODE" = compute0 ]; then role=server; else role=client; sleep 1; fi
-setsid python3 /root/p.py $role </dev/null >>/root/job.log 2>&1 &
+setsid python3 /tmp/ck/p.py $role </dev/null >>/tmp/ck/job.log 2>&1 &
 sleep 0.5'"""
 
 JOB = """#!/bin/bash
 set -u
 export PROG={prog}
 echo "start restored=${{HPVC_RESTORED:-0}} restarts=${{SLURM_RESTART_COUNT:-0}} on $(hostname)"
-if [ "${{HPVC_RESTORED:-0}}" = 1 ]; then
-  srun -N2 -n2 true
+inside=$(srun -N2 -n2 sh -c 'echo ${{HPVC_RESTORED:-0}}' | sort -u | tr -d '\n')
+echo "nodes restored=$inside"
+if [ "$inside" = 1 ]; then
+  :
 else
   {start}
 fi
 echo "loop running"
-srun -N1 -n1 sh -c 'while [ ! -e /root/stop ]; do sleep 0.5; done
-echo "final count $(cat /root/count)"; cat /root/job.log'
-echo "job done"
+sleep 600
 """
 
 
@@ -119,9 +130,10 @@ echo "job done"
 def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
     """Three hosts, no site binds (a share with binds is not checkpointed), the
     site keeping checkpoints in ``ckpt`` (every host sees it: one machine)."""
-    requires("root", "crun", "ip")
+    requires("root", "crun", "qemu", "ip")
     requires_slurm()
     image_ready()
+    build_guest(resolve_image("hpc"))
     if not criu.check().ok:  # not a skip: make setup installs CRIU 4.2
         pytest.fail(f"CRIU cannot run here: {criu.check().error}")
     tmp = Path(tempfile.mkdtemp(prefix="hpvc-slurm-ckpt-test-"))
@@ -132,7 +144,7 @@ def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Itera
     via = tmp / "via.sh"
     left: list[tuple[str, str]] = []
     try:
-        extra = f"kinds=container checkpoints={ckpt} checkpoint_min=5 checkpoint_via={via}"
+        extra = f"kinds=container,vm checkpoints={ckpt} checkpoint_min=5 checkpoint_via={via}"
         with bench_slurm.private_slurm(tmp, "10.88.0.0/16", extra_args=extra, hosts=3) as c:
             keep = {k: v for k, v in c.env.items() if k.startswith(("HPVC_SLURM", "SLURM_CONF"))}
             exports = "".join(f"export {k}='{v}'\n" for k, v in keep.items())
@@ -183,7 +195,7 @@ def _in_node(slurm: Env, job: int, node: str, script: str) -> str:
 
 
 def _count(slurm: Env, job: int) -> int:
-    out = _in_node(slurm, job, "head0", "cat /root/count 2>/dev/null; echo; cat /root/job.log")
+    out = _in_node(slurm, job, "head0", "cat /tmp/ck/count; echo; cat /tmp/ck/job.log; true")
     assert "BAD" not in out and "Error" not in out, out
     first = out.split("\n", 1)[0].strip()
     return int(first) if first.isdigit() else 0
@@ -225,7 +237,7 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:
     job = int(r.stdout.strip().split(";")[0])
     try:
         _wait_for(out, "loop running")
-        assert "restored=0" in out.read_text()
+        assert "nodes restored=0" in out.read_text()
         assert _host_of(slurm, job, "head0") == "n1" and _host_of(slurm, job, "compute0") == "n2"
         _goes_on(slurm, job)
 
@@ -255,7 +267,7 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:
         ex = _root(slurm, "scontrol", "update", f"jobid={job}", "ExcNodeList=n1", "StartTime=now")
         assert ex.returncode == 0, ex.stderr
         text = _wait_for(out, "loop running", times=2, timeout=240)
-        assert "restored=1" in text, text
+        assert "nodes restored=1" in text, text
         state, hosts = _state(slurm, job)
         assert state == "RUNNING" and hosts == "n[2-3]", (state, hosts)
         assert _host_of(slurm, job, "head0") == "n2" and _host_of(slurm, job, "compute0") == "n3"
@@ -264,15 +276,14 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:
         assert _goes_on(slurm, job, restored) > restored  # same connection, no message lost
         assert jck.latest(_job_dir(slurm, job)) == cut
 
-        # 3. The job ends; its checkpoints go with it.
-        _in_node(slurm, job, "head0", "touch /root/stop")
-        assert wait_done(slurm, job, timeout=120, out=out) == "gone"
-        text = out.read_text()
-        print(text[-1500:])
-        assert "job done" in text and "BAD" not in text, text
+        # 3. The job ends (cancelled: for good); its checkpoints go with it.
     finally:
+        print(out.read_text()[-2000:] if out.exists() else "(no output)")
+        print(_root(slurm, "scontrol", "show", "job", str(job)).stdout)
+        for log in sorted((slurm.tmp / "slurm" / "log").glob("slurmd-*.log")):
+            print(log.name, [ln for ln in log.read_text().splitlines() if "hpvc" in ln][-8:])
         slurm.run("scancel", str(job))
-    slurm.wait_clean(job, timeout=90)
+        slurm.wait_clean(job, timeout=90)  # also when the test failed: the module's sweep
     assert not _job_dir(slurm, job).exists()
 
 

@@ -201,6 +201,7 @@ def restore(
         setup=setup,
         hosts=hosts_text(spec, req.job),
     )
+    (node.jobs_dir(store) / f"{name}.restored").touch()  # its tasks get HPVC_RESTORED=1
     return True
 
 

@@ -121,6 +121,8 @@ def forget(store: Store, job: int) -> None:
     """The job's timer files on this host (its shares are gone: the timer ends)."""
     for suffix in ("timer.lock", "timer.log"):
         (jobs_dir(store) / f"{job}.{suffix}").unlink(missing_ok=True)
+    for marker in jobs_dir(store).glob(f"j{job}-*.restored"):
+        marker.unlink(missing_ok=True)
 
 
 def remove(site: Site, job: int) -> Path | None:

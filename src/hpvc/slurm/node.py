@@ -271,6 +271,8 @@ def up(
                           console_mib=site.limits.max_console_mib)  # fmt: skip
             checkpoint_timer.start(store, req, site, req.checkpoint_every)
         out = joins(store, req.job, index, share, roles, req.mpi)
+        if (jobs_dir(store) / f"{name}.restored").exists():  # checkpoint_share.restore's
+            out = [replace(j, env=(*j.env, "HPVC_RESTORED=1")) for j in out]
         _write_cache(store, name, req.mpi, out)
         return out
 
