@@ -98,6 +98,8 @@ def migrate_cmd(
         f"  total {m['total_ms']} ms, downtime {m['downtime_ms']} ms (QEMU's count),"
         f" {m['bytes_sent'] / 2**20:.1f} MiB sent in {m['passes']} pass(es)"
     )
+    if out.get("answers_ping") is False:
+        err_console.print(f"warning: {node} does not answer ping after the move (docs/vms.md)")
 
 
 def register(app: typer.Typer) -> None:

@@ -41,7 +41,7 @@ from hpvc.cluster.lifecycle import _grow_pages, _union, hostname
 from hpvc.cluster.status import open_env
 from hpvc.cluster.teardown import waiting
 from hpvc.errors import HpvcError, InputError
-from hpvc.host import hugepages
+from hpvc.host import hugepages, reach
 from hpvc.plan import Plan
 from hpvc.plan.migrate import moved, replan_node
 from hpvc.plan.reservations import holdings_of
@@ -182,6 +182,12 @@ def _locked(
         rec.status = "running"
         env.save()
     was, now_node = old.node(node), new.node(node)
+    heard = reach.answers(now_node.ip, new.network.bridge)
+    if heard is False:
+        progress(
+            f"warning: {node} moved but does not answer ping at {now_node.ip}: its guest"
+            " network may be broken (docs/vms.md, Live migration, known problem)"
+        )
     return {
         "cluster": name,
         "node": node,
@@ -193,6 +199,7 @@ def _locked(
         "seconds": round(time.perf_counter() - t0, 3),
         "migration": stats.as_dict(),
         "settings": vars(settings),
+        "answers_ping": heard,  # after the switch; None: no ping on this host
     }
 
 
