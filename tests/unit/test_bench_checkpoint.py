@@ -158,3 +158,9 @@ def test_down_is_run_again_only_when_a_node_s_tasks_were_still_exiting(
     monkeypatch.setattr(runner.lifecycle, "down", broken)
     with pytest.raises(HpvcError):
         runner._down("c", None, lambda m: None)  # type: ignore[arg-type]
+
+
+def test_nodes_leave_room_for_what_is_held_at_the_restore() -> None:
+    got, note = report.node_mib(4, 4096, 20700, held=1.0)  # Podman's half + the page cache
+    assert got == 2560  # 20700 / (4 x 2) = 2587, down to a multiple of 256
+    assert "1.0 x a node's memory held elsewhere" in note

@@ -39,19 +39,23 @@ def fill_mib(nodes: int, memory_mib: int, fraction: float, available_mib: int) -
     )
 
 
-def node_mib(nodes: int, memory_mib: int, available_mib: int) -> tuple[int, str]:
+def node_mib(nodes: int, memory_mib: int, available_mib: int, held: float = 0.0) -> tuple[int, str]:
     """Memory each node of the cluster is given: ``memory_mib``, less where the
     host's memory available at run time cannot hold ``nodes`` of it (the
-    planner books a node's whole memory; a shared host's other runs hold the
-    rest), in steps of 256 MiB, at least 256 MiB; with the reason ("" when not
-    sized down)."""
-    room = available_mib // max(nodes, 1) // 256 * 256
+    planner books a node's whole memory, at ``up`` and again at ``restore``; a
+    shared host's other runs hold the rest) while ``held`` times a node's
+    memory per node is held elsewhere at the restore (Podman's containers'
+    job, the checkpoint just written and read back in the page cache), in
+    steps of 256 MiB, at least 256 MiB; with the reason ("" when not sized
+    down)."""
+    room = int(available_mib / (max(nodes, 1) * (1 + held))) // 256 * 256
     if memory_mib <= room:
         return memory_mib, ""
     got = max(256, room)
     return got, (
         f"nodes given {got} MiB each, not {memory_mib}: {available_mib} MiB available"
         f" on the host at run time for {nodes} nodes"
+        + (f", {held:.1f} x a node's memory held elsewhere at the restore" if held else "")
     )
 
 
