@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -102,6 +103,48 @@ def test_undo_keeps_another_uids_entry(tree: Path, tmp_path: Path) -> None:
     assert not qa.allows(disk, OTHER_UID, qa.W)
     assert theirs.undo_all() == []
     assert acl_of(disk) in (None, sorted(qa.from_mode(0o600)))
+
+
+def test_two_state_roots_granting_one_folder_at_once_keep_both_entries(
+    tree: Path, tmp_path: Path
+) -> None:
+    # Two Slurm test hosts (a state root and so a lock each) checkpoint at once
+    # and both add an entry to a folder above their state roots (issue 28).
+    # The second grant starts while the first holds the folder's ACL read
+    # but not yet written: it must wait, not write over the first.
+    folder = tree / "nodes"
+    real = qa.read_acl
+    second: list[threading.Thread] = []
+
+    me = threading.current_thread()
+    reads: list[Path] = []
+
+    def read_then_race(path: Path) -> list[qa.Entry]:
+        entries = real(path)
+        if threading.current_thread() is me and path == folder:
+            reads.append(path)  # 1: allows() asks; 2: the read before the write
+        if len(reads) == 2 and not second:
+            theirs = Journal(tmp_path / "theirs")
+            t = threading.Thread(
+                target=qa.traverse,
+                args=(theirs, OTHER_UID, folder),
+                kwargs={"lock": tmp_path / "b.lock"},
+            )
+            second.append(t)
+            t.start()
+            t.join(0.5)  # without the folder's own lock it is done by now
+        return entries
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(qa, "read_acl", read_then_race)
+        qa.traverse(Journal(tmp_path / "mine"), UID, folder, lock=tmp_path / "a.lock")
+    finally:
+        mp.undo()
+        for t in second:
+            t.join()
+    assert second
+    assert qa.allows(folder, UID, qa.X) and qa.allows(folder, OTHER_UID, qa.X)
 
 
 def test_undo_of_a_path_that_is_gone(tree: Path, tmp_path: Path) -> None:

@@ -27,6 +27,11 @@ def fake_proc(root: Path, uids: dict[int, int]) -> Path:
     return root
 
 
+def after(uid: int, n: int) -> int:
+    """The uid n places after ``uid`` in the search (it wraps around the range)."""
+    return FIRST + (uid - FIRST + n) % qemu_user.COUNT
+
+
 @pytest.fixture
 def proc(tmp_path: Path) -> Path:
     return fake_proc(tmp_path / "proc", {1: 0})
@@ -50,13 +55,28 @@ def test_each_cluster_gets_its_own_uid_and_keeps_it(tmp_path: Path, proc: Path) 
 
 
 def test_a_uid_a_process_runs_as_is_never_given(tmp_path: Path) -> None:
-    # Another state directory's QEMU (or anything else) already runs as FIRST.
-    proc = fake_proc(tmp_path / "proc", {1: 0, 77: FIRST, 78: FIRST + 1})
-    assert claim(tmp_path, "a", proc) == FIRST + 2
+    # Another state directory's QEMU (or anything else) already runs as the first try.
+    first = qemu_user.first_try(tmp_path / "state")
+    proc = fake_proc(tmp_path / "proc", {1: 0, 77: first, 78: after(first, 1)})
+    assert claim(tmp_path, "a", proc) == after(first, 2)
+
+
+def test_two_state_roots_start_at_different_uids(tmp_path: Path, proc: Path) -> None:
+    # The Slurm test cluster's hosts: one machine, a state root each, shares
+    # started at once (before either QEMU runs) must not get the same uid.
+    roots = [tmp_path / "hpvc" / h for h in ("n1", "n2", "n3")]
+    firsts = {qemu_user.first_try(r) for r in roots}
+    assert len(firsts) == 3
+    assert all(FIRST <= u < FIRST + qemu_user.COUNT for u in firsts)
+    got = set()
+    for r in roots:
+        (r / "clusters" / "j1-0").mkdir(parents=True)
+        got.add(qemu_user.claim(Journal(r / "j.jsonl"), r, "j1-0", proc=proc))
+    assert got == firsts
 
 
 def test_a_uid_the_host_knows_is_never_given(tmp_path: Path, proc: Path) -> None:
-    known = {FIRST, FIRST + 1}
+    known: set[int] = set()
     real = pwd.getpwuid
 
     def lookup(uid: int) -> pwd.struct_passwd:
@@ -66,8 +86,10 @@ def test_a_uid_the_host_knows_is_never_given(tmp_path: Path, proc: Path) -> None
 
     mp = pytest.MonkeyPatch()
     try:
+        first = qemu_user.first_try(tmp_path / "state")
+        known.update({first, after(first, 1)})
         mp.setattr(qemu_user.pwd, "getpwuid", lookup)
-        assert claim(tmp_path, "a", proc) == FIRST + 2
+        assert claim(tmp_path, "a", proc) == after(first, 2)
     finally:
         mp.undo()
 

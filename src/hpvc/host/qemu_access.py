@@ -15,8 +15,13 @@ ACL mask).
 ``grant`` reads and writes the ``system.posix_acl_access`` attribute itself
 (the kernel's binary form: a version, then tag/perm/id entries), so no
 ``setfacl`` is needed; it works on ext4, xfs, btrfs and tmpfs (/dev/shm).
-Changes to one file are made under an flock (``lock``), so two clusters that
-add their entries to a shared folder at once both keep them.
+Changes to one file are made under an flock (``lock``) and an flock on that
+file itself (``_path_lock``), so two clusters that add their entries to a
+shared folder at once both keep them, also when their state roots (and so
+their ``lock``) differ: the Slurm test cluster's hosts share this machine's
+folders above their state roots, and two hosts' checkpoints granting at once
+could each write the ACL it had read, losing the other's entry, so that host's
+QEMU could not reopen its disk (``bdrv_inactivate_all() failed``, issue 28).
 
 Journal kind ``"qemu-acl"`` (architecture rule 5), recorded before the entry is
 written: ``{path, uid, before, lock}`` (``before``: the uid's entry's perms
@@ -29,10 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hpvc.host.journal import Args, Journal, undoer
@@ -131,8 +137,21 @@ def _write(path: Path, entries: list[Entry]) -> None:
     os.chmod(path, (mode & ~0o070) | (group << 3))  # the mask's bits were the group's
 
 
+@contextlib.contextmanager
+def _path_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path`` itself (a file or a folder), which every
+    writer of its ACL takes, whatever its state root. QEMU's own image locks
+    are fcntl (OFD) locks, which flock does not touch."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _add(journal: Journal, path: Path, uid: int, want: int, lock: Path) -> None:
-    with file_lock(lock):
+    with file_lock(lock), _path_lock(path):
         if allows(path, uid, want):
             return
         entries = read_acl(path)
@@ -190,8 +209,9 @@ def _undo(args: Args) -> None:
     lock = Path(args["lock"])
     if not lock.parent.is_dir():
         return  # the state root is gone
-    with file_lock(lock):
+    with file_lock(lock), contextlib.ExitStack() as held:
         try:
+            held.enter_context(_path_lock(path))
             entries = read_acl(path)
         except FileNotFoundError:
             return

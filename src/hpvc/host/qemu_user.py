@@ -14,9 +14,11 @@ user or group of the host has it and no process runs under it (a second state
 directory on the same host, or a site user in the range). A claimed uid is a
 file ``<state_root>/qemu-uids/<uid>`` naming its cluster, made under an flock
 on ``<state_root>/qemu-uids.lock``; a cluster that holds one gets the same
-uid again (scale, restart). A claim whose cluster has no folder under
-``<state_root>/clusters`` any more (its state was swept, never undone) is
-freed by the next claim.
+uid again (scale, restart). The search for a free uid starts at an offset
+derived from the state root's path (``first_try``), so two state roots on one
+host do not hand out the same uid to clusters that start at the same time. A
+claim whose cluster has no folder under ``<state_root>/clusters`` any more (its
+state was swept, never undone) is freed by the next claim.
 
 Journal kind ``"qemu-uid"`` (architecture rule 5), recorded before the uid file
 is made: ``{uid, cluster, record, lock}``. Its undo removes the uid file while
@@ -28,6 +30,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -86,6 +89,12 @@ def process_uids(proc: Path = PROC) -> set[int]:
     return uids
 
 
+def first_try(state_root: Path) -> int:
+    """The uid the search for a free one starts at in ``state_root`` (then up,
+    wrapping around the range)."""
+    return FIRST_UID + zlib.crc32(os.fsencode(os.path.realpath(state_root))) % COUNT
+
+
 def _free_uid(state_root: Path, busy: Iterable[int]) -> int:
     taken = set(busy)
     folder = state_root / UIDS_DIR
@@ -97,7 +106,13 @@ def _free_uid(state_root: Path, busy: Iterable[int]) -> int:
             entry.unlink(missing_ok=True)  # a cluster whose state is gone (lost, swept)
         else:
             taken.add(int(entry.name))
-    for uid in range(FIRST_UID, FIRST_UID + COUNT):
+    # Each state root starts at its own offset: two state roots on one host
+    # (the Slurm test cluster's hosts) claiming at once, before either QEMU runs,
+    # got the same first uid, and one's teardown then revoked the ACL entries
+    # (hpvc.host.qemu_access) the other's QEMU needed (issue 28).
+    start = first_try(state_root) - FIRST_UID
+    for i in range(COUNT):
+        uid = FIRST_UID + (start + i) % COUNT
         if uid not in taken and not _known_to_host(uid):
             return uid
     raise HpvcError(
