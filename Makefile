@@ -18,7 +18,7 @@ lint: setup
 	$(VENV)/bin/mypy --strict src
 
 test: lint
-	$(VENV)/bin/pytest -q -ra
+	$(VENV)/bin/pytest -q -ra --durations=25
 
 unit: setup
 	$(VENV)/bin/pytest -q -ra tests/unit
