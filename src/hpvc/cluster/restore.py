@@ -142,28 +142,51 @@ def _restore_locked(
 ) -> ClusterRecord:
     # The name taken, the subnet taken, too little room: refused here, nothing made.
     rec, plan = lc._book(store, spec, doc, origin, _same_places(m), backend, True)
+
+    def resuming() -> None:
+        progress(f"resuming {len(plan.nodes)} node(s) at once")
+
+    try:
+        _load_and_thaw(store, rec, plan, backend, src, None, progress, f"hpvc down {spec.name}",
+                       resuming)  # fmt: skip
+    except Exception as e:
+        if isinstance(e, HpvcError) and not isinstance(e, InputError):
+            raise
+        raise HpvcError(f"restore {spec.name}", str(e) or type(e).__name__) from e
+    return rec
+
+
+def _load_and_thaw(
+    store: Store,
+    rec: ClusterRecord,
+    plan: Plan,
+    backend: Backend,
+    src: Path,
+    hosts: str | None,
+    progress: Progress,
+    undo_fix: str,
+    before_thaw: Callable[[], None] = lambda: None,
+) -> None:
+    """The booked cluster's nodes loaded from ``src`` and thawed all at once;
+    on any failure (Ctrl-C included) everything of it is taken down again,
+    and an undo that fails too is one error naming ``undo_fix``."""
     names = [n.name for n in plan.nodes]
     env = ClusterEnv(store, rec, backend.new_state())
     try:
-        lc._prepare(env, backend, plan, None, progress)
+        lc._prepare(env, backend, plan, hosts, progress)
         env.save()
         backend.restore_nodes(env, plan, names, src / cf.NODES, progress)
-        progress(f"resuming {len(names)} node(s) at once")
+        before_thaw()
         backend.thaw(env, plan, names)
         rec.status = "running"
         env.save()
     except BaseException as e:
         progress(f"restore {lc.stopped_by(e)}; undoing")
-        errors = teardown(store, spec.name)
+        errors = teardown(store, rec.name)
         if errors:
-            raise HpvcError(f"restore {spec.name}", f"{e}; and undo failed: {errors[0]}",
-                            f"hpvc down {spec.name}") from e  # fmt: skip
-        if isinstance(e, HpvcError) and not isinstance(e, InputError):
-            raise
-        if isinstance(e, Exception):
-            raise HpvcError(f"restore {spec.name}", str(e) or type(e).__name__) from e
+            raise HpvcError(f"restore {rec.name}", f"{e}; and undo failed: {errors[0]}",
+                            undo_fix) from e  # fmt: skip
         raise
-    return rec
 
 
 def restore_part(
@@ -195,22 +218,7 @@ def restore_part(
     with store.cluster_lock(spec.name, "hpvc restore", waiting(spec.name, progress)):
         rec, plan = lc._book(store, spec, doc, origin, planner, backend, False)
         setup(rec)
-        names = [n.name for n in plan.nodes]
-        env = ClusterEnv(store, rec, backend.new_state())
-        try:
-            lc._prepare(env, backend, plan, hosts, progress)
-            env.save()
-            backend.restore_nodes(env, plan, names, src / cf.NODES, progress)
-            before_thaw()
-            backend.thaw(env, plan, names)
-            rec.status = "running"
-            env.save()
-        except BaseException as e:
-            progress(f"restore {lc.stopped_by(e)}; undoing")
-            errors = teardown(store, spec.name)
-            if errors:
-                raise HpvcError(f"restore {spec.name}", f"{e}; and undo failed: {errors[0]}",
-                                "hpvc node down") from e  # fmt: skip
-            raise
+        _load_and_thaw(store, rec, plan, backend, src, hosts, progress, "hpvc node down",
+                       before_thaw)  # fmt: skip
     after_change(store, progress)
     return rec
