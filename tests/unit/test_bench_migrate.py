@@ -122,3 +122,13 @@ def test_a_load_that_failed_is_counted_and_named_and_its_move_kept() -> None:
     assert table[0]["total_ms"]["max"] == 500  # the move itself was measured
     md = report.report_md({"accelerator": {"vm": "tcg"}, "reps": 2, "table": table, "runs": rows})
     assert "| 1 of 2 |" in md and "rep 0 memwrite: writer: exit 255, said nothing" in md
+
+
+def test_a_stopped_copy_is_said_above_the_table() -> None:
+    """A move copied with the guest stopped (TCG before QEMU 9.0) has its whole
+    copy as downtime; the report says so, and only then."""
+    rows = [_row(1024, "idle", 300, 20.0)]
+    doc = {"accelerator": {"vm": "tcg"}, "reps": 1, "table": report.table(rows), "runs": rows}
+    assert report.STOPPED_NOTE not in report.report_md(doc)
+    rows[0]["stop_and_copy"] = True
+    assert report.STOPPED_NOTE in report.report_md(doc)

@@ -227,3 +227,65 @@ def test_postcopy_refused_for_an_unprivileged_qemu_unless_the_sysctl_allows(
     assert userfaultfd.postcopy_refusal(2113929216, tmp_path) is None
     sysctl.unlink()
     assert "(it is unreadable)" in (userfaultfd.postcopy_refusal(5, tmp_path) or "")
+
+
+KVM_ON, KVM_OFF = {"enabled": True, "present": True}, {"enabled": False, "present": True}
+
+
+def _version(major: int, minor: int) -> dict[str, object]:
+    return {"qemu": {"major": major, "minor": minor, "micro": 22}, "package": "x"}
+
+
+def test_a_tcg_guest_on_qemu_before_9_is_copied_stopped() -> None:
+    """TCG before QEMU 9.0 loses writes in a live copy; KVM and 9.0 on do not;
+    an unreadable version counts as old."""
+    assert m.live_copy_loses_writes(KVM_OFF, _version(7, 2))
+    assert m.live_copy_loses_writes(KVM_OFF, _version(8, 2))
+    assert m.live_copy_loses_writes(KVM_OFF, {})
+    assert not m.live_copy_loses_writes(KVM_OFF, _version(9, 0))
+    assert not m.live_copy_loses_writes(KVM_ON, _version(7, 2))
+
+
+def _session(
+    kvm: dict[str, object], replies: list[dict[str, object]], asked: list[object]
+) -> m.Runner:
+    def qmp(*commands: m.Command) -> list[object]:
+        asked.extend(commands)
+        out: list[object] = []
+        for c in commands:
+            if c == "query-kvm":
+                out.append(kvm)
+            elif c == "query-version":
+                out.append(_version(7, 2))
+            elif c == "query-migrate":
+                out.append(replies.pop(0))
+            else:
+                out.append({})
+        return out
+
+    return qmp
+
+
+def test_start_stops_a_tcg_guest_before_migrate_and_not_a_kvm_one() -> None:
+    asked: list[object] = []
+    assert m.start(_session(KVM_OFF, [], asked), "unix:/x") is True
+    assert asked[-2:] == ["stop", ("migrate", {"uri": "unix:/x"})]
+    asked.clear()
+    assert m.start(_session(KVM_ON, [], asked), "unix:/x") is False
+    assert "stop" not in asked and asked[-1] == ("migrate", {"uri": "unix:/x"})
+
+
+def test_a_stopped_copy_reports_its_whole_time_as_the_pause_and_resumes_on_failure() -> None:
+    done = {"status": "completed", "total-time": 640, "downtime": 4, "ram": {}}
+    asked: list[object] = []
+    s = m.wait(_session(KVM_OFF, [done], asked), 30.0, paused=True)
+    assert (s.stop_and_copy, s.downtime_ms, s.total_ms) == (True, 640, 640)
+    assert "cont" not in asked  # the target runs it now
+    failed = {"status": "failed", "error-desc": "boom"}
+    with pytest.raises(m.MigrationFailed) as e:
+        m.wait(_session(KVM_OFF, [failed], asked), 30.0, paused=True)
+    assert e.value.reason == "failed" and asked[-1] == "cont"
+    asked.clear()
+    with pytest.raises(m.MigrationFailed):
+        m.wait(_session(KVM_ON, [failed], asked), 30.0)
+    assert "cont" not in asked  # QEMU resumes a guest it stopped itself

@@ -133,14 +133,9 @@ def _locked(
         why = mod.refusal(backend, env, old, old.node(node))
         if why:
             raise InputError(what, why, "see docs/vms.md, Live migration")
-        why = mod.postcopy_refusal(env) if settings.postcopy else None
-        if why:
-            raise InputError(
-                f"{what} --postcopy",
-                why,
-                "move it without --postcopy, or let the site allow it:"
-                " sysctl -w vm.unprivileged_userfaultfd=1 (docs/vms.md, Live migration)",
-            )
+        refused = settings.postcopy and mod.postcopy_refusal(backend, env, old, old.node(node))
+        if refused:
+            raise InputError(f"{what} --postcopy", *refused)
         spec = parse_spec(rec.spec, rec.spec_path, "site")
         topo = read_topology("/")
         free = pages.unheld(store, topo, host, name, own=_without(rec, old, node))

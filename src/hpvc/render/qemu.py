@@ -89,7 +89,13 @@ def _machine_args(node: PlannedNode, ctx: RenderContext) -> list[str]:
         accel, cpu = "tcg,thread=multi", "max"
     sockets, cores, threads = guest_topology(node)
     smp = f"{len(node.vcpus)},sockets={sockets},cores={cores},threads={threads}"
-    return ["-machine", machine, "-accel", accel, "-cpu", cpu, "-smp", smp]
+    args = ["-machine", machine, "-accel", accel, "-cpu", cpu, "-smp", smp]
+    if ctx.accel != "kvm":
+        # A TCG guest is migrated stopped (hpvc.backends.vm.migration: QEMU 7.2
+        # loses its writes in a live copy); without the paused run state in the
+        # stream the target starts the guest itself at the end of the copy.
+        args += ["-global", "migration.store-global-state=off"]
+    return args
 
 
 def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:

@@ -162,8 +162,8 @@ def send(
     table = migration_guard.guard_source(j, tap_name(plan.cluster, node), address, int(port), uid)
     disk = _reopenable(env, plan, node, j)  # QEMU reopens it read-only at the switch-over
     try:
-        migration.start(run, uri)
-        return migration.wait(run, settings.timeout_s, progress)
+        paused = migration.start(run, uri)
+        return migration.wait(run, settings.timeout_s, progress, paused=paused)
     finally:
         migration_guard.remove(table)
         if disk is not None:

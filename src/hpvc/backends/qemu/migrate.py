@@ -193,9 +193,32 @@ def refusal(backend: QemuBackend, env: ClusterEnv, plan: Plan, node: PlannedNode
     return refusal_for(argv)
 
 
-def postcopy_refusal(env: ClusterEnv) -> str | None:
-    """Why the cluster's QEMUs cannot take a postcopy guest here (``--postcopy``), or None."""
-    return userfaultfd.postcopy_refusal(qemu_user.find(env.store.root, env.name) or 0)
+def postcopy_refusal(
+    backend: QemuBackend, env: ClusterEnv, plan: Plan, node: PlannedNode
+) -> tuple[str, str] | None:
+    """Why this node cannot move by postcopy here (``--postcopy``) and the fix, or None:
+    a guest that ``migration.start`` would stop for the whole copy (TCG before
+    QEMU 9.0: nothing left for postcopy to do after the switch), or QEMU's uid
+    kept from userfaultfd."""
+    pid = backend.live_pid(env, plan, node)
+    if pid is not None:
+        sock = env.store.layout.node_run_dir(plan.cluster, node.name) / "qmp.sock"
+        kvm, version = migration.socket_runner(str(sock), pid)("query-kvm", "query-version")
+        if migration.live_copy_loses_writes(
+            kvm if isinstance(kvm, dict) else {}, version if isinstance(version, dict) else {}
+        ):
+            return (
+                "this QEMU copies a TCG guest with its vCPUs stopped (a live copy loses"
+                " guest writes before QEMU 9.0), so there is no postcopy phase",
+                "move it without --postcopy, or on a KVM host (docs/vms.md, Live migration)",
+            )
+    why = userfaultfd.postcopy_refusal(qemu_user.find(env.store.root, env.name) or 0)
+    if why is None:
+        return None
+    return why, (
+        "move it without --postcopy, or let the site allow it:"
+        " sysctl -w vm.unprivileged_userfaultfd=1 (docs/vms.md, Live migration)"
+    )
 
 
 def migrate_node(
@@ -255,13 +278,14 @@ def migrate_node(
         migration.listen(migration.socket_runner(launch.qmp_socket, tpid), settings, uri)
         source = migration.socket_runner(str(canon_run / "qmp.sock"), pid)
         migration.apply_settings(source, settings)
-        migration.start(source, uri)
+        paused = migration.start(source, uri)
         stats = migration.wait(
             source,
             settings.timeout_s,
             progress,
             target_alive=lambda: procfs.is_qemu(tpid, qname) and procfs.running(tpid),
             postcopy_after_passes=2 if settings.postcopy else None,
+            paused=paused,
         )
     except migration.MigrationFailed as e:
         tail = with_tail("the target QEMU said", tgt_dir / "qemu.log")

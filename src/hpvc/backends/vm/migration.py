@@ -12,7 +12,13 @@ Both VM backends and the cross-host path (Slurm) move a guest the same way:
   ``query-migrate`` until QEMU says ``completed`` and returns what QEMU
   measured (``MigrationStats``); a failure, a target that dies, a timeout or
   an interrupt (Ctrl-C) end in ``cancel``, and QEMU itself resumes the
-  source guest after a cancelled or failed precopy migration.
+  source guest after a cancelled or failed precopy migration;
+- under TCG before QEMU 9.0 a live copy loses guest writes (7.2's bitmap
+  sync leaves TCG TLB entries marked dirty, so later writes through them go
+  unmarked; fixed upstream in 9.0) and the target got stale pages (docs/vms.md
+  "Live migration under TCG"): ``start`` then stops the guest for the whole
+  copy (``live_copy_loses_writes``), ``wait`` resumes it if the copy fails,
+  and the target starts it itself (``hpvc.render.qemu``: no run state sent).
 
 QMP is reached through a ``Runner``: any callable that runs QMP commands in
 one session and returns their replies in order (``socket_runner`` for a QMP
@@ -180,9 +186,29 @@ def listen(qmp: Runner, settings: MigrationSettings, uri: str) -> None:
     qmp(*target_commands(settings, uri))
 
 
-def start(qmp: Runner, uri: str) -> None:
-    """Begin sending the guest to ``uri`` (returns at once)."""
-    qmp(("migrate", {"uri": uri}))
+LIVE_COPY_FIXED = (9, 0)  # the QEMU release with the TCG dirty-tracking fix (module doc)
+
+
+def live_copy_loses_writes(kvm: Mapping[str, Any], version: Mapping[str, Any]) -> bool:
+    """Whether a live copy of this QEMU's guest can lose its writes: TCG
+    (``query-kvm`` not enabled) on a QEMU older than ``LIVE_COPY_FIXED``
+    (``query-version``; an unreadable version counts as old)."""
+    if kvm.get("enabled") is True:
+        return False
+    qemu = version.get("qemu", {})
+    qemu = qemu if isinstance(qemu, dict) else {}
+    return (_int(qemu, "major"), _int(qemu, "minor")) < LIVE_COPY_FIXED
+
+
+def start(qmp: Runner, uri: str) -> bool:
+    """Begin sending the guest to ``uri`` (returns at once); whether the guest
+    was stopped first for the whole copy (``live_copy_loses_writes``)."""
+    kvm, version = qmp("query-kvm", "query-version")
+    paused = live_copy_loses_writes(
+        kvm if isinstance(kvm, dict) else {}, version if isinstance(version, dict) else {}
+    )
+    qmp(*(["stop"] if paused else []), ("migrate", {"uri": uri}))
+    return paused
 
 
 # --- progress and outcome ------------------------------------------------------------
@@ -201,6 +227,9 @@ class MigrationStats:
     mbps: float
     postcopy: bool = False  # the switch to postcopy was made (the target ran the guest first)
     postcopy_requests: int = 0  # pages the target asked for after it (QEMU's count)
+    # The guest was stopped for the whole copy (``start``): ``downtime_ms`` is
+    # then QEMU's total time, the guest's own pause, not QEMU's last-pass count.
+    stop_and_copy: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -213,6 +242,7 @@ class MigrationStats:
             "mbps": self.mbps,
             "postcopy": self.postcopy,
             "postcopy_requests": self.postcopy_requests,
+            "stop_and_copy": self.stop_and_copy,
         }
 
 
@@ -300,6 +330,7 @@ def wait(
     *,
     target_alive: Callable[[], bool] | None = None,
     postcopy_after_passes: int | None = None,
+    paused: bool = False,
 ) -> MigrationStats:
     """Poll the source until the migration completes; its ``MigrationStats``.
 
@@ -307,8 +338,33 @@ def wait(
     ``timeout`` seconds, when ``target_alive`` says the target is gone, and
     on Ctrl-C (``KeyboardInterrupt`` becomes ``MigrationFailed('interrupted')``).
     With ``postcopy_after_passes`` (postcopy on), the switch to postcopy is
-    asked once that many dirty-sync passes are done.
+    asked once that many dirty-sync passes are done. ``paused`` (what
+    ``start`` returned): the source guest is resumed (``cont``) when the
+    migration fails, as QEMU does itself for a guest it stopped.
     """
+    try:
+        done = _poll(qmp, timeout, progress, target_alive, postcopy_after_passes)
+    except MigrationFailed as e:
+        if not paused:
+            raise
+        try:
+            qmp("cont")
+        except HpvcError as left:
+            why = f"{e.why}; the paused guest did not resume: {left}"
+            raise MigrationFailed(e.reason, why) from left
+        raise
+    if paused:
+        return replace(done, stop_and_copy=True, downtime_ms=done.total_ms)
+    return done
+
+
+def _poll(
+    qmp: Runner,
+    timeout: float,
+    progress: Progress,
+    target_alive: Callable[[], bool] | None,
+    postcopy_after_passes: int | None,
+) -> MigrationStats:
     deadline = time.monotonic() + timeout
     said = 0.0
     switched = False
