@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,57 @@ def test_two_clusters_never_map_each_others_region(store: Store, tmp_path: Path)
     for node in ("compute0", "compute1"):
         got = in_guest(store, b, node, ["hpvc-shm", "read", "0", "10"])
         assert got != "only-for-a\n", (node, got)
+
+
+def test_region_move(store: Store, tmp_path: Path) -> None:
+    """A node moved on its host keeps the job on the region (issues 27 and 29; the
+    short name keeps the target's sockets under pytest's tmp_path within
+    AF_UNIX's 108 bytes). compute1 moves into a new QEMU on this host while an Open
+    MPI ping-pong with checked answers (native/bench/migloop.c) runs between the
+    two guests over their region. Its peer compute0 is paused for the copy and
+    resumed (hpvc.backends.qemu.region): the loop ends with every answer right,
+    UCX's lanes were the region's, and eth0 stayed quiet (not a TCP fallback)."""
+    import threading
+
+    from hpvc.cluster.migrate import migrate
+
+    image_ready()
+    requires("mpicc.openmpi")
+    loop = common.build_native("migloop", tmp_path, "mpicc.openmpi")
+    name = f"ux{os.getpid() % 10000}g"
+    lifecycle.up(spec(tmp_path, name, "hpc"), store)
+    copy_in(store, name, loop)
+    region = ivshmem.find(store.root, name)
+    said: list[str] = []
+    got: list[object] = []
+    before = sent(store, name)
+    job = threading.Thread(target=lambda: got.append(ops.run(
+        name, ["/tmp/migloop", "25"], 2, store, capture=True, progress=said.append, verbose=True
+    )))  # fmt: skip
+    job.start()
+    try:
+        time.sleep(10)  # mpirun's start in two TCG guests, then the loop runs
+        assert job.is_alive(), got
+        out = migrate(name, "compute1", store=store, progress=said.append)
+    finally:
+        job.join(timeout=240)
+    after = sent(store, name)
+    assert got and not isinstance(got[0], int), got
+    done = got[0]
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"loop done: [1-9]\d* round trips, 0 wrong", done.stdout), done.stdout
+    assert out["migration"]["stop_and_copy"] is True  # a region's node is copied stopped
+    assert any("region peers compute0: paused" in x for x in said), said
+    assert any("region peers compute0: resumed" in x for x in said), said
+    assert ivshmem.find(store.root, name) == region
+    assert all(region is not None and str(region) in a for a in qemu_argvs(name))
+    done.stderr = "".join(f"{line}\n" for line in said) + done.stderr
+    tx = [b - a for a, b in zip(before, after, strict=True)]
+    lanes = LANES.findall(done.stderr + done.stdout)
+    peers = [lane for lane in lanes if not lane.startswith("self/")]
+    assert peers and all("ivshmem/" in lane for lane in peers), lanes
+    assert all(b < QUIET_BYTES for b in tx), f"eth0 sent {tx} bytes: the job went over TCP"
 
 
 def qemu_argvs(name: str) -> list[str]:

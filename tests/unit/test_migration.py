@@ -165,8 +165,9 @@ def test_current_tap_and_what_cannot_move() -> None:
 
     assert current_tap(SRC) == "hvaaaa"
     assert refusal_for(SRC) is None
-    shm = [*SRC, "-device", "ivshmem-plain,memdev=ivshmem0"]
-    assert "ivshmem" in (refusal_for(shm) or "")
+    shm = [*SRC, "-object", f"memory-backend-file,id=ivshmem0,mem-path={REGION},size=64M,share=on",
+           "-device", "ivshmem-plain,memdev=ivshmem0,master=on"]  # fmt: skip
+    assert refusal_for(shm) is None  # it moves on its host, its peers stopped (region.py)
     fs = [*SRC, "-device", "vhost-user-fs-pci,chardev=fs0,tag=t"]
     assert "virtiofs" in (refusal_for(fs) or "")
 
@@ -289,3 +290,22 @@ def test_a_stopped_copy_reports_its_whole_time_as_the_pause_and_resumes_on_failu
     with pytest.raises(m.MigrationFailed):
         m.wait(_session(KVM_ON, [failed], asked), 30.0)
     assert "cont" not in asked  # QEMU resumes a guest it stopped itself
+
+
+REGION = "/dev/shm/hpvc-ivshmem-x7/3"
+
+
+def test_the_region_a_qemu_maps_is_read_from_its_command_line() -> None:
+    from hpvc.backends.qemu.region import region_of
+
+    assert region_of(SRC) is None
+    shm = [*SRC, "-object", f"memory-backend-file,id=ivshmem0,mem-path={REGION},size=64M,share=on"]
+    assert region_of(shm) == REGION
+    ram = ["-object", "memory-backend-file,id=mem0,mem-path=/dev/hugepages/hpvc,size=256M"]
+    assert region_of(ram) is None  # guest RAM is not the region
+
+
+def test_start_can_be_told_to_stop_a_kvm_guest_too() -> None:
+    asked: list[object] = []
+    assert m.start(_session(KVM_ON, [], asked), "unix:/x", stop=True) is True
+    assert asked[-2:] == ["stop", ("migrate", {"uri": "unix:/x"})]

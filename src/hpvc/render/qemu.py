@@ -89,13 +89,12 @@ def _machine_args(node: PlannedNode, ctx: RenderContext) -> list[str]:
         accel, cpu = "tcg,thread=multi", "max"
     sockets, cores, threads = guest_topology(node)
     smp = f"{len(node.vcpus)},sockets={sockets},cores={cores},threads={threads}"
-    args = ["-machine", machine, "-accel", accel, "-cpu", cpu, "-smp", smp]
-    if ctx.accel != "kvm":
-        # A TCG guest is migrated stopped (hpvc.backends.vm.migration: QEMU 7.2
-        # loses its writes in a live copy); without the paused run state in the
-        # stream the target starts the guest itself at the end of the copy.
-        args += ["-global", "migration.store-global-state=off"]
-    return args
+    # A guest may be migrated stopped (hpvc.backends.vm.migration: TCG before
+    # QEMU 9.0; hpvc.backends.qemu.region: an ivshmem region's node): without the
+    # paused run state in the stream the target starts the guest at the end of
+    # the copy. (A checkpoint's restore starts its QEMUs with -S and resumes them.)
+    glob = ["-global", "migration.store-global-state=off"]
+    return ["-machine", machine, "-accel", accel, "-cpu", cpu, "-smp", smp, *glob]
 
 
 def _device_args(plan: Plan, node: PlannedNode, ctx: RenderContext) -> list[str]:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from hpvc.backends.base import ClusterEnv
 from hpvc.backends.qemu import process as vm_qemu
+from hpvc.backends.qemu import region
 from hpvc.backends.qemu.backend import QemuBackend, qmp_wait_s, vm_state
 from hpvc.backends.qemu.qmp import wait_qmp
 from hpvc.backends.vm import guest as g
@@ -61,10 +62,8 @@ from hpvc.render.qemu import QemuLaunch, qemu_name, qemu_pinning
 SOCKET_DIR = "hpvc-migrate-"
 MIGRATING = "~migrating"  # suffix of the target's run folder, journal folder and tap
 NOT_MIGRATABLE = {
-    # QEMU blocks migration of ivshmem-plain without master=on ("peer mode"); the
-    # region is shared with co-resident guests, whose view must not be rewritten.
-    "ivshmem-plain": "it shares memory with co-resident guests over ivshmem, which QEMU"
-    ' cannot migrate (peer mode); give the cluster tuning.locality = "none"',
+    # An ivshmem region moves on its host with its peers stopped (hpvc.backends.qemu.
+    # region); across hosts it is refused (hpvc.backends.qemu.across).
     "vhost-user-fs-pci": "it mounts host folders over virtiofs"
     " (QEMU 7.2 cannot migrate vhost-user-fs)",
 }
@@ -278,15 +277,18 @@ def migrate_node(
         migration.listen(migration.socket_runner(launch.qmp_socket, tpid), settings, uri)
         source = migration.socket_runner(str(canon_run / "qmp.sock"), pid)
         migration.apply_settings(source, settings)
-        paused = migration.start(source, uri)
-        stats = migration.wait(
-            source,
-            settings.timeout_s,
-            progress,
-            target_alive=lambda: procfs.is_qemu(tpid, qname) and procfs.running(tpid),
-            postcopy_after_passes=2 if settings.postcopy else None,
-            paused=paused,
-        )
+        shm = region.region_of(argv)  # its peers and it stopped for the copy (region.py)
+        others = region.peers(backend, env, old, name, shm) if shm else {}
+        with region.paused(env, old, others, progress) as left:
+            paused = migration.start(source, uri, stop=shm is not None)
+            stats = migration.wait(
+                source,
+                settings.timeout_s,
+                progress,
+                target_alive=lambda: procfs.is_qemu(tpid, qname) and procfs.running(tpid),
+                postcopy_after_passes=2 if settings.postcopy else None,
+                paused=paused,
+            )
     except migration.MigrationFailed as e:
         tail = with_tail("the target QEMU said", tgt_dir / "qemu.log")
         tail += "; " + with_tail("the source", env.node_dir(name) / "qemu.log")
@@ -297,6 +299,12 @@ def migrate_node(
         raise
     _switch(env, old, name, pid, qname, tpid, canon_run, tgt_run, progress)
     vm_state(env).pids[name] = tpid
+    if left:
+        raise HpvcError(
+            f"node {name}",
+            f"moved, but its region peers stay paused: {'; '.join(left)}",
+            "resume them with QMP cont on their qmp.sock, or hpvc down the cluster",
+        )
     return stats
 
 

@@ -18,7 +18,8 @@ Both VM backends and the cross-host path (Slurm) move a guest the same way:
   unmarked; fixed upstream in 9.0) and the target got stale pages (docs/vms.md
   "Live migration under TCG"): ``start`` then stops the guest for the whole
   copy (``live_copy_loses_writes``), ``wait`` resumes it if the copy fails,
-  and the target starts it itself (``hpvc.render.qemu``: no run state sent).
+  and the target starts it itself (``hpvc.render.qemu``: no run state sent,
+  ``-global migration.store-global-state=off``).
 
 QMP is reached through a ``Runner``: any callable that runs QMP commands in
 one session and returns their replies in order (``socket_runner`` for a QMP
@@ -200,11 +201,11 @@ def live_copy_loses_writes(kvm: Mapping[str, Any], version: Mapping[str, Any]) -
     return (_int(qemu, "major"), _int(qemu, "minor")) < LIVE_COPY_FIXED
 
 
-def start(qmp: Runner, uri: str) -> bool:
+def start(qmp: Runner, uri: str, *, stop: bool = False) -> bool:
     """Begin sending the guest to ``uri`` (returns at once); whether the guest
-    was stopped first for the whole copy (``live_copy_loses_writes``)."""
+    was stopped first for the whole copy (``stop``, or ``live_copy_loses_writes``)."""
     kvm, version = qmp("query-kvm", "query-version")
-    paused = live_copy_loses_writes(
+    paused = stop or live_copy_loses_writes(
         kvm if isinstance(kvm, dict) else {}, version if isinstance(version, dict) else {}
     )
     qmp(*(["stop"] if paused else []), ("migrate", {"uri": uri}))
