@@ -132,3 +132,17 @@ def test_a_stopped_copy_is_said_above_the_table() -> None:
     assert report.STOPPED_NOTE not in report.report_md(doc)
     rows[0]["stop_and_copy"] = True
     assert report.STOPPED_NOTE in report.report_md(doc)
+
+
+def test_only_a_load_that_ran_through_the_move_gives_mpi_figures() -> None:
+    """A loop that ended before the switch never saw the pause: its slowdown and
+    longest round trip are left out, and the table says how many spanned it."""
+    inside = _row(1024, "mpi", 400, 50.0, slowdown=2.0, load_spans_move=True,
+                  loop={"round_trips": 10, "wrong": 0, "max_gap_ms": 420.0})  # fmt: skip
+    before = _row(1024, "mpi", 500, 50.0, slowdown=1.0, load_spans_move=False,
+                  loop={"round_trips": 20, "wrong": 0, "max_gap_ms": 30.0})  # fmt: skip
+    t = report.table([inside, before])
+    assert t[0]["spans"] == 1 and t[0]["slowdown"]["max"] == 2.0
+    assert t[0]["loop_gap_ms"] == {"min": 420.0, "median": 420.0, "max": 420.0}
+    md = report.report_md({"accelerator": {"vm": "tcg"}, "reps": 2, "table": t, "runs": []})
+    assert "| 2.00 / 2.00 / 2.00 | 420 / 420 / 420 | 1 of 2 | 0 of 2 |" in md

@@ -45,9 +45,16 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             e["sent_mib"] = summary([r["bytes_sent"] / (1 << 20) for r in mine])
             gaps = [r["ping_gap_ms"] for r in mine if r.get("ping_gap_ms") is not None]
             e["ping_gap_ms"] = summary(gaps) if gaps else None
-            slow = [r["slowdown"] for r in mine if "slowdown" in r]
+            # Only a load still running after the switch saw the pause (an old
+            # result without the mark counts as one that did).
+            spans = [r for r in mine if r.get("load_spans_move", True)]
+            e["spans"] = len(spans) if load != "idle" else None
+            slow = [r["slowdown"] for r in spans if "slowdown" in r]
             if load == "mpi" and slow:
                 e["slowdown"] = summary(slow)
+            gap = [r["loop"]["max_gap_ms"] for r in spans if "max_gap_ms" in r.get("loop", {})]
+            if load == "mpi" and gap:
+                e["loop_gap_ms"] = summary(gap)
             e["load_failed"] = sum(1 for r in mine if r.get("load_failed"))
             out.append(e)
     return out
@@ -86,15 +93,20 @@ def report_md(doc: dict[str, Any]) -> str:
     lines += [
         "",
         "| guest | load | total ms | downtime ms | ping gap ms (outside) | sent MiB |"
-        " wall s | MPI slowdown | load failed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " wall s | MPI slowdown | MPI longest round trip ms | load through the move |"
+        " load failed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in doc["table"]:
-        slow = _mmm(e.get("slowdown"), "{:.2f}") if e["load"] == "mpi" else ""
+        mpi = e["load"] == "mpi"
+        slow = _mmm(e.get("slowdown"), "{:.2f}") if mpi else ""
+        gap = _mmm(e.get("loop_gap_ms"), "{:.0f}") if mpi else ""
+        spans = "" if e.get("spans") is None else f"{e['spans']} of {e['n']}"
         lines.append(
             f"| {e['memory_mib']} MiB | {e['load']} | {_mmm(e['total_ms'])} |"
             f" {_mmm(e['downtime_ms'])} | {_mmm(e['ping_gap_ms'])} | {_mmm(e['sent_mib'])} |"
-            f" {_mmm(e['wall_s'], '{:.1f}')} | {slow} | {e.get('load_failed', 0)} of {e['n']} |"
+            f" {_mmm(e['wall_s'], '{:.1f}')} | {slow} | {gap} | {spans} |"
+            f" {e.get('load_failed', 0)} of {e['n']} |"
         )
     failed = [r for r in doc.get("runs", []) if r.get("load_failed")]
     if failed:

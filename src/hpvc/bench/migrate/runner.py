@@ -30,6 +30,7 @@ also when a step fails. Across two hosts: ``hpvc.bench.migrate.slurm``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -212,6 +213,7 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
     _copy_in(name, store, files)
     ip = store.get(name).the_plan().node("compute1").ip
     rows: list[dict[str, Any]] = []
+    move_s = 0.0  # the longest move of this size so far (the target's start is most of it)
 
     def look() -> None:
         progress(f"{name}: a load went wrong; the guests say:\n{_look(name, store)}")
@@ -220,22 +222,28 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
         for load in report.loads_of(rep):
             row: dict[str, Any] = {"memory_mib": mib, "load": load, "rep": rep}
             bg: subprocess.Popen[str] | None = None
+            # A load lasts past the move (its pause comes at the move's end), and the
+            # baseline loop as long: ``secs`` plus the longest move so far.
+            span = secs + math.ceil(move_s)
             if load == "mpi":
                 try:
-                    row["baseline"] = _loop_done(_mpi(name, store, secs), secs, look)
+                    row["baseline"] = _loop_done(_mpi(name, store, span), span, look)
                 except HpvcError as e:  # kept, and the move still measured
                     row["load_failed"] = f"baseline loop: {e.line()}"
-                bg = _mpi(name, store, secs)
+                bg = _mpi(name, store, span)
                 time.sleep(min(8, secs / 2))  # the ranks start (ssh into the guests)
             elif load == "memwrite":
                 row["memwrite_mib"] = min(WRITE_MIB, mib // 4)
-                writer = ["/root/memwrite", str(row["memwrite_mib"]), str(secs)]
+                writer = ["/root/memwrite", str(row["memwrite_mib"]), str(span)]
                 argv = ops.exec_argv(name, "compute1", writer, store)
                 bg = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True)  # fmt: skip
                 time.sleep(3)
             try:
                 row |= _move(name, store, ip)
+                move_s = max(move_s, float(row["wall_s"]))
+                if bg is not None:  # still running after the switch: the pause fell inside it
+                    row["load_spans_move"] = bg.poll() is None
             except BaseException:
                 if bg is not None:  # the move's own error, not a wait on the load
                     if load == "mpi":
@@ -246,7 +254,7 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
                 raise
             if bg is not None and load == "mpi":
                 try:
-                    row["loop"] = _loop_done(bg, secs, look)
+                    row["loop"] = _loop_done(bg, span, look)
                 except HpvcError as e:
                     row["load_failed"] = f"loop through the move: {e.line()}"
                 if "loop" in row and "baseline" in row:
@@ -254,7 +262,7 @@ def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: lis
                         int(row["baseline"]["round_trips"]), int(row["loop"]["round_trips"])
                     )
             elif bg is not None:
-                row |= _writer_done(bg, secs, look)
+                row |= _writer_done(bg, span, look)
             if row.get("load_failed"):
                 progress(f"{name} rep {rep} {load}: the load failed: {row['load_failed']}")
             progress(
