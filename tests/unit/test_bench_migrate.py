@@ -26,6 +26,15 @@ def test_the_longest_gap_between_replies_is_the_outside_downtime() -> None:
     assert report.longest_gap_ms(PING) == pytest.approx(148.5, abs=1e-3)
 
 
+def test_a_guest_that_stops_answering_shows_as_a_gap_to_the_end() -> None:
+    """With the time ping was stopped, the silence after the last reply counts:
+    a guest that never answered again after the move is not a small gap."""
+    assert report.longest_gap_ms(PING, 1764130000.153) == pytest.approx(148.5, abs=1e-3)
+    assert report.longest_gap_ms(PING, 1764130000.853) == pytest.approx(700.0, abs=1e-3)
+    one = "\n".join(PING.splitlines()[:2])
+    assert report.longest_gap_ms(one, 1764130000.5) == pytest.approx(500.0, abs=1e-3)
+
+
 def test_fewer_than_two_replies_give_no_gap() -> None:
     one = "\n".join(PING.splitlines()[:2])
     assert report.longest_gap_ms(one) is None

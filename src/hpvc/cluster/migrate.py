@@ -181,7 +181,7 @@ def _locked(
     if heard is False:
         progress(
             f"warning: {node} moved but does not answer ping at {now_node.ip}: its guest"
-            " network may be broken (docs/vms.md, Live migration, known problem)"
+            " network may be broken (docs/vms.md, Live migration under TCG)"
         )
     return {
         "cluster": name,

@@ -21,11 +21,15 @@ def loads_of(rep: int) -> tuple[str, ...]:
     return LOADS if rep % 2 == 0 else LOADS[::-1]
 
 
-def longest_gap_ms(ping_text: str) -> float | None:
+def longest_gap_ms(ping_text: str, end: float | None = None) -> float | None:
     """The longest time between two successive replies in ``ping -D`` output
-    (the guest as seen from outside; its own clock stops while paused). None
-    with fewer than two replies."""
+    (the guest as seen from outside; its own clock stops while paused); with
+    ``end`` (when ping was stopped, epoch seconds) a silence from the last
+    reply to it counts too, so a guest that stops answering shows as a gap
+    rather than hiding it. None with fewer than two points."""
     stamps = [float(m[1]) for m in REPLY_RE.finditer(ping_text)]
+    if end is not None and stamps:
+        stamps.append(max(end, stamps[-1]))
     if len(stamps) < 2:
         return None
     return max(b - a for a, b in itertools.pairwise(stamps)) * 1000.0

@@ -195,10 +195,11 @@ def _move(name: str, store: Store, ip: str) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         time.sleep(0.5)
     finally:
+        ended = time.time()
         ping.send_signal(signal.SIGINT)
         text, _ = ping.communicate(timeout=30)
     return {**out["migration"], "wall_s": wall, "to_cpus": out["to"]["cpus"],
-            "ping_gap_ms": report.longest_gap_ms(text)}  # fmt: skip
+            "ping_gap_ms": report.longest_gap_ms(text, ended)}  # fmt: skip
 
 
 def one_size(tmp: Path, store: Store, mib: int, reps: int, secs: int, files: list[Path],
