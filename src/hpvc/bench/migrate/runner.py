@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -186,18 +187,24 @@ def _writer_done(p: subprocess.Popen[str], secs: int, look: Callable[[], object]
 
 
 def _move(name: str, store: Store, ip: str) -> dict[str, Any]:
-    ping = subprocess.Popen(["ping", "-D", "-n", "-i", "0.002", ip], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    try:
-        time.sleep(0.5)
-        t0 = time.perf_counter()
-        out = migrate(name, "compute1", store=store)
-        wall = time.perf_counter() - t0
-        time.sleep(0.5)
-    finally:
-        ended = time.time()
-        ping.send_signal(signal.SIGINT)
-        text, _ = ping.communicate(timeout=30)
+    # Into a file, not a pipe: nothing reads a pipe until the end, and ping
+    # blocked once ~800 replies (64 KiB) filled it, a silence the gap then took
+    # for the guest's (runs before 2026-11-26 11:58).
+    with tempfile.TemporaryFile("w+") as sink:
+        ping = subprocess.Popen(["ping", "-D", "-n", "-i", "0.002", ip], stdout=sink,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        try:
+            time.sleep(0.5)
+            t0 = time.perf_counter()
+            out = migrate(name, "compute1", store=store)
+            wall = time.perf_counter() - t0
+            time.sleep(0.5)
+        finally:
+            ended = time.time()
+            ping.send_signal(signal.SIGINT)
+            ping.wait(timeout=30)
+        sink.seek(0)
+        text = sink.read()
     return {**out["migration"], "wall_s": wall, "to_cpus": out["to"]["cpus"],
             "ping_gap_ms": report.longest_gap_ms(text, ended)}  # fmt: skip
 
