@@ -893,3 +893,29 @@ def test_cli_help_has_example(capsys: pytest.CaptureFixture[str]) -> None:
         main(["render", "--help"])
     out = capsys.readouterr().out
     assert "Examples" in out and "hpvc render examples/cluster.toml --out" in out
+
+
+def test_a_placed_domain_keeps_everything_but_its_place() -> None:
+    """A node's libvirt XML given another place (libvirt/migrate.py): vCPU pins,
+    emulator CPUs and the cells' host nodes change where they were; every other
+    element is the same, in the same order."""
+    from hpvc.render.libvirt import placed_domain_xml, render_domain_xml
+
+    plan = hand_vm_plan()
+    node = plan.node("compute0")
+    xml = render_domain_xml(plan, node, ctx())
+    there = make_node("compute0", 1, pins=(12, 13, 28, 29), emulator=(2, 3),
+                      cells=((1, 1024, (0, 1)), (0, 1024, (2, 3))))  # fmt: skip
+    moved = ET.fromstring(placed_domain_xml(xml, there))
+    before = ET.fromstring(xml)
+    assert [k.tag for k in moved] == [k.tag for k in before]
+    pins = {p.get("vcpu"): p.get("cpuset") for p in moved.iter("vcpupin")}
+    assert pins == {"0": "12", "1": "13", "2": "28", "3": "29"}
+    assert moved.find("cputune/emulatorpin").get("cpuset") == "2-3"  # type: ignore[union-attr]
+    cells = {m.get("cellid"): m.get("nodeset") for m in moved.iter("memnode")}
+    assert cells == {"0": "1", "1": "0"}
+    same = [k.tag for k in before if k.tag not in ("vcpu", "cputune", "numatune")]
+    for tag in same:
+        assert ET.tostring(moved.find(tag)) == ET.tostring(before.find(tag)), tag  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        placed_domain_xml("<network/>", there)

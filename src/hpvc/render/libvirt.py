@@ -239,6 +239,30 @@ def _seclabel(dom: ET.Element, ctx: RenderContext) -> None:
     _sub(label, "label", f"+{ctx.qemu_uid}:+{ctx.qemu_uid}")
 
 
+PLACEMENT = ("vcpu", "cputune", "numatune")  # what a new place changes in a domain
+
+
+def placed_domain_xml(xml: str, node: PlannedNode) -> str:
+    """A domain's XML (libvirt's own, e.g. a save image's) with ``node``'s place:
+    its ``<vcpu>``, ``<cputune>`` and ``<numatune>`` rendered for ``node`` where the
+    old ones were; everything else (devices, addresses, labels) as it was. What
+    libvirt lets a restore change: none of it is guest ABI."""
+    dom = ET.fromstring(xml)
+    kids = list(dom)
+    where = next((i for i, k in enumerate(kids) if k.tag in PLACEMENT), None)
+    if where is None or dom.tag != "domain":
+        raise ValueError("not a domain XML with a <vcpu> element")
+    for k in kids:
+        if k.tag in PLACEMENT:
+            dom.remove(k)
+    fresh = ET.Element("domain")
+    _cpus(fresh, node)
+    _numatune(fresh, node)
+    for offset, element in enumerate(fresh):
+        dom.insert(where + offset, element)
+    return ET.tostring(dom, encoding="unicode") + "\n"
+
+
 def render_domain_xml(plan: Plan, node: PlannedNode, ctx: RenderContext) -> str:
     """The libvirt domain XML of one VM node, pretty-printed and deterministic."""
     dom = ET.Element("domain", {"type": "kvm" if ctx.accel == "kvm" else "qemu"})

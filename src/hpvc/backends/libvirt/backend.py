@@ -53,6 +53,10 @@ class LibvirtBackend(QemuBackend):
     def _uri(self, env: ClusterEnv) -> str:
         return vm_state(env).libvirt_uri or libvirt_uri()
 
+    def uri_for(self, env: ClusterEnv) -> str:
+        """The libvirtd the cluster's domains live in."""
+        return self._uri(env)
+
     def start_node(self, env: ClusterEnv, plan: Plan, node: PlannedNode, ctx: RenderContext) -> int:
         """Define and start the node's domain; QEMU's PID (the guest not yet booted)."""
         private_dir(Path(ctx.node_run_dir(plan.cluster, node.name)))

@@ -163,6 +163,9 @@ def _errors(what: str, fix: str = "", *, ignore: Sequence[int] = ()) -> Iterator
             raise HpvcError(what, _why(e), fix) from e
 
 
+errors = _errors  # the same, for the backend's other modules (libvirt/migrate.py)
+
+
 def _gone() -> tuple[int, ...]:
     """Error codes meaning "that domain is not there (or not running) any more"."""
     lv = _lv()
