@@ -606,7 +606,9 @@ def test_a_libvirt_node_moves_by_save_and_restore(
     it at its new place (libvirt/migrate.py): a new QEMU under the same domain
     name and UUID, libvirt's read-back pins as the new plan says, the guest up
     with the file it had (the guest's state came along) and answering; the save
-    file is gone; --postcopy is refused in one line, exit 2; down leaves nothing."""
+    file is gone; a place libvirt cannot start is undone (the node restored where
+    it was, its state kept, the record as it was); --postcopy is refused in one
+    line, exit 2; down leaves nothing."""
     import json
     import sys
 
@@ -634,6 +636,24 @@ def test_a_libvirt_node_moves_by_save_and_restore(
         )  # fmt: skip
         assert r.returncode == 2 and "no postcopy phase" in r.stderr, r.stderr
         assert ops.node_pid(name, "compute0", store) == old_pid
+        # A new place libvirt cannot start (a CPU this host lacks): restored where it was.
+        from hpvc.backends.libvirt import migrate as lv_move
+        from hpvc.backends.vm.migration import MigrationFailed
+
+        def nowhere(xml: str, node: PlannedNode) -> str:
+            return xml.replace("<vcpu ", "<vcpu cpuset='4000' ", 1)
+
+        monkeypatch.setattr(lv_move, "placed_domain_xml", nowhere)
+        was = store.get(name).plan
+        with pytest.raises(MigrationFailed):
+            migrate(name, "compute0", store=store)
+        monkeypatch.undo()
+        monkeypatch.setenv("HPVC_LIBVIRT_URI", libvirtd.uri)
+        assert store.get(name).plan == was and store.get(name).status == "running"
+        back = subprocess.run(ops.exec_argv(name, "compute0", ["cat", "/dev/shm/mark"], store),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert back.stdout == "kept\n", back
+        old_pid = ops.node_pid(name, "compute0", store)
         out = migrate(name, "compute0", store=store)
         assert out["migration"]["stop_and_copy"] is True and out["migration"]["bytes_sent"] > 0
         assert out["pid"] != old_pid and not procfs.running(old_pid)
