@@ -88,11 +88,13 @@ elif [ "$(cat "$venv/.hpvc-src" 2>/dev/null)" != "$want_src" ]; then
   echo "$want_src" >"$venv/.hpvc-src"
 fi
 
-# The guest's C sources (hpvc-init, its agent, hpvc-rsh): `hpvc node up` of a
-# VM job compiles them into the guest image it builds (hpvc.image.guest looks
-# in <venv>/share/hpvc/native when hpvc is not run from its checkout).
+# The guest's C sources (hpvc-init, its agent, hpvc-rsh, the UCX ivshmem
+# module): `hpvc node up` of a VM job compiles them into the guest image it
+# builds (hpvc.image.guest and hpvc.image.ucx look in <venv>/share/hpvc/native
+# when hpvc is not run from its checkout). Without ucx/ a job's guests had no
+# module and its tasks no region: MPI between co-resident guests went over TCP.
 native=$venv/share/hpvc/native
-for part in guest agent; do
+for part in guest agent ucx; do
   if ! diff -rq "$repo/native/$part" "$native/$part" >/dev/null 2>&1; then
     mkdir -p "$native"
     rm -rf "$native/$part.new"

@@ -195,3 +195,62 @@ def test_debians_mpich_runs_under_srun_mpi_pmi2_in_the_guests(slurm: Env) -> Non
     ], text
     assert "mpich status 0" in part["mpich"], text
     wait_vm_clean(slurm, job)
+
+
+REGION_JOB = """set -u
+srun -n2 --input=all sh -c 'cat > /root/pingpong && chmod +x /root/pingpong' < pingpong
+echo "step region:"
+UCX_LOG_LEVEL=info srun -n2 --mpi=pmix /root/pingpong 1048576 20
+echo "region status $?"
+"""
+LANES = re.compile(r"ep_cfg\[\d+\]: tag\(([^)]*)\)")
+
+
+def _one_host_pingpong(slurm: Env, spec_text: str, tag: str) -> str:
+    """An ordinary user's one-host job of two guests: the ping-pong binary copied
+    in, then run under srun --mpi=pmix with UCX's lanes logged; the "region" step."""
+    from hpvc.bench import common
+
+    requires("mpicc.openmpi")
+    common.build_native("pingpong", slurm.work, "mpicc.openmpi")
+    spec = slurm.work / f"vm-{tag}.toml"
+    spec.write_text(spec_text)
+    out = slurm.work / f"{tag}-job.out"
+    (slurm.work / f"{tag}.sh").write_text("#!/bin/bash\n" + REGION_JOB)
+    r = slurm.run("sbatch", "--parsable", "-N1", "-n2", f"--hpvc={spec}", "-o", str(out),
+                  str(slurm.work / f"{tag}.sh"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    wait_done(slurm, job, timeout=400, out=out)
+    text = out.read_text()
+    wait_vm_clean(slurm, job)
+    part = sections(text).get("region", "")
+    assert "region status 0" in part, text
+    sizes = [int(m) for m in re.findall(r'"bytes": ?(\d+)', part)]
+    assert 1 << 20 in sizes, text
+    return part
+
+
+def test_two_guests_on_one_host_run_open_mpi_over_their_region(slurm: Env) -> None:
+    """Issue 29 item 2, as a Slurm job: an ordinary user's one-host job of two
+    guests (they share the share's ivshmem region); srun --mpi=pmix's two Open
+    MPI ranks, one per guest, get UCX over the region from the task relay
+    (hpvc.slurm.node) without asking: UCX's own lanes (UCX_LOG_LEVEL=info, the
+    user's, passed into the guests) name the region for the pair, never TCP,
+    and the ping-pong's sizes up to 1 MiB all come back. (Before scripts/slurm/
+    install.sh copied native/ucx, the hosts' hpvc saw no module sources and gave
+    the tasks no region: Open MPI then took its shared memory (vader) between
+    the two guests, which Slurm's PMIx calls local, and crashed.)"""
+    part = _one_host_pingpong(slurm, VM_SPEC, "region")
+    lanes = [lane for lane in LANES.findall(part) if not lane.startswith("self/")]
+    assert lanes and all("ivshmem/" in lane for lane in lanes), part
+
+
+def test_two_guests_on_one_host_without_a_region_run_open_mpi_over_tcp(slurm: Env) -> None:
+    """The same job with tuning.locality = "none" (no region): Slurm's PMIx still
+    calls the two guests' ranks local, so the relay keeps Open MPI off its own
+    shared memory between them (hpvc.slurm.node); the ping-pong goes over TCP."""
+    spec = VM_SPEC.replace("[tuning]\n", '[tuning]\nlocality = "none"\n')
+    part = _one_host_pingpong(slurm, spec, "noregion")
+    lanes = [lane for lane in LANES.findall(part) if not lane.startswith("self/")]
+    assert not any("ivshmem/" in lane for lane in lanes), part

@@ -134,13 +134,18 @@ def joins(
     # Guests of the share that map one ivshmem region: MPI over it, through UCX
     # (hpvc.cluster.ucx), as hpvc run gives it; nothing where there is no region.
     shm = ucx.for_job(store.root, plan, [(plan.node(n), 1) for n in pool]).env_list()
+    # Slurm's PMIx calls every task of this host local, but each guest is a
+    # machine of its own: Open MPI took its shared memory (btl vader) between two
+    # guests and crashed. Where the region is not chosen, its BTLs stay self and
+    # TCP (the ranks of one guest then talk over loopback TCP too).
+    apart = ("OMPI_MCA_btl=self,tcp",) if entry.relay and len(pool) > 1 and not shm else ()
     out = []
     for t, node in enumerate(pool):
         proc = ops.node_process(name, node, store)
         env = [f"HPVC_NODE={node}", f"HPVC_JOB_CLUSTER={name}"]
         mine = image[node]
         if entry.relay:  # the task relays to the agent in the node (a VM's guest)
-            env = [*mine.env, *env, *entry.env, *shm]
+            env = [*mine.env, *env, *entry.env, *shm, *apart]
             key = str(store.cluster_dir(name) / entry.key) if entry.key else ""
             ip = plan.node(node).ip
             join = Join(t, node, proc.pid, proc.start, (), (), tuple(env), ip, key)
