@@ -166,37 +166,6 @@ def test_srun_mpi_pmix_and_pmi2_start_ranks_in_the_guests(slurm: Env, vm_spec: P
     wait_vm_clean(slurm, job)
 
 
-MPICH_JOB = """set -u
-srun -N2 -n2 --input=all sh -c 'cat > /root/ring && chmod +x /root/ring' < ring-mpich
-echo "step mpich:"
-srun -N2 -n2 --mpi=pmi2 /root/ring
-echo "mpich status $?"
-"""
-
-
-def test_debians_mpich_runs_under_srun_mpi_pmi2_in_the_guests(slurm: Env) -> None:
-    """The mpich image's MPICH 4.0.2, a rank in each host's guest with
-    Slurm's pmi2 as its process manager (PMI_FD carried by the relays): both
-    report, the allreduce and the ring across the hosts are right."""
-    (slurm.work / "ring.c").write_text(RING_C)
-    cc = ["mpicc.mpich", "-O2", "-o", str(slurm.work / "ring-mpich"), str(slurm.work / "ring.c")]
-    subprocess.run(cc, check=True)
-    spec = slurm.work / "vm-mpich.toml"
-    spec.write_text(VM_SPEC.replace('image = "hpc"', 'image = "mpich"'))
-    out = slurm.work / "mpich-job.out"
-    job = submit(slurm, spec, MPICH_JOB, out)
-    wait_done(slurm, job, timeout=500, out=out)
-    text = out.read_text()
-    part = sections(text)
-    ranks = sorted(ln for ln in part["mpich"].splitlines() if ln.startswith("rank "))
-    assert ranks == [
-        "rank 0 of 2 on compute0 sum 1 token 101",
-        "rank 1 of 2 on compute1 sum 1 token 0",
-    ], text
-    assert "mpich status 0" in part["mpich"], text
-    wait_vm_clean(slurm, job)
-
-
 REGION_JOB = """set -u
 srun -n2 --input=all sh -c 'cat > /root/pingpong && chmod +x /root/pingpong' < pingpong
 echo "step region:"
