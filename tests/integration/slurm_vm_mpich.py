@@ -8,10 +8,11 @@ Its ``MPIDI_UCX_mpi_finalize_hook`` (src/mpid/ch4/netmod/ucx/ucx_init.c) waits
 for every ``ucp_disconnect_nb`` and then enters the PMI barrier; a rank already
 in the barrier stops progressing UCX, and the other rank's disconnect can wait
 on it for ever. MPICH removed that barrier upstream (pmodels/mpich#6596, 2023,
-in 4.2). Both ranks print their results and then one hangs: the clean-clone CI
-runs of 2026-11-26 02:40 and 12:41 hung so (the job overran its 500 s), the
-barrier before MPI_Finalize that RING_C has did not prevent it, and the runs
-here in between passed. docs/slurm.md says so under "MPI in the guests".
+in 4.2). Both ranks print their results and then one hangs: the project's CI
+run for stop 36 (the job overran its 300 s) and this host's clean-clone run of
+2026-11-26 12:41 (it overran 500 s) hung so, the barrier before MPI_Finalize
+that RING_C has did not prevent the second, and the runs here in between
+passed. docs/slurm.md says so ("Known problem: MPICH 4.0.2 ...").
 """
 
 from __future__ import annotations
