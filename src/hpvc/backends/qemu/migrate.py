@@ -45,6 +45,7 @@ from pathlib import Path
 from hpvc.backends.base import ClusterEnv
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu import region
+from hpvc.backends.qemu.across import qmp_socket
 from hpvc.backends.qemu.backend import QemuBackend, qmp_wait_s, vm_state
 from hpvc.backends.qemu.qmp import wait_qmp
 from hpvc.backends.vm import guest as g
@@ -200,17 +201,13 @@ def postcopy_refusal(
     QEMU 9.0: nothing left for postcopy to do after the switch), or QEMU's uid
     kept from userfaultfd."""
     pid = backend.live_pid(env, plan, node)
-    if pid is not None:
-        sock = env.store.layout.node_run_dir(plan.cluster, node.name) / "qmp.sock"
-        kvm, version = migration.socket_runner(str(sock), pid)("query-kvm", "query-version")
-        if migration.live_copy_loses_writes(
-            kvm if isinstance(kvm, dict) else {}, version if isinstance(version, dict) else {}
-        ):
-            return (
-                "this QEMU copies a TCG guest with its vCPUs stopped (a live copy loses"
-                " guest writes before QEMU 9.0), so there is no postcopy phase",
-                "move it without --postcopy, or on a KVM host (docs/vms.md, Live migration)",
-            )
+    run = migration.socket_runner(qmp_socket(env, plan, node.name), pid) if pid else None
+    if run is not None and migration.copied_stopped(run):
+        return (
+            "this QEMU copies a TCG guest with its vCPUs stopped (a live copy loses"
+            " guest writes before QEMU 9.0), so there is no postcopy phase",
+            "move it without --postcopy, or on a KVM host (docs/vms.md, Live migration)",
+        )
     why = userfaultfd.postcopy_refusal(qemu_user.find(env.store.root, env.name) or 0)
     if why is None:
         return None

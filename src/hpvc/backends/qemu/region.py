@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from hpvc.backends.base import ClusterEnv
+from hpvc.backends.qemu.across import qmp_socket
 from hpvc.backends.qemu.backend import QemuBackend
 from hpvc.backends.vm import migration
 from hpvc.errors import HpvcError
@@ -66,11 +67,7 @@ def paused(
     every one even when one fails; the list yielded is then filled with the ones
     left paused (never raised here: after a switch-over the caller must not undo
     the move for it)."""
-    layout = env.store.layout
-    runs = {
-        n: migration.socket_runner(str(layout.node_run_dir(plan.cluster, n) / "qmp.sock"), p)
-        for n, p in pids.items()
-    }
+    runs = {n: migration.socket_runner(qmp_socket(env, plan, n), p) for n, p in pids.items()}
     stopped: list[str] = []
     left: list[str] = []
     try:

@@ -14,12 +14,10 @@ Both VM backends and the cross-host path (Slurm) move a guest the same way:
   an interrupt (Ctrl-C) end in ``cancel``, and QEMU itself resumes the
   source guest after a cancelled or failed precopy migration;
 - under TCG before QEMU 9.0 a live copy loses guest writes (7.2's bitmap
-  sync leaves TCG TLB entries marked dirty, so later writes through them go
-  unmarked; fixed upstream in 9.0) and the target got stale pages (docs/vms.md
-  "Live migration under TCG"): ``start`` then stops the guest for the whole
-  copy (``live_copy_loses_writes``), ``wait`` resumes it if the copy fails,
-  and the target starts it itself (``hpvc.render.qemu``: no run state sent,
-  ``-global migration.store-global-state=off``).
+  sync leaves TCG TLB entries marked dirty; fixed in 9.0; docs/vms.md "Live
+  migration under TCG"): ``start`` stops the guest for the whole copy
+  (``copied_stopped``), ``wait`` resumes it if the copy fails, and the target
+  starts it itself (``hpvc.render.qemu``: ``store-global-state=off``).
 
 QMP is reached through a ``Runner``: any callable that runs QMP commands in
 one session and returns their replies in order (``socket_runner`` for a QMP
@@ -201,13 +199,18 @@ def live_copy_loses_writes(kvm: Mapping[str, Any], version: Mapping[str, Any]) -
     return (_int(qemu, "major"), _int(qemu, "minor")) < LIVE_COPY_FIXED
 
 
-def start(qmp: Runner, uri: str, *, stop: bool = False) -> bool:
-    """Begin sending the guest to ``uri`` (returns at once); whether the guest
-    was stopped first for the whole copy (``stop``, or ``live_copy_loses_writes``)."""
+def copied_stopped(qmp: Runner) -> bool:
+    """``live_copy_loses_writes``, asked of the QEMU itself."""
     kvm, version = qmp("query-kvm", "query-version")
-    paused = stop or live_copy_loses_writes(
+    return live_copy_loses_writes(
         kvm if isinstance(kvm, dict) else {}, version if isinstance(version, dict) else {}
     )
+
+
+def start(qmp: Runner, uri: str, *, stop: bool = False) -> bool:
+    """Begin sending the guest to ``uri`` (returns at once); whether the guest
+    was stopped first for the whole copy (``stop``, or ``copied_stopped``)."""
+    paused = stop or copied_stopped(qmp)
     qmp(*(["stop"] if paused else []), ("migrate", {"uri": uri}))
     return paused
 
