@@ -58,6 +58,10 @@ SSH_OPTS = (
     "-o", "LogLevel=ERROR",
     "-o", "BatchMode=yes",
     "-o", "ConnectTimeout=10",
+    # ssh's own retry (one a second) of a connect that fails at once: in CI a
+    # just-booted TCG guest once left the host's ARP unanswered for its 3 s
+    # ("No route to host") right after hpvc-ready (clean-clone run, stop 37).
+    "-o", "ConnectionAttempts=3",
 )  # fmt: skip
 
 
