@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_EXTRA = ""  # --cpu-extra: e.g. ",-cx16" (a PVM host's emulator fails at cmpxchg16b)
 
 
 def probe() -> dict:
@@ -104,7 +105,7 @@ class Qemu:
         self.console = work / f"{name}.console"
         self.qmp_path = str(work / f"{name}.qmp")
         self.tick_path = str(work / f"{name}.tick")
-        cpu = "host,-arch-capabilities" if accel == "kvm" else "max"
+        cpu = ("host,-arch-capabilities" if accel == "kvm" else "max") + CPU_EXTRA
         accel_arg = "kvm" if accel == "kvm" else "tcg,thread=multi"
         argv = [
             str(kit / "lib" / "ld-linux-x86-64.so.2"), "--library-path", str(kit / "lib"),
@@ -232,7 +233,7 @@ def one_move(kit: Path, work: Path, accel: str, mib: int, write_mib: int, tag: s
     dst = None
     ticks = Ticks()
     try:
-        src.wait_line("kg-ready", 120)
+        src.wait_line("kg-ready", 60)
         ticks.follow(src.tick_path)
         time.sleep(1.0)  # the writer has touched its pages: a steady dirtying rate
         dst = Qemu(kit, work, f"dst-{tag}", accel, mib, 2, append, incoming=True)
@@ -276,7 +277,7 @@ def shm_vm(kit: Path, work: Path, accel: str, cpus: tuple[int, int], n: int, tag
             guests.append(q)
             subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(q.proc.pid)],
                            check=True, capture_output=True)  # fmt: skip
-        line = guests[1].wait_line("kg-shm n=", 300)
+        line = guests[1].wait_line("kg-shm n=", 60)
         guests[0].wait_line("kg-shm pong", 30)
         return parse_shm(line)
     finally:
@@ -318,7 +319,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shm-n", type=int, default=200000)
     ap.add_argument("--budget-s", type=float, default=400)
+    ap.add_argument("--cpu-extra", default="", help="appended to -cpu, e.g. ,-cx16")
     a = ap.parse_args()
+    global CPU_EXTRA
+    CPU_EXTRA = a.cpu_extra
     sys.path[:0] = [str(ROOT / "src"), str(a.kit / "py")]
     start = time.monotonic()
     a.out.mkdir(parents=True, exist_ok=True)
