@@ -5,6 +5,7 @@ one: tests/integration/test_checkpoint_vm.py)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,13 +89,8 @@ NODES = ["compute0", "compute1", "compute2"]
 def test_every_node_is_frozen_before_any_is_saved(tmp_path: Path, fake: FakeBackend) -> None:
     store = _store(tmp_path)
     dest, m = ck.checkpoint("c", tmp_path / "ck", store=store)
-    assert fake.calls == [
-        ("freeze", NODES),
-        ("save", ["compute0"]),
-        ("save", ["compute1"]),
-        ("save", ["compute2"]),
-        ("thaw", NODES),
-    ]
+    assert fake.calls[0] == ("freeze", NODES) and fake.calls[-1] == ("thaw", NODES)
+    assert sorted(fake.calls[1:-1]) == [("save", [n]) for n in NODES]  # side by side
     back = cf.read_manifest(dest)
     cf.verify(dest, back)
     plan = store.get("c").the_plan()
@@ -118,6 +114,52 @@ def test_a_failed_save_thaws_every_node_and_leaves_no_folder(
     assert fake.calls[-1] == ("thaw", NODES)
     assert not (tmp_path / "ck").exists()
     assert store.get("c").status == "running"
+
+
+def test_the_frozen_nodes_are_saved_side_by_side(
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three saves meet at a barrier: saved one after the other, the first
+    would wait there alone and fail; side by side (3 CPUs) all pass it."""
+    store = _store(tmp_path)
+    monkeypatch.setattr(ck.os, "cpu_count", lambda: 3)
+    meet = threading.Barrier(3, timeout=10)
+    real = fake.save
+
+    def save(env: ClusterEnv, plan: Plan, name: str, dest: Path, p: Progress) -> dict[str, Any]:
+        meet.wait()
+        return real(env, plan, name, dest, p)
+
+    monkeypatch.setattr(fake, "save", save)
+    dest, m = ck.checkpoint("c", tmp_path / "ck", store=store)
+    assert [n.name for n in m.nodes] == NODES and fake.calls[-1] == ("thaw", NODES)
+    cf.verify(dest, cf.read_manifest(dest))  # every node's files, hashed as written
+
+
+def test_a_failed_save_is_raised_once_every_other_save_has_ended(
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compute0 fails at once while the others are still writing: the folder is
+    removed and the nodes thawed only after their saves end (nothing writes
+    into a removed folder, no node is thawed while saved)."""
+    store = _store(tmp_path)
+    monkeypatch.setattr(ck.os, "cpu_count", lambda: 3)
+    fake.fail_save = "compute0"
+    real = fake.save
+
+    def save(env: ClusterEnv, plan: Plan, name: str, dest: Path, p: Progress) -> dict[str, Any]:
+        if name != "compute0":
+            time.sleep(0.3)
+        got = real(env, plan, name, dest, p)
+        fake.calls.append(("saved", [name]))
+        return got
+
+    monkeypatch.setattr(fake, "save", save)
+    with pytest.raises(HpvcError, match="save compute0: injected"):
+        ck.checkpoint("c", tmp_path / "ck", store=store)
+    ended = [c for c in fake.calls if c[0] == "saved"]
+    assert sorted(ended) == [("saved", ["compute1"]), ("saved", ["compute2"])]
+    assert fake.calls[-1] == ("thaw", NODES) and not (tmp_path / "ck").exists()
 
 
 def test_refusals_come_before_anything_is_frozen(
