@@ -43,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -345,21 +346,29 @@ def main() -> int:
     ncpu = os.cpu_count() or 2
     cpus = (ncpu - 2, ncpu - 1) if ncpu >= 4 else (0, 1)
     left = lambda: a.budget_s - (time.monotonic() - start)  # noqa: E731
+
+    def measure(part: str, what: str, row: dict, run: Callable[[], dict]) -> None:
+        """One measurement into res[part], or its error into res["errors"] (the
+        next one runs); saved and printed as it comes."""
+        try:
+            row = {**row, **run()}
+            res[part].append(row)
+        except Exception as e:
+            row = {"error": f"{what}: {e}"[:800]}
+            res["errors"].append(row["error"])
+        save()
+        print(row, flush=True)
+
     try:
         for rep in range(a.reps):  # alternated: native and VM ping-pong, one each a round
             for kind in ("native", "vm") if rep % 2 == 0 else ("vm", "native"):
                 if left() < 60:
                     break
-                try:
-                    got = (shm_native(a.kit, cpus, a.shm_n, f"n{rep}") if kind == "native"
-                           else shm_vm(a.kit, work, a.accel, cpus, a.shm_n, f"v{rep}"))  # fmt: skip
-                    row = {"kind": kind, "rep": rep, "cpus": list(cpus), **got}
-                    res["shm"].append(row)
-                except Exception as e:
-                    row = {"error": f"shm {kind} rep {rep}: {e}"[:800]}
-                    res["errors"].append(row["error"])
-                save()
-                print(row, flush=True)
+                measure(
+                    "shm", f"shm {kind} rep {rep}", {"kind": kind, "rep": rep, "cpus": list(cpus)},
+                    lambda: shm_native(a.kit, cpus, a.shm_n, f"n{rep}") if kind == "native"  # noqa: B023
+                    else shm_vm(a.kit, work, a.accel, cpus, a.shm_n, f"v{rep}"),  # noqa: B023
+                )  # fmt: skip
         sizes = [int(s) for s in a.sizes.split(",")]
         cases = [(mib, w) for mib in sizes for w in (0, 64)]
         for rep in range(a.reps):  # alternated: every case once a round, rotated
@@ -368,15 +377,10 @@ def main() -> int:
                 if left() < 40 + mib / 100:
                     res["errors"].append(f"budget: {mib} MiB write={w} rep {rep} not run")
                     continue
-                try:
-                    got = one_move(a.kit, work, a.accel, mib, w, f"{mib}-{w}-{rep}")
-                    row = {"rep": rep, **got}
-                    res["migrate"].append(row)
-                except Exception as e:
-                    row = {"error": f"migrate {mib} MiB write={w} rep {rep}: {e}"[:800]}
-                    res["errors"].append(row["error"])
-                save()
-                print(row, flush=True)
+                measure(
+                    "migrate", f"migrate {mib} MiB write={w} rep {rep}", {"rep": rep},
+                    lambda: one_move(a.kit, work, a.accel, mib, w, f"{mib}-{w}-{rep}"),  # noqa: B023
+                )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
         res["wall_s"] = round(time.monotonic() - start, 1)
