@@ -51,47 +51,25 @@ CPU_EXTRA = ""  # --cpu-extra: e.g. ",-cx16" (a PVM host's emulator fails at cmp
 
 
 def probe() -> dict:
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line
-                break
-    except OSError:
-        pass
-    kvm_ok = False
-    why = ""
-    try:
-        fd = os.open("/dev/kvm", os.O_RDWR)
-        os.close(fd)
-        kvm_ok = True
-    except OSError as e:
-        why = str(e)
+    """The host, and hpvc's own KVM probe (``hpvc.host.probe``: /dev/kvm usable,
+    vmx/svm, PVM), which ``hpvc up`` and ``hpvc doctor`` use too."""
+    from dataclasses import asdict
+
+    from hpvc.host.probe import cpu_flags, probe_kvm
+
+    kvm = probe_kvm()
+    info = Path("/proc/cpuinfo").read_text().splitlines()
     return {
         "python": platform.python_version(),
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
         "cpu_model": next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")
-            ),
-            "",
+            (ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), ""
         ),
-        "vmx": " vmx" in flags,
-        "svm": " svm" in flags,
-        "hypervisor": " hypervisor" in flags,
-        "dev_kvm": kvm_ok,
-        "dev_kvm_error": why,
-        "mem_kib": next(
-            (
-                int(ln.split()[1])
-                for ln in Path("/proc/meminfo").read_text().splitlines()
-                if ln.startswith("MemTotal")
-            ),
-            0,
-        ),
+        "hypervisor": "hypervisor" in cpu_flags(),
+        "kvm": asdict(kvm),
+        "accelerator": kvm.accelerator,
+        "mem_kib": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 1024,
     }
 
 
@@ -336,7 +314,7 @@ def main() -> int:
 
     save()
     print(json.dumps(res["probe"]), flush=True)
-    if a.accel == "kvm" and not res["probe"]["dev_kvm"]:
+    if a.accel == "kvm" and not res["probe"]["kvm"]["usable"]:
         print("no usable /dev/kvm: nothing measured", flush=True)
         return 0
     ver = subprocess.run([str(a.kit / "lib" / "ld-linux-x86-64.so.2"), "--library-path",
