@@ -31,12 +31,13 @@
  * state, and a server restart is survived by reconnecting.
  *
  * One thread, one libnfs context: a libnfs 4.0 context is not thread-safe,
- * and per-thread contexts would each need a TCP connection of their own
- * for no gain on a stream, which is one request at a time either way. What
- * carries the throughput is the size of each request: FUSE reads and
+ * and per-thread contexts would each need a TCP connection of their own.
+ * What carries the throughput is the size of each request: FUSE reads and
  * writes 1 MiB at a time (see widen_readahead), one NFS RPC each (libnfs
  * alone, 1 MiB per call, moved ~470 MB/s writes, ~1.4 GB/s cached reads on
- * the 2-core development machine; through FUSE about half of that).
+ * the 2-core development machine; through FUSE about half of that). Writes
+ * are answered once sent, several in flight (writebehind.c, which also runs
+ * the event loop): a writing program does not wait for the server.
  *
  * Bounded failure: every RPC has a timeout (--timeout, default 10 s, whole
  * seconds: libnfs's unit). A server that stops answering fails each call
@@ -77,7 +78,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROG "hpvc-nfsfuse"
+#include "nfsfuse.h"
+
 #define MAX_IO (1u << 20) /* FUSE's largest request (256 pages) */
 #define MAX_GROUPS 16     /* AUTH_SYS carries at most 16 groups */
 
@@ -86,8 +88,8 @@ static struct {
 	int timeout_s, nfs_port, mount_port, trace;
 } opt = {.timeout_s = 10, .nfs_port = 2049, .mount_port = 20048};
 
-static struct nfs_context *nfs;
-static int broken;             /* the connection died: reconnect before the next call */
+struct nfs_context *nfs;
+int broken;                    /* the connection died: reconnect before the next call */
 static int64_t last_attempt;   /* when the last reconnect was tried (ms, monotonic) */
 
 /* The credentials the context's AUTH_SYS carries now. */
@@ -206,9 +208,13 @@ static int err_at(int rc, const char *op)
 	return rc > -4096 ? rc : -EIO;
 }
 #define err(rc) err_at((rc), __func__)
+/* Every operation but a write: the writes in flight answered first
+ * (writebehind.c), then a connection with the caller's credentials. */
 #define ENTER()                          \
 	do {                             \
-		int rc_ = as_caller();   \
+		int rc_;                 \
+		wb_drain();              \
+		rc_ = as_caller();       \
 		if (rc_ != 0)            \
 			return rc_;      \
 	} while (0)
@@ -234,9 +240,28 @@ static void to_stat(const struct nfs_stat_64 *n, struct stat *st)
 	st->st_ctim.tv_nsec = (long)n->nfs_ctime_nsec;
 }
 
+static struct nf_file *file_of(const struct fuse_file_info *fi)
+{
+	return (struct nf_file *)(uintptr_t)fi->fh;
+}
+
 static struct nfsfh *fh_of(const struct fuse_file_info *fi)
 {
-	return (struct nfsfh *)(uintptr_t)fi->fh;
+	return file_of(fi)->fh;
+}
+
+/* fi->fh: the opened file, or -ENOMEM (the handle closed). */
+static int opened(struct fuse_file_info *fi, struct nfsfh *fh)
+{
+	struct nf_file *f = calloc(1, sizeof(*f));
+
+	if (f == NULL) {
+		nfs_close(nfs, fh);
+		return -ENOMEM;
+	}
+	f->fh = fh;
+	fi->fh = (uint64_t)(uintptr_t)f;
+	return 0;
 }
 
 static int nf_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
@@ -285,8 +310,7 @@ static int nf_open(const char *path, struct fuse_file_info *fi)
 	rc = nfs_open(nfs, path, fi->flags & OPEN_FLAGS, &fh);
 	if (rc < 0)
 		return err(rc);
-	fi->fh = (uint64_t)(uintptr_t)fh;
-	return 0;
+	return opened(fi, fh);
 }
 
 static int nf_create(const char *path, mode_t mode, struct fuse_file_info *fi)
@@ -300,15 +324,28 @@ static int nf_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 		rc = nfs_open(nfs, path, fi->flags & OPEN_FLAGS, &fh);
 	if (rc < 0)
 		return err(rc);
-	fi->fh = (uint64_t)(uintptr_t)fh;
-	return 0;
+	return opened(fi, fh);
 }
 
 static int nf_release(const char *path, struct fuse_file_info *fi)
 {
 	(void)path;
-	nfs_close(nfs, fh_of(fi)); /* NFSv3: frees the handle, sends nothing */
+	wb_drain(); /* nothing in flight refers to the file when it is freed */
+	/* libnfs commits a file written through the handle (COMMIT), then frees
+	 * it: on a live connection (NFSv3 handles outlive a reconnect). With no
+	 * connection to be had, the handle (a few hundred bytes) is left, not
+	 * waited on: the file's close has already reported its writes' failure. */
+	if (connected() == 0)
+		nfs_close(nfs, fh_of(fi));
+	free(file_of(fi));
 	return 0;
+}
+
+/* close(2), of each descriptor of the file: its writes answered, their error. */
+static int nf_flush(const char *path, struct fuse_file_info *fi)
+{
+	(void)path;
+	return wb_flush(file_of(fi));
 }
 
 static int nf_read(const char *path, char *buf, size_t size, off_t off,
@@ -322,24 +359,25 @@ static int nf_read(const char *path, char *buf, size_t size, off_t off,
 	return rc < 0 ? err(rc) : rc;
 }
 
+/* Answered once sent: writebehind.c (its errors come on a later call). */
 static int nf_write(const char *path, const char *buf, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
-	int rc;
+	int rc = as_caller();
 
-	(void)path;
-	ENTER();
-	rc = nfs_pwrite(nfs, fh_of(fi), (uint64_t)off, size, buf);
-	return rc < 0 ? err(rc) : rc;
+	return rc != 0 ? rc : wb_write(file_of(fi), path, buf, size, off);
 }
 
 /* COMMIT: writes are sent UNSTABLE (seen by every node at once, on the
  * server's disk once committed), like the kernel's NFS client does. */
 static int nf_fsync(const char *path, int datasync, struct fuse_file_info *fi)
 {
+	int e;
+
 	(void)path, (void)datasync;
 	ENTER();
-	return err(nfs_fsync(nfs, fh_of(fi)));
+	e = wb_flush(file_of(fi));
+	return e != 0 ? e : err(nfs_fsync(nfs, fh_of(fi)));
 }
 
 static int nf_truncate(const char *path, off_t size, struct fuse_file_info *fi)
@@ -497,6 +535,7 @@ static const struct fuse_operations ops = {
 	.open = nf_open,
 	.create = nf_create,
 	.release = nf_release,
+	.flush = nf_flush,
 	.read = nf_read,
 	.write = nf_write,
 	.fsync = nf_fsync,
@@ -730,7 +769,7 @@ int main(int argc, char **argv)
 	if (fuse_set_signal_handlers(se) != 0)
 		die(1, "signal handlers");
 	daemonize(se);
-	rc = fuse_session_loop(se); /* one thread: see the top of this file */
+	rc = wb_loop(se); /* one thread: see the top of this file */
 	fuse_remove_signal_handlers(se);
 	fuse_unmount(f);
 	fuse_destroy(f);

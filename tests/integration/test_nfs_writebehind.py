@@ -1,0 +1,112 @@
+"""hpvc-nfsfuse writes behind (native/nfsfuse/writebehind.c), and keeps an NFS
+client's promises while it does.
+
+On the bed of test_nfs_host (a bridge, a server and a client namespace, all
+removed after the test): a write to a server that stopped answering returns
+at once, and the close of the file reports the failure; writes of the same
+bytes land in the order they were made, even with several in flight; the
+data of a long sequential write lands whole; a full shared directory says
+"No space left on device" (the server's own error, which the client used to
+turn into "Bad address").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from hpvc.host import nfs_backing, nfs_mount, nfs_server
+from tests.integration.test_nfs_host import (  # noqa: F401 (fixtures)
+    SERVER,
+    SUBNET,
+    Bed,
+    bed,
+    cgroup,
+    client,
+)
+
+# Writes through the mount, in a child (a hang would stop at its timeout):
+# "stop": one 1 MiB write while the server is stopped, then close;
+# "order": the same MiB written A, B, A, ... and the last must win;
+# "stream": 32 distinct MiB in a row; "fill": write until the disk is full.
+WRITER = r"""
+import os, signal, sys
+mode, path = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+try:
+    if mode == "stop":
+        os.kill(int(sys.argv[3]), signal.SIGSTOP)  # the server stops, the file open
+        print("wrote", os.write(fd, b"s" * (1 << 20)), flush=True)
+    elif mode == "order":
+        for i in range(41):
+            os.pwrite(fd, (b"A" if i % 2 == 0 else b"B") * (1 << 20), 0)
+    elif mode == "stream":
+        for i in range(32):
+            os.write(fd, bytes([i]) * (1 << 20))
+    elif mode == "fill":
+        while True:
+            os.write(fd, b"f" * (1 << 20))
+except OSError as e:
+    print("write:", e.strerror, flush=True)
+    sys.exit(3)
+finally:
+    try:
+        os.close(fd)
+    except OSError as e:
+        print("close:", e.strerror, flush=True)
+        sys.exit(4)
+"""
+
+
+def write(mode: str, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", WRITER, mode, str(path), *extra],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> None:
+    export = nfs_backing.backing(bed.journal, path=bed.tmp / "export", size_mib=64, keep=False)
+    pid = nfs_server.start(
+        bed.journal, netns=bed.netns["server"], cgroup_procs=cgroup / "cgroup.procs",
+        folder=bed.tmp / "server", export_dir=export, subnet=SUBNET, address=SERVER,
+        root_squash=False, timeout_s=30,
+    )  # fmt: skip
+    mnt = bed.tmp / "mnt"
+    nfs_mount.mount(
+        bed.journal, netns=bed.netns["client"], server=SERVER, export=nfs_server.PSEUDO,
+        mountpoint=mnt, pidfile=bed.tmp / "client.pid", timeout_s=30, rpc_timeout_s=2,
+    )  # fmt: skip
+
+    # The server stops answering with the file open: the write is answered
+    # (it was sent, not yet answered); close waits for it and reports it.
+    try:
+        r = write("stop", mnt / "stopped", str(pid))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert r.stdout.splitlines() == [f"wrote {1 << 20}", "close: Input/output error"], r
+    assert r.returncode == 4
+    assert nfs_mount.health(mnt) is None  # answering again
+
+    # Writes of the same bytes, several in flight: the last one made wins.
+    r = write("order", mnt / "order")
+    assert r.returncode == 0, r
+    assert (export / "order").read_bytes() == b"A" * (1 << 20)
+
+    # A stream of distinct MiB lands whole and in place.
+    r = write("stream", mnt / "stream")
+    assert r.returncode == 0, r
+    want = hashlib.sha256(b"".join(bytes([i]) * (1 << 20) for i in range(32))).hexdigest()
+    assert hashlib.sha256((export / "stream").read_bytes()).hexdigest() == want
+    (mnt / "stream").unlink()
+    (mnt / "order").unlink()
+
+    # A full shared directory: the server's own error, on a write or the close.
+    r = write("fill", mnt / "fill")
+    assert r.returncode in (3, 4), r
+    assert r.stdout.strip().endswith("No space left on device"), r
+    (mnt / "fill").unlink()
+    (mnt / "after").write_text("room again\n")
+    assert (export / "after").read_text() == "room again\n"
