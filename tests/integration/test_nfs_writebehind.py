@@ -67,7 +67,7 @@ def write(mode: str, path: Path, *extra: str) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
-def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> None:
+def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> None:  # noqa: F811
     export = nfs_backing.backing(bed.journal, path=bed.tmp / "export", size_mib=64, keep=False)
     pid = nfs_server.start(
         bed.journal, netns=bed.netns["server"], cgroup_procs=cgroup / "cgroup.procs",
