@@ -236,3 +236,18 @@ def test_daemons_run_as_the_job_user_where_tasks_do_and_as_root_in_vm_guests(
         ran.clear()
         spark.start(registry.get(name), env, plan, [n.name for n in plan.nodes], lambda _m: None)
         assert len(ran) == 3 and all(("--reuid=1234" in line) == as_user for line in ran), name
+
+
+def test_the_daemons_get_longer_to_come_up_in_vm_guests_under_tcg(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four TCG guests on a 2-CPU machine had no master answering after 180 s."""
+    import dataclasses
+
+    plan = spark_plan()
+    vm = dataclasses.replace(plan, kind="vm")
+    monkeypatch.setenv("HPVC_ACCEL", "tcg")
+    assert spark.wait_s(plan) == spark.WAIT_S == 180.0
+    assert spark.wait_s(vm) == spark.TCG_WAIT_S > spark.WAIT_S
+    monkeypatch.setenv("HPVC_ACCEL", "kvm")
+    assert spark.wait_s(vm) == spark.WAIT_S

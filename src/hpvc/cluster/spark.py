@@ -27,6 +27,7 @@ from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.errors import HpvcError
+from hpvc.host.accel import accelerator
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SparkPlan
 from hpvc.progress import Progress
@@ -36,7 +37,16 @@ from hpvc.spec import spark as sizing
 SPARK_HOME = model.IMAGE_SPARK_HOME
 JAVA_HOME = model.IMAGE_JAVA_HOME
 SCRATCH = "/var/lib/spark"  # node-local: the node's own disk
-WAIT_S = 180.0  # JVMs start slowly on small hosts (and under TCG)
+WAIT_S = 180.0  # JVMs start slowly on small hosts
+# In VM guests under TCG (emulation: no usable KVM) every JVM starts 10-50x
+# slower: a Slurm job's four guests on a 2-CPU machine (head0's master and NFS
+# server, three workers) had no master answering after 180 s (docs/slurm.md).
+TCG_WAIT_S = 900.0
+
+
+def wait_s(plan: Plan) -> float:
+    """How long the master and its workers may take to come up."""
+    return TCG_WAIT_S if plan.kind == "vm" and accelerator().name == "tcg" else WAIT_S
 
 
 def spark_dir(plan: Plan) -> str:
@@ -155,7 +165,7 @@ def start(
     mine = {w.node for w in sp.workers if w.node in todo}
     if sp.master in here or mine:
         wait_workers(sp, mine if sp.master not in here else {w.node for w in sp.workers},
-                     progress)  # fmt: skip
+                     progress, wait_s(plan))  # fmt: skip
 
 
 def _is_worker(sp: SparkPlan, node: str) -> bool:
@@ -183,9 +193,11 @@ def alive_workers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def wait_workers(sp: SparkPlan, nodes: set[str], progress: Progress) -> None:
+def wait_workers(
+    sp: SparkPlan, nodes: set[str], progress: Progress, limit_s: float = WAIT_S
+) -> None:
     want = {w.address for w in sp.workers if w.node in nodes}
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + limit_s
     last = "no answer"
     while time.monotonic() < deadline:
         try:
@@ -198,7 +210,7 @@ def wait_workers(sp: SparkPlan, nodes: set[str], progress: Progress) -> None:
             last = e.why
         time.sleep(0.5)
     raise HpvcError(
-        "spark", f"not ready after {WAIT_S:.0f} s: {last}", "see the logs in /shared/spark/logs"
+        "spark", f"not ready after {limit_s:.0f} s: {last}", "see the logs in /shared/spark/logs"
     )
 
 
