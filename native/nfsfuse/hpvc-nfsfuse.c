@@ -260,6 +260,7 @@ static int opened(struct fuse_file_info *fi, struct nfsfh *fh)
 		return -ENOMEM;
 	}
 	f->fh = fh;
+	f->sync = (fi->flags & (O_SYNC | O_DSYNC)) != 0;
 	fi->fh = (uint64_t)(uintptr_t)f;
 	return 0;
 }
@@ -359,13 +360,24 @@ static int nf_read(const char *path, char *buf, size_t size, off_t off,
 	return rc < 0 ? err(rc) : rc;
 }
 
-/* Answered once sent: writebehind.c (its errors come on a later call). */
+/* Answered once sent: writebehind.c (its errors come on a later call);
+ * on a file opened O_SYNC or O_DSYNC (libnfs then sends FILE_SYNC writes),
+ * only once the server has answered: such a write must be on its disk. */
 static int nf_write(const char *path, const char *buf, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
+	struct nf_file *f = file_of(fi);
 	int rc = as_caller();
 
-	return rc != 0 ? rc : wb_write(file_of(fi), path, buf, size, off);
+	if (rc != 0)
+		return rc;
+	rc = wb_write(f, path, buf, size, off);
+	if (rc >= 0 && f->sync) {
+		int e = wb_flush(f);
+
+		return e != 0 ? e : rc;
+	}
+	return rc;
 }
 
 /* COMMIT: writes are sent UNSTABLE (seen by every node at once, on the

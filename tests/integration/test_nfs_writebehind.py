@@ -3,7 +3,8 @@ client's promises while it does.
 
 On the bed of test_nfs_host (a bridge, a server and a client namespace, all
 removed after the test): a write to a server that stopped answering returns
-at once, and the close of the file reports the failure; writes of the same
+at once, and the close of the file reports the failure (a file opened
+O_SYNC: the write itself fails); writes of the same
 bytes land in the order they were made, even with several in flight; the
 data of a long sequential write lands whole; a full shared directory says
 "No space left on device" (the server's own error, which the client used to
@@ -30,15 +31,17 @@ from tests.integration.test_nfs_host import (  # noqa: F401 (fixtures)
 )
 
 # Writes through the mount, in a child (a hang would stop at its timeout):
-# "stop": one 1 MiB write while the server is stopped, then close;
+# "stop": one 1 MiB write while the server is stopped, then close ("syncstop":
+# the file opened O_SYNC);
 # "order": the same MiB written A, B, A, ... and the last must win;
 # "stream": 32 distinct MiB in a row; "fill": write until the disk is full.
 WRITER = r"""
 import os, signal, sys
 mode, path = sys.argv[1], sys.argv[2]
-fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_SYNC if mode == "syncstop" else 0)
+fd = os.open(path, flags, 0o644)
 try:
-    if mode == "stop":
+    if mode in ("stop", "syncstop"):
         os.kill(int(sys.argv[3]), signal.SIGSTOP)  # the server stops, the file open
         print("wrote", os.write(fd, b"s" * (1 << 20)), flush=True)
     elif mode == "order":
@@ -89,6 +92,14 @@ def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> Non
     assert r.stdout.splitlines() == [f"wrote {1 << 20}", "close: Input/output error"], r
     assert r.returncode == 4
     assert nfs_mount.health(mnt) is None  # answering again
+
+    # O_SYNC: a write is answered only once the server has it, so here it fails.
+    try:
+        r = write("syncstop", mnt / "stopped-sync", str(pid))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert r.returncode == 3 and r.stdout.splitlines() == ["write: Input/output error"], r
+    assert nfs_mount.health(mnt) is None
 
     # Writes of the same bytes, several in flight: the last one made wins.
     r = write("order", mnt / "order")
