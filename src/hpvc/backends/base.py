@@ -193,6 +193,12 @@ class Backend(Protocol):
         """Cluster-wide keys ``hpvc status`` adds for this backend."""
         ...
 
+    def emulated(self, env: ClusterEnv) -> bool:
+        """Do the cluster's nodes run under software emulation (VM guests under
+        TCG, 10-50x slower)? What hpvc waits for inside them (Spark's daemons)
+        then gets longer."""
+        ...
+
     def node_pid(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> int:
         """The node's main host process (container init, QEMU); raises if not running."""
         ...

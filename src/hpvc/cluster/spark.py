@@ -27,7 +27,6 @@ from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
 from hpvc.errors import HpvcError
-from hpvc.host.accel import accelerator
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SparkPlan
 from hpvc.progress import Progress
@@ -44,9 +43,9 @@ WAIT_S = 180.0  # JVMs start slowly on small hosts
 TCG_WAIT_S = 900.0
 
 
-def wait_s(plan: Plan) -> float:
+def wait_s(backend: Backend, env: ClusterEnv) -> float:
     """How long the master and its workers may take to come up."""
-    return TCG_WAIT_S if plan.kind == "vm" and accelerator().name == "tcg" else WAIT_S
+    return TCG_WAIT_S if backend.emulated(env) else WAIT_S
 
 
 def spark_dir(plan: Plan) -> str:
@@ -165,7 +164,7 @@ def start(
     mine = {w.node for w in sp.workers if w.node in todo}
     if sp.master in here or mine:
         wait_workers(sp, mine if sp.master not in here else {w.node for w in sp.workers},
-                     progress, wait_s(plan))  # fmt: skip
+                     progress, wait_s(backend, env))  # fmt: skip
 
 
 def _is_worker(sp: SparkPlan, node: str) -> bool:

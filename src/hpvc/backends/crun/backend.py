@@ -286,6 +286,9 @@ class CrunBackend:
             out["limits"] = {"error": str(e)}
         return out
 
+    def emulated(self, env: ClusterEnv) -> bool:
+        return False  # containers run at the host's speed
+
     def summary(self, env: ClusterEnv) -> dict[str, Any]:
         plan = env.rec.the_plan()
         return {

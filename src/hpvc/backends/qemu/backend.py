@@ -285,6 +285,9 @@ class QemuBackend:
                 out["vm"] = {"error": e.why}
         return out
 
+    def emulated(self, env: ClusterEnv) -> bool:
+        return vm_state(env).accel == "tcg"  # the accelerator `up` chose
+
     def summary(self, env: ClusterEnv) -> dict[str, Any]:
         """The accelerator the running QEMUs use (read from their command lines;
         the one ``up`` chose while none runs)."""
