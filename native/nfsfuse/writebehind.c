@@ -73,9 +73,9 @@ static int poisoned; /* a write timed out or was cancelled: the stream is not to
  * ("NFS: Write failed with NFS3ERR_NOSPC(-28)"), -EINTR for a cancel or a
  * timeout, -ENOMEM for its own allocations.
  */
-static int write_errno(int status)
+static int write_errno(struct nfs_context *c, int status)
 {
-	const char *why = nfs_get_error(nfs), *at;
+	const char *why = nfs_get_error(c), *at;
 	long e;
 
 	if (status == -EFAULT && why != NULL && (at = strstr(why, "Write failed with ")) != NULL &&
@@ -91,12 +91,12 @@ static void wb_done(int status, struct nfs_context *c, void *data, void *priv)
 {
 	struct wb_req *r = priv;
 
-	(void)c, (void)data;
+	(void)data;
 	if (status == -EINTR)
 		poisoned = 1;
 	if (r->f->error == 0) {
 		if (status < 0)
-			r->f->error = write_errno(status);
+			r->f->error = write_errno(c, status);
 		else if ((size_t)status != r->size)
 			r->f->error = -EIO;
 	}
