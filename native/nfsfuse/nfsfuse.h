@@ -19,7 +19,6 @@ extern int broken;              /* the connection died: reconnect before the nex
 struct nf_file {
 	struct nfsfh *fh;
 	int error;        /* the first failed write-behind not yet reported (-errno) */
-	unsigned pending; /* this file's writes not answered yet */
 	int sync;         /* opened O_SYNC or O_DSYNC: a write is answered when the server has it */
 };
 

@@ -100,7 +100,6 @@ static void wb_done(int status, struct nfs_context *c, void *data, void *priv)
 		else if ((size_t)status != r->size)
 			r->f->error = -EIO;
 	}
-	r->f->pending--;
 	bytes -= r->size;
 	reqs--;
 	if (r->prev)
@@ -214,7 +213,6 @@ int wb_write(struct nf_file *f, const char *path, const char *buf, size_t size, 
 	if (inflight)
 		inflight->prev = r;
 	inflight = r;
-	f->pending++;
 	bytes += size;
 	reqs++;
 	return (int)size;

@@ -27,16 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.bench.common import ensure_image
 from hpvc.bench.slurm import cluster as bench_slurm
-from hpvc.image import resolve_image
-from hpvc.image.guest import build_guest
 from hpvc.spark import model
-from tests.helpers import ROOT, requires
-from tests.integration.conftest import slurm_env
+from tests.helpers import ROOT
 from tests.integration.slurm_env import Env
 from tests.integration.test_slurm_spark import sbatch, wait_done
 from tests.integration.test_slurm_vm import wait_vm_clean
+from tests.integration.test_slurm_vm_spark import vm_spark_env
 
 ROWS = 1000
 SPEC = (
@@ -52,10 +49,7 @@ SITE = "kinds=container,vm images=hpc,spark timeout=1800"
 
 @pytest.fixture(scope="module")
 def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
-    requires("root", "qemu")
-    ensure_image("spark")
-    build_guest(resolve_image("spark"))
-    yield from slurm_env(tenants, SITE)
+    yield from vm_spark_env(tenants, SITE)
 
 
 def test_terasort_in_vm_guests_across_three_hosts(slurm: Env) -> None:

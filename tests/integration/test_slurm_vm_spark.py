@@ -46,12 +46,20 @@ SPEC = (
 UP_WAIT_S = 420  # two guests booting and their JVMs starting under TCG
 
 
-@pytest.fixture(scope="module")
-def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+def vm_spark_env(
+    tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter],
+    site: str = "kinds=container,vm images=hpc,spark",
+) -> Iterator[Env]:
+    """The private Slurm cluster with VM Spark jobs allowed, the guest built."""
     requires("root", "qemu")
     ensure_image("spark")  # built once (about 70 s), then reused from the store
     build_guest(resolve_image("spark"))
-    yield from slurm_env(tenants, "kinds=container,vm images=hpc,spark")
+    yield from slurm_env(tenants, site)
+
+
+@pytest.fixture(scope="module")
+def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Iterator[Env]:
+    yield from vm_spark_env(tenants)
 
 
 def status(slurm: Env, host: str, share: str) -> dict[str, Any]:
