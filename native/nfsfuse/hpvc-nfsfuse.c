@@ -260,7 +260,7 @@ static int opened(struct fuse_file_info *fi, struct nfsfh *fh)
 		return -ENOMEM;
 	}
 	f->fh = fh;
-	f->sync = (fi->flags & (O_SYNC | O_DSYNC)) != 0;
+	f->through = (fi->flags & (O_SYNC | O_DSYNC | O_DIRECT)) != 0;
 	fi->fh = (uint64_t)(uintptr_t)f;
 	return 0;
 }
@@ -362,7 +362,10 @@ static int nf_read(const char *path, char *buf, size_t size, off_t off,
 
 /* Answered once sent: writebehind.c (its errors come on a later call);
  * on a file opened O_SYNC or O_DSYNC (libnfs then sends FILE_SYNC writes),
- * only once the server has answered: such a write must be on its disk. */
+ * only once the server has answered: such a write must be on its disk; and
+ * on one opened O_DIRECT, whose writes must not wait in a client's buffer
+ * (as the kernel's NFS client does: a program timing its I/O, fio --direct,
+ * measures the server, not the buffer). */
 static int nf_write(const char *path, const char *buf, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
@@ -372,7 +375,7 @@ static int nf_write(const char *path, const char *buf, size_t size, off_t off,
 	if (rc != 0)
 		return rc;
 	rc = wb_write(f, path, buf, size, off);
-	if (rc >= 0 && f->sync) {
+	if (rc >= 0 && f->through) {
 		int e = wb_flush(f);
 
 		return e != 0 ? e : rc;

@@ -19,7 +19,7 @@ extern int broken;              /* the connection died: reconnect before the nex
 struct nf_file {
 	struct nfsfh *fh;
 	int error;        /* the first failed write-behind not yet reported (-errno) */
-	int sync;         /* opened O_SYNC or O_DSYNC: a write is answered when the server has it */
+	int through;      /* opened O_SYNC, O_DSYNC or O_DIRECT: a write waits for the server */
 };
 
 /* Send a write and answer at once: size, or an earlier write's error. */

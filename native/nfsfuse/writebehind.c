@@ -14,8 +14,8 @@
  *
  *  - A write's error (ENOSPC, EDQUOT, EIO, a lost connection) comes back on
  *    the file's next write, fsync or close (FUSE's flush), once. close(2)
- *    returns only when every write sent is answered. A file opened O_SYNC
- *    or O_DSYNC waits for each write's answer (nf_write).
+ *    returns only when every write sent is answered. A file opened O_SYNC,
+ *    O_DSYNC or O_DIRECT waits for each write's answer (nf_write).
  *  - Bounded: at most WB_BYTES bytes and WB_REQS writes in flight per mount;
  *    a write beyond them waits for earlier ones.
  *  - Order: every other operation (read, getattr, rename, truncate, ...)

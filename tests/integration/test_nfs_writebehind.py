@@ -4,7 +4,7 @@ client's promises while it does.
 On the bed of test_nfs_host (a bridge, a server and a client namespace, all
 removed after the test): a write to a server that stopped answering returns
 at once, and the close of the file reports the failure (a file opened
-O_SYNC: the write itself fails); writes of the same
+O_SYNC or O_DIRECT: the write itself fails); writes of the same
 bytes land in the order they were made, even with several in flight; the
 data of a long sequential write lands whole; a full shared directory says
 "No space left on device" (the server's own error, which the client used to
@@ -31,19 +31,20 @@ from tests.integration.test_nfs_host import (  # noqa: F401 (fixtures)
 )
 
 # Writes through the mount, in a child (a hang would stop at its timeout):
-# "stop": one 1 MiB write while the server is stopped, then close ("syncstop":
-# the file opened O_SYNC);
+# "stop": one 1 MiB write while the server is stopped, then close ("syncstop",
+# "directstop": the file opened O_SYNC, O_DIRECT);
 # "order": the same MiB written A, B, A, ... and the last must win;
 # "stream": 32 distinct MiB in a row; "fill": write until the disk is full.
 WRITER = r"""
-import os, signal, sys
+import mmap, os, signal, sys
 mode, path = sys.argv[1], sys.argv[2]
-flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_SYNC if mode == "syncstop" else 0)
-fd = os.open(path, flags, 0o644)
+extra = {"syncstop": os.O_SYNC, "directstop": os.O_DIRECT}.get(mode, 0)
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | extra, 0o644)
 try:
-    if mode in ("stop", "syncstop"):
+    if mode in ("stop", "syncstop", "directstop"):
+        data = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT wants
         os.kill(int(sys.argv[3]), signal.SIGSTOP)  # the server stops, the file open
-        print("wrote", os.write(fd, b"s" * (1 << 20)), flush=True)
+        print("wrote", os.write(fd, data), flush=True)
     elif mode == "order":
         for i in range(41):
             os.pwrite(fd, (b"A" if i % 2 == 0 else b"B") * (1 << 20), 0)
@@ -93,13 +94,15 @@ def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> Non
     assert r.returncode == 4
     assert nfs_mount.health(mnt) is None  # answering again
 
-    # O_SYNC: a write is answered only once the server has it, so here it fails.
-    try:
-        r = write("syncstop", mnt / "stopped-sync", str(pid))
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert r.returncode == 3 and r.stdout.splitlines() == ["write: Input/output error"], r
-    assert nfs_mount.health(mnt) is None
+    # O_SYNC, O_DIRECT: a write is answered only once the server has it, so
+    # here it fails.
+    for mode in ("syncstop", "directstop"):
+        try:
+            r = write(mode, mnt / f"stopped-{mode}", str(pid))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert r.returncode == 3 and r.stdout.splitlines() == ["write: Input/output error"], r
+        assert nfs_mount.health(mnt) is None
 
     # Writes of the same bytes, several in flight: the last one made wins.
     r = write("order", mnt / "order")
