@@ -6,10 +6,14 @@ import shlex
 import subprocess
 import tomllib
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
+from hpvc.backends import registry
+from hpvc.backends.base import ClusterEnv
+from hpvc.backends.qemu.backend import VmState
 from hpvc.bench.spark import report as spark_report
 from hpvc.cluster import spark
 from hpvc.cluster import spark_jobs as jobs
@@ -220,19 +224,11 @@ def test_daemons_run_as_the_job_user_where_tasks_do_and_as_root_in_vm_guests(
     """A VM guest's tasks run as root (the guest's root is the job's user), so
     its Spark daemons do too and the driver's files and the executors' agree;
     containers drop to the job's user (Capabilities.job_user_daemons)."""
-    from types import SimpleNamespace
-    from typing import cast
-
-    from hpvc.backends import registry
-    from hpvc.backends.base import ClusterEnv
-
     plan = spark_plan()
     ran: list[str] = []
     monkeypatch.setattr(spark, "_run", lambda b, e, p, node, argv: ran.append(_line(argv)))
     monkeypatch.setattr(spark, "wait_workers", lambda *a: None)
     user = {"uid": 1234, "gid": 1235, "name": "hpvct1"}
-    from hpvc.backends.qemu.backend import VmState
-
     env = cast(ClusterEnv, SimpleNamespace(rec=SimpleNamespace(user=user), state=VmState()))
     for name, as_user in (("crun", True), ("qemu", False), ("libvirt", False)):
         ran.clear()
@@ -244,12 +240,6 @@ def test_the_daemons_get_longer_to_come_up_in_vm_guests_under_tcg() -> None:
     """Four TCG guests on a 2-CPU machine had no master answering after 180 s:
     the backends say whether their nodes are emulated (the accelerator ``up``
     chose, kept in the VM state)."""
-    from types import SimpleNamespace
-    from typing import cast
-
-    from hpvc.backends import registry
-    from hpvc.backends.base import ClusterEnv
-    from hpvc.backends.qemu.backend import VmState
 
     def env(accel: str) -> ClusterEnv:
         return cast(ClusterEnv, SimpleNamespace(state=VmState(accel=accel)))
