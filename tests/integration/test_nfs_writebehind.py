@@ -8,7 +8,8 @@ O_SYNC or O_DIRECT: the write itself fails); writes of the same
 bytes land in the order they were made, even with several in flight; the
 data of a long sequential write lands whole; a full shared directory says
 "No space left on device" (the server's own error, which the client used to
-turn into "Bad address").
+turn into "Bad address"). A file opened only to write bypasses the node's
+page cache, and a reader of the file that has it open sees the new bytes.
 """
 
 from __future__ import annotations
@@ -124,3 +125,74 @@ def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> Non
     (mnt / "fill").unlink()
     (mnt / "after").write_text("room again\n")
     assert (export / "after").read_text() == "room again\n"
+
+
+# A reader holds the file open (then its old bytes cached); another
+# descriptor, opened write-only, writes it, then rewrites it. Prints how many
+# of the file's pages the node's page cache holds after each step, and
+# whether the reader sees the new bytes. mincore(2) on a mapping of the
+# reader's descriptor counts them without opening the file again (an open
+# may drop the cache: auto_cache).
+CACHED = r"""
+import ctypes, mmap, os, sys
+path, size = sys.argv[1], 4 << 20
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+def cached(fd):
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    assert addr != ctypes.c_void_p(-1).value, os.strerror(ctypes.get_errno())
+    vec = (ctypes.c_ubyte * (size // mmap.PAGESIZE))()
+    assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+    libc.munmap(addr, size)
+    return sum(v & 1 for v in vec)
+
+def rewrite(byte):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    for _ in range(size >> 20):
+        os.write(fd, byte * (1 << 20))
+    os.close(fd)
+
+os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+r = os.open(path, os.O_RDONLY)
+rewrite(b"o")
+print("written", cached(r))
+assert os.pread(r, size, 0) == b"o" * size
+print("read", cached(r))
+rewrite(b"n")
+print("rewritten", cached(r))
+print("reader sees", "new" if os.pread(r, size, 0) == b"n" * size else "old")
+"""
+
+
+def test_writes_bypass_the_page_cache(bed: Bed, cgroup: Path) -> None:  # noqa: F811
+    """Written pages were the writer's CPU's work (a copy into pages it had
+    to allocate) and were dropped at the next open, as the file's mtime had
+    changed: a write-only file bypasses the cache (FOPEN_DIRECT_IO). A
+    reader's own cached pages do not go stale: the kernel drops them."""
+    export = nfs_backing.backing(bed.journal, path=bed.tmp / "export", size_mib=64, keep=False)
+    nfs_server.start(
+        bed.journal, netns=bed.netns["server"], cgroup_procs=cgroup / "cgroup.procs",
+        folder=bed.tmp / "server", export_dir=export, subnet=SUBNET, address=SERVER,
+        root_squash=False, timeout_s=30,
+    )  # fmt: skip
+    mnt = bed.tmp / "mnt"
+    nfs_mount.mount(
+        bed.journal, netns=bed.netns["client"], server=SERVER, export=nfs_server.PSEUDO,
+        mountpoint=mnt, pidfile=bed.tmp / "client.pid", timeout_s=30, rpc_timeout_s=10,
+    )  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", CACHED, str(mnt / "f")],
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "written 0",  # the writes left nothing cached (through the cache: 1024)
+        "read 1024",  # reads are cached (read-ahead, mmap)
+        "rewritten 0",  # the rewrite dropped the reader's old pages (through: 1024)
+        "reader sees new",
+    ], r.stdout
+    assert (export / "f").read_bytes() == b"n" * (4 << 20)
+    (mnt / "f").unlink()
