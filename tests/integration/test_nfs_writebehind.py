@@ -72,7 +72,9 @@ def write(mode: str, path: Path, *extra: str) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
-def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> None:  # noqa: F811
+def served(bed: Bed, cgroup: Path, rpc_timeout_s: int) -> tuple[Path, Path, int]:  # noqa: F811
+    """A 64 MiB export served in the bed's server namespace and mounted in
+    its client's: (the export folder, the mount point, the server's pid)."""
     export = nfs_backing.backing(bed.journal, path=bed.tmp / "export", size_mib=64, keep=False)
     pid = nfs_server.start(
         bed.journal, netns=bed.netns["server"], cgroup_procs=cgroup / "cgroup.procs",
@@ -82,8 +84,14 @@ def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> Non
     mnt = bed.tmp / "mnt"
     nfs_mount.mount(
         bed.journal, netns=bed.netns["client"], server=SERVER, export=nfs_server.PSEUDO,
-        mountpoint=mnt, pidfile=bed.tmp / "client.pid", timeout_s=30, rpc_timeout_s=2,
+        mountpoint=mnt, pidfile=bed.tmp / "client.pid", timeout_s=30,
+        rpc_timeout_s=rpc_timeout_s,
     )  # fmt: skip
+    return export, mnt, pid
+
+
+def test_writes_go_behind_and_report_their_errors(bed: Bed, cgroup: Path) -> None:  # noqa: F811
+    export, mnt, pid = served(bed, cgroup, rpc_timeout_s=2)
 
     # The server stops answering with the file open: the write is answered
     # (it was sent, not yet answered); close waits for it and reports it.
@@ -174,17 +182,7 @@ def test_writes_bypass_the_page_cache(bed: Bed, cgroup: Path) -> None:  # noqa: 
     to allocate) and were dropped at the next open, as the file's mtime had
     changed: a write-only file bypasses the cache (FOPEN_DIRECT_IO). A
     reader's own cached pages do not go stale: the kernel drops them."""
-    export = nfs_backing.backing(bed.journal, path=bed.tmp / "export", size_mib=64, keep=False)
-    nfs_server.start(
-        bed.journal, netns=bed.netns["server"], cgroup_procs=cgroup / "cgroup.procs",
-        folder=bed.tmp / "server", export_dir=export, subnet=SUBNET, address=SERVER,
-        root_squash=False, timeout_s=30,
-    )  # fmt: skip
-    mnt = bed.tmp / "mnt"
-    nfs_mount.mount(
-        bed.journal, netns=bed.netns["client"], server=SERVER, export=nfs_server.PSEUDO,
-        mountpoint=mnt, pidfile=bed.tmp / "client.pid", timeout_s=30, rpc_timeout_s=10,
-    )  # fmt: skip
+    export, mnt, _ = served(bed, cgroup, rpc_timeout_s=10)
     r = subprocess.run([sys.executable, "-c", CACHED, str(mnt / "f")],
                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr
