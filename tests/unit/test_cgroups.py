@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -611,3 +612,23 @@ def test_limit_cluster_without_the_controllers_is_an_error(
     with pytest.raises(HpvcError, match="no hugetlb controller"):
         cgroups.limit_cluster("c1", 384, {}, root=root)
     assert journal.undo_all() == []
+
+
+def test_v1_mount_lock_makes_a_second_holder_wait(tmp_path: Path) -> None:
+    """Binding hugetlb plus a cluster's mkdirs, and the binding's undo, run
+    one at a time: a second holder (another job's teardown) waits for the
+    first to let go."""
+    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
+    order: list[str] = []
+
+    def second() -> None:
+        with cgroups.v1_mount_lock(tmp_path):
+            order.append("second")
+
+    with cgroups.v1_mount_lock(tmp_path):
+        t = threading.Thread(target=second)
+        t.start()
+        t.join(0.3)
+        order.append("first done")
+    t.join(5)
+    assert order == ["first done", "second"]

@@ -42,11 +42,12 @@ test set it.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,28 @@ def _cpulist(value: str | Iterable[int]) -> str:
 # --- hugetlb on v1 -------------------------------------------------------------------
 
 
+@contextmanager
+def v1_mount_lock(root: RootLike = HOST) -> Iterator[None]:
+    """Held while hugetlb is bound to v1 and a cluster's cgroups are made in
+    every hierarchy, and while the binding's undo looks for users and
+    unmounts. Without it a job ending on the host could unmount hugetlb
+    between another job's check that it is bound and that job's mkdir: in
+    CI a share went without its hugetlb cgroup (and cap), and another left
+    one behind. A flock on the cgroup mount root, the directory every hpvc
+    process on the host sees; none where there is no such directory (a
+    test's root)."""
+    try:
+        fd = os.open(_at(root, "/sys/fs/cgroup"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def ensure_hugetlb_v1(journal: Journal, root: RootLike = HOST) -> bool:
     """Bind hugetlb to cgroup v1 where the host uses v1 without it; True when hpvc mounted it.
 
@@ -148,16 +171,17 @@ def _hpvc_cgroups_left(root: RootLike) -> list[str]:
 def _undo_v1_mount(args: Args) -> None:
     root, target = Path(args["root"]), args["target"]
     real = _at(root, target)
-    mounted = any(
-        m.target == target and m.fstype == "cgroup" and args["controller"] in m.options
-        for m in read_mounts(root)
-    )
-    if mounted:
-        users = [p.name for p in subdirs(real)] + _hpvc_cgroups_left(root)
-        if users:
-            _log.info("leaving %s mounted: still used by %s", target, ", ".join(users))
-            return
-        _run(root, ["umount", str(real)])
+    with v1_mount_lock(root):
+        mounted = any(
+            m.target == target and m.fstype == "cgroup" and args["controller"] in m.options
+            for m in read_mounts(root)
+        )
+        if mounted:
+            users = [p.name for p in subdirs(real)] + _hpvc_cgroups_left(root)
+            if users:
+                _log.info("leaving %s mounted: still used by %s", target, ", ".join(users))
+                return
+            _run(root, ["umount", str(real)])
     if args.get("created_dir"):
         with suppress(OSError):
             real.rmdir()

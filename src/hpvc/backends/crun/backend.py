@@ -187,16 +187,17 @@ class CrunBackend:
         """The cluster's cgroup parent, shared memory and the disk scheduler."""
         st = _state(env)
         j = env.journal()
-        cgroups.ensure_hugetlb_v1(env.host_journal())
         cpus = sorted({c for n in plan.nodes for c in n.cpuset})
         mems = sorted({c.host_node for n in plan.nodes for c in n.numa})
-        cgroups.ensure_cluster_cgroup(
-            j,
-            env.name,
-            cpus=format_cpulist(cpus),
-            mems=format_cpulist(mems),
-            exclusive=any(n.partition == "hpc" for n in plan.nodes),
-        )
+        with cgroups.v1_mount_lock():  # no other job's teardown unbinds hugetlb meanwhile
+            cgroups.ensure_hugetlb_v1(env.host_journal())
+            cgroups.ensure_cluster_cgroup(
+                j,
+                env.name,
+                cpus=format_cpulist(cpus),
+                mems=format_cpulist(mems),
+                exclusive=any(n.partition == "hpc" for n in plan.nodes),
+            )
         inject("cgroup")
         shared.prepare(env, plan)
         if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
