@@ -618,7 +618,7 @@ def test_v1_mount_lock_makes_a_second_holder_wait(tmp_path: Path) -> None:
     """Binding hugetlb plus a cluster's mkdirs, and the binding's undo, run
     one at a time: a second holder (another job's teardown) waits for the
     first to let go."""
-    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)
+    (tmp_path / "run").mkdir()
     order: list[str] = []
 
     def second() -> None:
@@ -632,3 +632,4 @@ def test_v1_mount_lock_makes_a_second_holder_wait(tmp_path: Path) -> None:
         order.append("first done")
     t.join(5)
     assert order == ["first done", "second"]
+    assert (tmp_path / cgroups.V1_MOUNT_LOCK.lstrip("/")).stat().st_mode & 0o777 == 0o600

@@ -42,7 +42,6 @@ test set it.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -60,6 +59,7 @@ from hpvc.host.command import at as _at
 from hpvc.host.command import host_run as _host_run
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.probe import read_mounts
+from hpvc.locks import file_lock
 from hpvc.plan.model import IOPlan
 from hpvc.sysroot import HOST, RootLike, as_root
 from hpvc.units import format_cpulist, parse_cpulist
@@ -109,6 +109,9 @@ def _cpulist(value: str | Iterable[int]) -> str:
 # --- hugetlb on v1 -------------------------------------------------------------------
 
 
+V1_MOUNT_LOCK = "/run/hpvc-cgroup-v1.lock"
+
+
 @contextmanager
 def v1_mount_lock(root: RootLike = HOST) -> Iterator[None]:
     """Held while hugetlb is bound to v1 and a cluster's cgroups are made in
@@ -116,19 +119,15 @@ def v1_mount_lock(root: RootLike = HOST) -> Iterator[None]:
     unmounts. Without it a job ending on the host could unmount hugetlb
     between another job's check that it is bound and that job's mkdir: in
     CI a share went without its hugetlb cgroup (and cap), and another left
-    one behind. A flock on the cgroup mount root, the directory every hpvc
-    process on the host sees; none where there is no such directory (a
-    test's root)."""
-    try:
-        fd = os.open(_at(root, "/sys/fs/cgroup"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    one behind. A root-only file in /run (0600: no other user can open it,
+    so none can hold it and stall every job), which every hpvc process on
+    the host sees; none where the root has no /run (a test's root)."""
+    path = _at(root, V1_MOUNT_LOCK)
+    if not path.parent.is_dir():
         yield
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with file_lock(path):
         yield
-    finally:
-        os.close(fd)
 
 
 def ensure_hugetlb_v1(journal: Journal, root: RootLike = HOST) -> bool:
