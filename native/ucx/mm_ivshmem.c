@@ -24,10 +24,15 @@
  * No region, an unmappable one, or one with too little room left: the md reports no
  * resources, and UCP uses the other transports (TCP between guests).
  *
+ * Long because a UCX component is one unit: the md, its mapper and the iface operations
+ * are named together by UCT_MM_COMPONENT_DEFINE and UCT_TL_NAME below (the departure's
+ * own code is apart, in fallback.c).
+ *
  * Built against the source of the installed UCX (native/ucx/Makefile); loaded with
  * LD_PRELOAD, since UCX 1.13 loads only the modules named when it was built.
  */
 #define _GNU_SOURCE
+#include "fallback.h"
 #include "region.h"
 
 #include <uct/sm/mm/base/mm_iface.h>
@@ -143,7 +148,13 @@ static void region_open(void)
 		munmap(base, (size_t)st.st_size);
 		return;
 	}
+	if (fb_start(&g_region) != 0) return; /* the member table is full: not offered */
 	g_region_ok = 1;
+}
+
+__attribute__((destructor)) static void region_close(void)
+{
+	if (g_region_ok) fb_stop();
 }
 
 static int region_ready(void)
@@ -276,6 +287,18 @@ static ucs_status_t uct_ivshmem_rkey_release(uct_component_t *component, uct_rke
 	return UCS_OK;
 }
 
+/* The mapper's part of an iface address: how to reach this process off the region. */
+static size_t uct_ivshmem_iface_addr_length(uct_mm_md_t *md)
+{
+	return sizeof(fb_addr_t);
+}
+
+static ucs_status_t uct_ivshmem_iface_addr_pack(uct_mm_md_t *md, void *buffer)
+{
+	fb_addr_pack(buffer);
+	return UCS_OK;
+}
+
 static uct_mm_md_mapper_ops_t uct_ivshmem_md_ops = {
 	.super = {.close = uct_mm_md_close,
 		  .query = uct_ivshmem_md_query,
@@ -288,8 +311,8 @@ static uct_mm_md_mapper_ops_t uct_ivshmem_md_ops = {
 		  .is_sockaddr_accessible = ucs_empty_function_return_zero_int,
 		  .detect_memory_type = ucs_empty_function_return_unsupported},
 	.query = uct_ivshmem_query,
-	.iface_addr_length = ucs_empty_function_return_zero_size_t,
-	.iface_addr_pack = ucs_empty_function_return_success,
+	.iface_addr_length = uct_ivshmem_iface_addr_length,
+	.iface_addr_pack = uct_ivshmem_iface_addr_pack,
 	.mem_attach = uct_ivshmem_mem_attach,
 	.mem_detach = uct_ivshmem_mem_detach,
 	.is_reachable = uct_ivshmem_is_reachable};
@@ -304,6 +327,7 @@ static uct_iface_close_func_t mm_iface_close;
 
 static void uct_ivshmem_iface_close(uct_iface_h iface)
 {
+	fb_forget_iface(iface);
 	mm_iface_close(iface);
 	__atomic_sub_fetch(&g_ifaces, 1, __ATOMIC_RELAXED);
 }
@@ -315,6 +339,14 @@ static ucs_status_t uct_ivshmem_iface_query(uct_iface_h iface, uct_iface_attr_t 
 	attr->device_addr_len = REGION_ID_LEN;
 	attr->cap.event_flags = 0;
 	attr->cap.flags &= ~(uint64_t)UCT_IFACE_FLAG_EP_CHECK;
+	/* Active messages only: what a departure can carry over TCP (fallback.c). UCP's
+	 * rendezvous goes over active messages here anyway (no zero-copy), and its RMA
+	 * lanes need memory this md cannot register. */
+	attr->cap.flags &= ~(uint64_t)(UCT_IFACE_FLAG_PUT_SHORT | UCT_IFACE_FLAG_PUT_BCOPY |
+				       UCT_IFACE_FLAG_GET_BCOPY | UCT_IFACE_FLAG_ATOMIC_CPU |
+				       UCT_IFACE_FLAG_ATOMIC_DEVICE);
+	memset(&attr->cap.atomic32, 0, sizeof attr->cap.atomic32);
+	memset(&attr->cap.atomic64, 0, sizeof attr->cap.atomic64);
 	return UCS_OK;
 }
 
@@ -332,7 +364,10 @@ static int uct_ivshmem_iface_is_reachable(const uct_iface_h iface,
 	const uct_mm_iface_addr_t *addr = (const void *)iface_addr;
 	void *fifo;
 	if (dev_addr == NULL || memcmp(dev_addr, g_region.hdr->id, REGION_ID_LEN) != 0) return 0;
-	return iface_addr == NULL || seg_address(addr->fifo_seg_id, &fifo) == UCS_OK;
+	if (iface_addr == NULL) return 1;
+	/* A guest that left (or this one, in its copy of the region) is not reached here. */
+	if (!fb_reachable((const fb_addr_t *)(addr + 1))) return 0;
+	return seg_address(addr->fifo_seg_id, &fifo) == UCS_OK;
 }
 
 static ucs_status_t uct_ivshmem_iface_open(uct_md_h md, uct_worker_h worker,
@@ -368,6 +403,7 @@ static ucs_status_t uct_ivshmem_iface_open(uct_md_h md, uct_worker_h worker,
 	 * (A /proc mounted with hidepid=2 hides pid 1 from other users: not done in
 	 * hpvc's guests.) */
 	ucs_derived_of(*iface_p, uct_mm_iface_t)->recv_fifo_ctl->pid = 1;
+	fb_install(*iface_p); /* sends, flushes and progress that can leave the region */
 	return UCS_OK;
 }
 

@@ -142,6 +142,8 @@ static int init_header(struct region *r)
 	h->slots = REGION_SLOTS;
 	h->size = r->size;
 	memset((void *)h->slot, 0, sizeof h->slot);
+	memset((void *)h->member, 0, sizeof h->member);
+	/* departures and epoch are kept: hpvc may write them into a zeroed region */
 	__atomic_store_n(&h->magic, REGION_MAGIC, __ATOMIC_RELEASE);
 	return 0;
 }
@@ -277,4 +279,37 @@ size_t region_largest_free(struct region *r)
 	if (!free_slot || find_gap(r, 0, &unused, &largest) != 0) largest = free_slot ? largest : 0;
 	unlock(r);
 	return (size_t)largest;
+}
+
+int region_member_join(struct region *r, uint32_t ip)
+{
+	int index = -1;
+	if (lock(r) != 0) return -1;
+	for (uint32_t i = 0; i < REGION_MEMBERS && index < 0; i++) {
+		struct region_member *m = &r->hdr->member[i];
+		if (m->state == SLOT_USED && !owner_dead(r, &m->owner)) continue;
+		m->ip = ip;
+		m->owner = r->me;
+		m->busy = 0;
+		m->seen = __atomic_load_n(&r->hdr->epoch, __ATOMIC_ACQUIRE);
+		__atomic_store_n(&m->state, SLOT_USED, __ATOMIC_RELEASE);
+		index = (int)i;
+	}
+	unlock(r);
+	return index;
+}
+
+void region_member_leave(struct region *r, int index)
+{
+	if (index < 0 || (uint32_t)index >= REGION_MEMBERS) return;
+	__atomic_store_n(&r->hdr->member[index].state, SLOT_FREE, __ATOMIC_RELEASE);
+}
+
+int region_departed(const struct region *r, uint32_t ip)
+{
+	uint32_t n = __atomic_load_n(&r->hdr->departures, __ATOMIC_ACQUIRE);
+	if (n > REGION_DEPARTED) n = REGION_DEPARTED;
+	for (uint32_t i = 0; i < n && ip; i++)
+		if (r->hdr->departed[i].ip == ip) return 1;
+	return 0;
 }

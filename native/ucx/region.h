@@ -8,6 +8,10 @@
  *   magic, version, size, a lock word and the lock holder's identity,
  *   a 128-bit region id (random, set under the lock by the first user),
  *   a table of REGION_SLOTS segment slots {state, generation, offset, length, owner},
+ *   the departures: an epoch and the IPv4 addresses of guests that leave the host,
+ *   written by hpvc on the host only (hpvc.host.region_departure),
+ *   a table of REGION_MEMBERS members, one per process with the transport open
+ *   {state, address, the departure epoch it has acted on, a busy count, owner},
  *
  * and the rest (from REGION_DATA) is carved into segments, first fit. A segment is
  * named by its slot and the slot's generation (region_seg_id); freeing a slot bumps
@@ -25,12 +29,14 @@
 #include <stdint.h>
 
 #define REGION_MAGIC 0x48535649435650ULL /* "PVCIVSH" */
-#define REGION_VERSION 1u
+#define REGION_VERSION 2u
 #define REGION_SLOTS 512u
 #define REGION_DATA 65536u /* the header's size: segments start here */
 #define REGION_ALIGN 4096u /* segments start on pages: no two processes share a line */
 #define REGION_QUARANTINE_NS (5ull * 1000000000ull)
 #define REGION_ID_LEN 16
+#define REGION_MEMBERS 128u
+#define REGION_DEPARTED 32u
 
 enum { SLOT_FREE = 0, SLOT_USED = 1, SLOT_DEAD = 2 };
 
@@ -51,6 +57,26 @@ struct region_slot {
 	struct region_owner owner;
 };
 
+/* A process with the transport open (fallback.c). `busy` counts its sends and progress
+ * calls in flight (each may write a peer's FIFO); `seen` is the departure epoch it has
+ * acted on. hpvc moves a guest away only when every member has seen the epoch or is
+ * not busy (fallback.c, "the departure"). One cache line each: `busy` changes per send. */
+struct region_member {
+	volatile uint32_t state; /* SLOT_FREE or SLOT_USED */
+	uint32_t ip;		 /* its fallback address, IPv4 in network order (0: none) */
+	volatile uint32_t seen;
+	volatile uint32_t busy;
+	struct region_owner owner;
+	uint8_t pad[8];
+};
+
+/* A guest that leaves (or left) the host: every endpoint to or from `ip` goes over TCP
+ * from `epoch` on. */
+struct region_departure {
+	uint32_t ip; /* network order */
+	uint32_t epoch;
+};
+
 struct region_header {
 	volatile uint64_t magic;
 	uint32_t version;
@@ -61,6 +87,10 @@ struct region_header {
 	struct region_owner lock_owner;
 	uint8_t id[REGION_ID_LEN];
 	struct region_slot slot[REGION_SLOTS];
+	volatile uint32_t epoch; /* bumped by hpvc after it appends to departed[] */
+	volatile uint32_t departures;
+	struct region_departure departed[REGION_DEPARTED];
+	struct region_member member[REGION_MEMBERS] __attribute__((aligned(64)));
 };
 
 /* A mapped region as this process sees it. */
@@ -86,6 +116,13 @@ int region_seg_lookup(const struct region *r, uint64_t seg_id, uint64_t *offset,
 		      uint64_t *length);
 /* Bytes left for segments (the largest gap), reclaiming dead owners first. */
 size_t region_largest_free(struct region *r);
+
+/* A member entry for this process, whose fallback address is `ip`: its index, or -1
+ * (table full). Entries of dead processes of this kernel are taken back first. */
+int region_member_join(struct region *r, uint32_t ip);
+void region_member_leave(struct region *r, int index);
+/* Whether `ip` is among the departures (read after an acquire load of hdr->epoch). */
+int region_departed(const struct region *r, uint32_t ip);
 
 static inline uint64_t region_seg_id(uint32_t slot, uint32_t gen)
 {

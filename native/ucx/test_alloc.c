@@ -9,11 +9,14 @@
  *   test_alloc show PATH   print "used=N dead=N free=N largest=BYTES" (reclaims first)
  *   test_alloc hold PATH   take the largest gaps until the region is full, print
  *                          "held N", and give them back when stdin closes
+ *   test_alloc layout      print the header's offsets that hpvc.host.region_departure
+ *                          writes and reads, as "name=N" words
  */
 #define _GNU_SOURCE
 #include "region.h"
 
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,14 +206,63 @@ static int hold(const char *path)
 	return 0;
 }
 
+static void test_members(void)
+{
+	struct region a, b;
+	void *base = fresh(SIZE);
+	attach(&a, base, SIZE);
+	attach(&b, base, SIZE);
+	int i = region_member_join(&a, 0x0200007f), j = region_member_join(&b, 0x0300007f);
+	check(i >= 0 && j >= 0 && i != j && a.hdr->member[i].ip == 0x0200007f,
+	      "members_join_apart", "two joins did not get two entries");
+	region_member_leave(&a, i);
+	check(region_member_join(&b, 1) == i, "left_member_reused", "a left entry was not reused");
+	int n = 0;
+	while (region_member_join(&a, 7) >= 0) n++;
+	check(n == (int)REGION_MEMBERS - 2, "member_table_fills", "the table never said full");
+	a.hdr->departed[0].ip = 0x0300007f;
+	__atomic_store_n(&a.hdr->departures, 1, __ATOMIC_RELEASE);
+	check(region_departed(&a, 0x0300007f) && !region_departed(&a, 0x0200007f) &&
+		      !region_departed(&a, 0),
+	      "departure_found", "the departures list was misread");
+	/* hpvc writes a departure into a region no process has used yet */
+	struct region_header *h = fresh(SIZE);
+	h->departed[0].ip = 0x0400007f;
+	h->departed[0].epoch = 1;
+	h->departures = 1;
+	h->epoch = 1;
+	attach(&b, h, SIZE);
+	int k = region_member_join(&b, 0x0200007f);
+	check(h->magic == REGION_MAGIC && region_departed(&b, 0x0400007f) && k >= 0 &&
+		      h->member[k].seen == 1,
+	      "departure_kept_at_first_use", "setting up the header dropped the departure");
+}
+
+static int layout(void)
+{
+	printf("version=%u magic=%llu epoch=%zu departures=%zu departed=%zu departed_max=%u "
+	       "member=%zu member_size=%zu members=%u member_ip=%zu member_seen=%zu "
+	       "member_busy=%zu member_pid=%zu data=%u\n",
+	       REGION_VERSION, (unsigned long long)REGION_MAGIC,
+	       offsetof(struct region_header, epoch), offsetof(struct region_header, departures),
+	       offsetof(struct region_header, departed), REGION_DEPARTED,
+	       offsetof(struct region_header, member), sizeof(struct region_member),
+	       REGION_MEMBERS, offsetof(struct region_member, ip),
+	       offsetof(struct region_member, seen), offsetof(struct region_member, busy),
+	       offsetof(struct region_member, owner.pid), REGION_DATA);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 3 && strcmp(argv[1], "show") == 0) return show(argv[2]);
 	if (argc == 3 && strcmp(argv[1], "hold") == 0) return hold(argv[2]);
+	if (argc == 2 && strcmp(argv[1], "layout") == 0) return layout();
 	test_header();
 	test_alloc_free();
 	test_dead_owner();
 	test_dead_lock_holder();
+	test_members();
 	return failed;
 }

@@ -35,6 +35,11 @@ CHECKS = [
     "other_guest_not_judged",
     "zombie_owner_refused",
     "dead_lock_holder_broken",
+    "members_join_apart",
+    "left_member_reused",
+    "member_table_fills",
+    "departure_found",
+    "departure_kept_at_first_use",
 ]
 
 
