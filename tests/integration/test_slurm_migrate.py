@@ -14,12 +14,21 @@ task relayed into each guest keep running while, as root on the hosts:
    compute2 keeps running on n2, nothing of the target is left on n1;
 
 and nothing of the job is left on either host once it ends.
+
+A second job keeps its default ``locality = "shm"``: compute0 and compute1 share
+n1's ivshmem region, and srun --mpi=pmix's Open MPI ping-pong between them
+runs over it (UCX's lanes: ivshmem). compute1 moves to n2 mid-loop: hpvc takes
+it off the region first (hpvc.host.region_departure), both ranks' UCX moves
+the pair to TCP (the module's own log says so and counts what it carried), the
+loop ends with every answer right, and the region n2 gave compute1 goes with
+the job.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,6 +80,20 @@ wait
 echo "ticks status $?"
 cat ticks.out
 """
+
+
+SHM_SPEC = SPEC.replace('locality = "none"', 'locality = "shm"').replace(
+    "10.88.62.0/24", "10.88.63.0/24"
+)
+
+SHM_JOB = """set -u
+srun -N2 -n3 --overcommit --input=all sh -c 'cat > /root/migloop; chmod +x /root/migloop' <migloop
+UCX_LOG_LEVEL=info srun -N1 -n2 -w n1 --overcommit --overlap --mpi=pmix /root/migloop {secs}
+echo "mpi status $?"
+"""
+LANES = re.compile(r"ep_cfg\[\d+\]: tag\(([^)]*)\)")
+LEFT = re.compile(r"ivshmem: endpoint to ([\d.]+) leaves the region for TCP")
+SENT = re.compile(r"ivshmem: endpoint to [\d.]+ sent (\d+) messages")
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +280,48 @@ def _wait_clean(slurm: Env, job: int, timeout: float = 90) -> None:
         time.sleep(0.5)
         left = _leftovers(slurm, job)
     assert left == [], f"job {job} left behind: {left}"
+
+
+def test_region_node_leaves_its_region_and_the_job_goes_on_over_tcp(slurm: Env) -> None:
+    spec = slurm.work / "migshm.toml"
+    spec.write_text(SHM_SPEC)
+    build_loop(slurm.work)
+    (slurm.work / "shm.sh").write_text("#!/bin/bash\n" + SHM_JOB.format(secs=60))
+    out = slurm.work / "shm.out"
+    r = slurm.run("sbatch", "--parsable", "-N2", "--mem=700M", f"--hpvc={spec}", "-o", str(out),
+                  str(slurm.work / "shm.sh"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    try:
+        deadline = time.monotonic() + 300
+        while "loop running" not in (text := out.read_text() if out.exists() else ""):
+            assert time.monotonic() < deadline and "mpi status" not in text, text or "no output"
+            time.sleep(1)
+        assert _nodes(slurm, "n1", job) == ["compute0", "compute1"]
+        plan = slurm.cluster.store("n1").get(policy.share_name(job, 0)).the_plan()
+        ips = sorted(plan.node(n).ip for n in ("compute0", "compute1"))
+        moved = _hpvc(slurm, "n1", "node", "migrate", f"--job={job}", "--node=compute1",
+                      "--to=n2", "--json")  # fmt: skip
+        assert moved.returncode == 0, moved.stderr
+        print("migration:", moved.stdout, moved.stderr)
+        assert _nodes(slurm, "n2", job) == ["compute1", "compute2"]
+        # compute1's QEMU on n2 maps a region of its own, not one n2's guests share
+        [args] = [a for a in _qemus(slurm, "n2", job).values() if "compute1" in a]
+        assert "id=ivshmem0" in args, args
+        assert wait_done(slurm, job) == "gone"
+        text = out.read_text()
+        print(text)
+        assert "mpi status 0" in text and ", 0 wrong" in text, text
+        lanes = [x for x in LANES.findall(text) if not x.startswith("self/")]
+        assert lanes and all(x.startswith("ivshmem/") for x in lanes), text  # began on it
+        # each rank's endpoint to the other left the region
+        assert sorted(LEFT.findall(text)) == ips, text
+        sent = [int(n) for n in SENT.findall(text)]
+        assert len(sent) == 2 and all(n > 0 for n in sent), text
+    finally:
+        slurm.run("scancel", str(job))
+    _wait_clean(slurm, job)
+    for host in slurm.cluster.hosts:  # compute1's own region on n2 went with the job
+        ids = slurm.cluster.store(host).root / "ivshmem"
+        held = sorted(p.name for p in ids.iterdir()) if ids.is_dir() else []
+        assert held == [], f"{host}: ivshmem ids {held}"

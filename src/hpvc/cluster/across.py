@@ -78,11 +78,14 @@ def receive(
     source: str,
     mem_limit_mib: int = 0,
     progress: Progress = quiet,
+    region_mib: int = 0,
 ) -> dict[str, Any]:
     """Book ``node`` in record ``name`` and start it as a migration target
     listening on ``address`` for the host at ``source``; ``{"uri", "pid"}``.
     ``mem_limit_mib``: the memory the record's nodes may have together here (a
-    Slurm job's on this host; 0: no limit). Refused (``InputError``/``DoesNotFit``)
+    Slurm job's on this host; 0: no limit). ``region_mib``: the size of the
+    ivshmem region the node maps at the source (``region_mib`` there; 0: none).
+    Refused (``InputError``/``DoesNotFit``)
     before any change when the node is here already or does not fit."""
     what = f"node {node} into {name}"
     with store.cluster_lock(name, "hpvc node migrate", waiting(name, progress)):
@@ -122,7 +125,7 @@ def receive(
         try:
             _grow_pages(env, plan, progress)
             pid, uri = mod.receive(backend, env, plan, plan.node(node), settings, address,
-                                   source, progress)  # fmt: skip
+                                   source, progress, region_mib)  # fmt: skip
             env.save()
         except BaseException:
             errors = _forget(store, name, node, progress)
@@ -148,6 +151,14 @@ def send(
     if node not in {n.name for n in plan.nodes}:
         raise InputError(f"node {node}", f"is not in {name} on this host", "")
     return mover(backend, f"node {node}").send(env, plan, node, uri, settings, progress)  # type: ignore[no-any-return]
+
+
+def region_mib(store: Store, name: str, node: str) -> int:
+    """The size in MiB of the ivshmem region ``node`` of record ``name`` maps here
+    (0: none): the target gives the node a region of its own that size."""
+    rec = store.get(name)
+    backend, env = open_env(store, rec)
+    return int(mover(backend, f"node {node}").region_mib(env, rec.the_plan(), node))
 
 
 def check(store: Store, name: str, node: str) -> None:

@@ -182,7 +182,8 @@ def receive(store: Store, job: int, node: str, source_view: dict[str, Any],
         if source not in Overlay.from_json(rec.overlay).peers():
             raise InputError(f"--source-address {source}", "not a host of the job", "")
         out = across.receive(store, share, node, placer(node, source_view), settings, local,
-                             source, mem_mib, progress)  # fmt: skip
+                             source, mem_mib, progress,
+                             int(source_view.get("ivshmem_mib", 0)))  # fmt: skip
         drop_join_cache(store, share)
         new = store.get(share).the_plan().node(node).to_json()
         if guest_view(new) != guest_view(source_view):
@@ -270,11 +271,13 @@ def migrate(
     across.check(store, here.share, node)  # what cannot move is refused before anything moves
     mem = scontrol_memory(job).get(target, 0)
     pn = store.get(here.share).the_plan().node(node)
+    # The source's region size rides with the node: the target gives it its own.
+    view = pn.to_json() | {"ivshmem_mib": across.region_mib(store, here.share, node)}
     progress(f"{node}: planning on {target}")
     got = json.loads(remote(target, "migrate-in", f"--job={job}", f"--node={node}",
                             f"--mem-mib={mem}", f"--source-address={here.overlay.local}",
                             *settings_args(settings),
-                            stdin=json.dumps(pn.to_json())))  # fmt: skip
+                            stdin=json.dumps(view)))  # fmt: skip
     uri = str(got["uri"])
     progress(f"{node}: sending to {target} ({uri})")
     try:

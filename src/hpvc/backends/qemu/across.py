@@ -16,10 +16,16 @@ shared with the one-host path) does the moving, this module the host side:
   7.2 has it, and it works beside multifd here, see docs/slurm.md), then
   ``migrate`` and ``wait``.
 
-``refusal`` says, before anything moves, why a node cannot go: a QEMU with the
-cluster's ivshmem region (co-resident guests; the guest would have to let
-the device go first, docs), or one QEMU itself blocks migration for
-(``query-migrate``'s ``blocked-reasons``: a virtiofs bind's vhost-user-fs).
+A node that shares its host's ivshmem region with other guests leaves it
+first (``send``: ``hpvc.host.region_departure``: its ranks' pairs move to
+TCP), and the target gives it a region of its own of the same size
+(``receive``): QEMU copies the region like RAM (``master=on``), and those
+pages must never land in the region this host's guests share.
+
+``refusal`` says, before anything moves, why a node cannot go: its region
+written by an older UCX module (which cannot leave it), or one QEMU itself
+blocks migration for (``query-migrate``'s ``blocked-reasons``: a virtiofs
+bind's vhost-user-fs).
 Architecture: docs/architecture.md (``backends/``: one folder per backend).
 """
 
@@ -34,7 +40,15 @@ from hpvc.backends.qemu.backend import QemuBackend, qmp_wait_s, vm_state
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import migration
 from hpvc.errors import HpvcError, InputError
-from hpvc.host import disk_access, migration_guard, net, qemu_user
+from hpvc.host import (
+    disk_access,
+    ivshmem,
+    migration_guard,
+    net,
+    procfs,
+    qemu_user,
+    region_departure,
+)
 from hpvc.host.journal import Journal
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
@@ -62,21 +76,27 @@ def receive(
     address: str,
     source: str,
     progress: Progress,
+    region_mib: int = 0,
 ) -> tuple[int, str]:
     """Start ``node`` of ``plan`` (already booked in ``env``'s record) as a paused
     migration target listening on ``address``, reachable from the fabric address
     ``source`` only (``hpvc.host.migration_guard``); (QEMU's PID, the URI to send
-    to). Everything is journaled in the node's journal: undoing it removes the
-    target and its guard."""
+    to). ``region_mib``: the size of the source's ivshmem region (0: none), given
+    to the target as a region of the node's own. Everything is journaled in the
+    node's journal: undoing it removes the target, its region and its guard."""
     st = vm_state(env)
     guest = backend._guest(plan.image, progress)
-    # The context of this node alone: no ivshmem region (the moved guest has
-    # none: its devices must match the source's), the cluster's uid and key.
+    j = env.node_journal(node.name)
+    # The context of this node alone (never the share's region here), the
+    # cluster's uid and key.
     ctx = backend._context(env, replace(plan, nodes=(node,)), guest)
+    if region_mib:
+        own = ivshmem.allocate(j, env.store.root, own_region(plan.cluster, node.name),
+                               region_mib, None)  # fmt: skip
+        ctx = replace(ctx, ivshmem=(str(own), region_mib))
     overlay = Overlay.from_json(env.rec.overlay) if env.rec.overlay else None
     remotes = [n for v in overlay.remotes for n in v.nodes] if overlay else []
     node_ctx = g.node_context(env.store, plan, node, guest, ctx, remotes)
-    j = env.node_journal(node.name)
     net.create_tap(j, tap_name(plan.cluster, node.name), plan.network.bridge, plan.network.mtu)
     launch = render_qemu(plan, node, node_ctx)
     launch = replace(launch, argv=tuple(migration.incoming_argv(launch.argv)))
@@ -110,12 +130,24 @@ def _listening_port(run: migration.Runner) -> int:
     raise HpvcError("migration target", f"no listening port in query-migrate: {reply!r:.200}")
 
 
-def has_ivshmem(run: migration.Runner) -> bool:
-    """Whether a QEMU has the cluster's ivshmem region (co-resident guests)."""
-    reply = run(("qom-list", {"path": "/objects"}))[0]
-    return isinstance(reply, list) and any(
-        isinstance(o, dict) and o.get("name") == "ivshmem0" for o in reply
-    )
+def own_region(cluster: str, node: str) -> str:
+    """The name a moved node's own region is held under (never its cluster's)."""
+    return f"{cluster}:{node}"
+
+
+def region_path(env: ClusterEnv, node: str) -> Path | None:
+    """The ivshmem region file ``node``'s QEMU maps, or None."""
+    from hpvc.backends.qemu import region  # it takes qmp_socket from this module
+
+    pid = vm_state(env).pids.get(node)
+    found = region.region_of(procfs.cmdline(pid) or []) if pid is not None else None
+    return Path(found) if found else None
+
+
+def region_mib(env: ClusterEnv, plan: Plan, node: str) -> int:
+    """The size in MiB of the region ``node`` maps (0: none)."""
+    path = region_path(env, node)
+    return path.stat().st_size // ivshmem.MiB if path is not None else 0
 
 
 def refusal(env: ClusterEnv, plan: Plan, node: str) -> str | None:
@@ -124,11 +156,10 @@ def refusal(env: ClusterEnv, plan: Plan, node: str) -> str | None:
     if pid is None:
         return "it has no QEMU recorded here"
     run = migration.socket_runner(qmp_socket(env, plan, node), pid)
-    if has_ivshmem(run):
-        return (
-            "it shares an ivshmem region with the guests beside it on this host"
-            ' (give the job\'s spec tuning.locality = "none" to keep its nodes movable)'
-        )
+    shm = region_path(env, node)
+    why = region_departure.refusal(shm) if shm is not None else None
+    if why is not None:
+        return why
     reply = run("query-migrate")[0]
     if isinstance(reply, dict) and reply.get("blocked"):
         reasons = reply.get("blocked-reasons") or ["QEMU blocks migration"]
@@ -162,6 +193,11 @@ def send(
     table = migration_guard.guard_source(j, tap_name(plan.cluster, node), address, int(port), uid)
     disk = _reopenable(env, plan, node, j)  # QEMU reopens it read-only at the switch-over
     try:
+        shm = region_path(env, node)
+        if shm is not None:  # no process writes its FIFOs, nor it theirs, from here on
+            gone = region_departure.depart(shm, plan.node(node).ip)
+            progress(f"node {node}: leaves the shared region; its pairs go over TCP"
+                     f" ({gone.members} processes let go in {gone.waited_s:.2f} s)")  # fmt: skip
         paused = migration.start(run, uri)
         return migration.wait(run, settings.timeout_s, progress, paused=paused)
     finally:

@@ -64,7 +64,7 @@ SOCKET_DIR = "hpvc-migrate-"
 MIGRATING = "~migrating"  # suffix of the target's run folder, journal folder and tap
 NOT_MIGRATABLE = {
     # An ivshmem region moves on its host with its peers stopped (hpvc.backends.qemu.
-    # region); across hosts it is refused (hpvc.backends.qemu.across).
+    # region); across hosts the guest leaves it first (hpvc.backends.qemu.across).
     "vhost-user-fs-pci": "it mounts host folders over virtiofs"
     " (QEMU 7.2 cannot migrate vhost-user-fs)",
 }

@@ -13,8 +13,9 @@ Nothing writes the region until the target runs, so what the stream puts back
 is what the file already holds. The peers' pause is the copy's length; they
 are resumed whatever happens (``cont``, also on failure).
 
-A node that leaves the host is refused instead (``hpvc.backends.qemu.across``):
-its ranks' UCX lanes over the region cannot move to the network mid-job.
+A node that leaves the host leaves the region first instead
+(``hpvc.backends.qemu.across``, ``hpvc.host.region_departure``): its ranks'
+pairs go on over TCP, and the target gives it a region of its own.
 Architecture: docs/architecture.md (``backends/``); docs/vms.md "Live migration".
 """
 
