@@ -134,11 +134,13 @@ def joins(
     # Guests of the share that map one ivshmem region: MPI over it, through UCX
     # (hpvc.cluster.ucx), as hpvc run gives it; nothing where there is no region.
     shm = ucx.for_job(store.root, plan, [(plan.node(n), 1) for n in pool]).env_list()
-    # Slurm's PMIx calls every task of this host local, but each guest is a
-    # machine of its own: Open MPI took its shared memory (btl vader) between two
-    # guests and crashed. Where the region is not chosen, its BTLs stay self and
-    # TCP (the ranks of one guest then talk over loopback TCP too).
-    apart = ("OMPI_MCA_btl=self,tcp",) if entry.relay and len(pool) > 1 and not shm else ()
+    # Slurm's PMI calls every task of this host local, but each guest is a machine
+    # of its own: Open MPI took its shared memory (btl vader) between two guests
+    # and crashed; where the region is not chosen, its BTLs stay self and TCP.
+    # MPICH failed sharing start-up memory (MPIDU_Init_shm): each rank its own node.
+    many = entry.relay and len(pool) > 1
+    apart: tuple[str, ...] = ("MPIR_CVAR_NOLOCAL=1",) if many else ()
+    apart += ("OMPI_MCA_btl=self,tcp",) if many and not shm else ()
     out = []
     for t, node in enumerate(pool):
         proc = ops.node_process(name, node, store)
