@@ -62,7 +62,10 @@
 
 #define HELLO_MAGIC 0x46565048u /* "HPVF" */
 #define DRAIN_GIVE_UP_NS 10000000000ull
-#define ACCEPT_EVERY 64u /* progress calls between looks at the listening socket */
+/* Progress calls between looks at the listening socket, once a departure has been
+ * seen (before, no peer can have switched: nothing to accept, and a system call in
+ * the polling loop would cost the region's latency). */
+#define ACCEPT_EVERY 64u
 
 struct hello {
 	uint32_t magic;
@@ -616,7 +619,8 @@ static unsigned fb_progress(uct_iface_h tl_iface)
 	uct_mm_iface_t *iface = ucs_derived_of(tl_iface, uct_mm_iface_t);
 	fb_enter();
 	unsigned count = g.mm.iface_progress(tl_iface);
-	if (g.listen_fd >= 0 && ++g.ticks % ACCEPT_EVERY == 0) accept_new();
+	if (ucs_unlikely(g.seen != 0) && g.listen_fd >= 0 && ++g.ticks % ACCEPT_EVERY == 0)
+		accept_new();
 	if (g.any_tcp) {
 		pthread_mutex_lock(&g.lock);
 		count += read_conns(iface);

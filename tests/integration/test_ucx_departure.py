@@ -43,7 +43,7 @@ r=${OMPI_COMM_WORLD_RANK:-$PMI_RANK}
 export UCX_IVSHMEM_ADDR=127.0.0.$((2 + r))
 exec "$@"
 """
-LEFT = re.compile(r"\[\w+:(\d+):\d+\].*ivshmem: endpoint to ([\d.]+) leaves the region for TCP")
+LEFT = re.compile(r"\[\w+:(\d+)\s*:\d+\].*ivshmem: endpoint to ([\d.]+) leaves the region for TCP")
 SENT = re.compile(r"ivshmem: endpoint to ([\d.]+) sent (\d+) messages \((\d+) bytes\) over TCP")
 GOT = re.compile(r"ivshmem: received (\d+) messages \((\d+) bytes\) over TCP")
 
