@@ -24,6 +24,11 @@ TCG the figures are emulation's.
 --hosts 2: the same between two hosts of a private Slurm test cluster
 (python -m hpvc.bench.migrate.slurm; idle and MPI).
 
+--region: a node that shares n1's ivshmem region moves to n2 under an MPI
+ping-pong (python -m hpvc.bench.migrate.region; one job per repetition, the
+first size): the loop's rate on the region, through the move, after it over
+the module's TCP, and in a new step over UCX's own TCP.
+
 Writes results.json and report.md into --out.
 
 Examples:
@@ -31,6 +36,8 @@ Examples:
   hpvc bench migrate --sizes 1GiB,2GiB,4GiB --reps 3
 
   hpvc bench migrate --hosts 2 --sizes 1GiB --reps 3
+
+  hpvc bench migrate --region --sizes 512MiB --reps 3 --seconds 20
 """
 
 
@@ -51,6 +58,7 @@ def migrate_cmd(
     seconds: int = typer.Option(10, help="Length of each load (MPI loop, memory writer)."),
     hosts: int = typer.Option(1, help="1: on this host; 2: across two Slurm test hosts."),
     slurm: bool = typer.Option(False, "--slurm", help="Same as --hosts 2."),
+    region: bool = typer.Option(False, "--region", help="A region node leaves its host."),
     user: str = typer.Option("nobody", help="--hosts 2: the user who submits the job."),
     out: Path = typer.Option(Path("bench/results/migrate"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
@@ -58,7 +66,12 @@ def migrate_cmd(
     mibs = parse_sizes(sizes)
     if hosts not in (1, 2):
         raise InputError(f"--hosts {hosts}", "1 or 2 hosts", "--hosts 2")
-    if slurm or hosts == 2:
+    if region:
+        from hpvc.bench.migrate import region as leave
+
+        doc = leave.run(mibs[0], reps, max(seconds, 5), user, progress=_progress)
+        text = leave.report(doc)
+    elif slurm or hosts == 2:
         from hpvc.bench.migrate import slurm as across
 
         doc = across.run(mibs, reps, max(seconds, 10), user, progress=_progress)
