@@ -6,7 +6,9 @@
  * checks each answer and keeps the longest time one round trip took (a guest
  * paused for its switch-over, or a network path that moved, shows there: rank
  * 0's clock runs on while rank 1's guest is paused). After 100 round trips it
- * prints "loop running"; at the end one line:
+ * prints "loop running"; at each whole second of its clock "loop at S s: N round
+ * trips" (what part of a run went how fast: before and after a move); at the end
+ * one line:
  *
  *   loop done: N round trips, W wrong, max gap G ms
  *
@@ -32,10 +34,15 @@ static void serve(void) {
 static int drive(double secs) {
     long i = 0, bad = 0, v = 0;
     double t0 = MPI_Wtime(), last = t0, gap = 0;
+    int second = 0;
     for (;; i++) {
         double now = MPI_Wtime();
         if (now - last > gap) gap = now - last;
         last = now;
+        while (now - t0 >= second + 1) {
+            printf("loop at %d s: %ld round trips\n", ++second, i);
+            fflush(stdout);
+        }
         v = now - t0 < secs ? i : -1;
         MPI_Send(&v, 1, MPI_LONG, 1, 0, MPI_COMM_WORLD);
         if (v < 0) break;
