@@ -11,19 +11,11 @@ import pytest
 
 from hpvc.errors import HpvcError
 from hpvc.host import region_departure as rd
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.test_ucx_region import build_test_alloc
 
 
 def test_offsets_match_the_c_header(tmp_path: Path) -> None:
-    tool = tmp_path / "test_alloc"
-    build = subprocess.run(
-        ["make", "-s", "-C", str(ROOT / "native" / "ucx"), f"OUT={tmp_path}", str(tool)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert build.returncode == 0, build.stderr
+    tool = build_test_alloc(tmp_path)
     out = subprocess.run([str(tool), "layout"], capture_output=True, text=True, check=True)
     c = {k: int(v) for k, v in (w.split("=") for w in out.stdout.split())}
     assert c == {

@@ -43,15 +43,21 @@ CHECKS = [
 ]
 
 
-def test_region_allocator(tmp_path: Path) -> None:
-    binary = tmp_path / "test_alloc"
+def build_test_alloc(out: Path) -> Path:
+    """native/ucx/test_alloc built into ``out`` (no UCX needed)."""
+    binary = out / "test_alloc"
     build = subprocess.run(
-        ["make", "-s", "-C", str(ROOT / "native" / "ucx"), f"OUT={tmp_path}", str(binary)],
+        ["make", "-s", "-C", str(ROOT / "native" / "ucx"), f"OUT={out}", str(binary)],
         capture_output=True,
         text=True,
         check=False,
     )
     assert build.returncode == 0, build.stderr
+    return binary
+
+
+def test_region_allocator(tmp_path: Path) -> None:
+    binary = build_test_alloc(tmp_path)
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120, check=False)
     lines = run.stdout.splitlines()
     assert lines == [f"ok {name}" for name in CHECKS], run.stdout + run.stderr

@@ -29,17 +29,15 @@ Under TCG all of it is emulation's. Architecture: docs/architecture.md
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from hpvc.bench import common
-from hpvc.bench.migrate.slurm import build_loop, parse_loop
+from hpvc.bench.migrate.slurm import cancel, parse_loop, submit_holder, workspace
 from hpvc.bench.slurm.cluster import SlurmCluster, Submitter, private_slurm
 from hpvc.bench.stats import summary
 from hpvc.errors import HpvcError, InputError
@@ -59,31 +57,6 @@ def spec_text(subnet: str, mib: int) -> str:
         'locality = "shm"\n[[nodes]]\nrole = "compute"\ncount = 3\nvcpus = 1\n'
         f'memory = "{mib}MiB"\n'
     )
-
-
-def _submit(c: SlurmCluster, user: Submitter, work: Path, spec: Path, mib: int) -> int:
-    script = work / "job.sh"
-    script.write_text("#!/bin/bash\nset -e\n"
-                      "srun -N2 -n3 --overcommit --input=all sh -c"
-                      " 'cat > /root/migloop && chmod +x /root/migloop' < migloop\n"
-                      "touch ready\nsleep 3600\n")  # fmt: skip
-    (work / "ready").unlink(missing_ok=True)
-    # --exclusive: every CPU of each test host, so that compute0 and compute1 are
-    # not both pinned to the one CPU a job gets by default (each round trip would
-    # then wait for the scheduler to switch guests, whatever carries it).
-    argv = ["sbatch", "--parsable", "-N2", "--exclusive", f"--mem={2 * mib + 128}M",
-            f"--hpvc={spec}", "-o", str(work / "job.out"), str(script)]  # fmt: skip
-    r = c.submit(user, argv, work)
-    if r.returncode != 0:
-        raise HpvcError("bench migrate --region: sbatch", r.stderr.strip()[-300:])
-    job = int(r.stdout.strip().split(";")[0])
-    deadline = time.monotonic() + 600
-    while not (work / "ready").exists():
-        if time.monotonic() > deadline:
-            out = (work / "job.out").read_text() if (work / "job.out").exists() else ""
-            raise HpvcError("bench migrate --region", f"job {job} not ready: {out[-300:]}")
-        time.sleep(1)
-    return job
 
 
 def _loop(c: SlurmCluster, user: Submitter, work: Path, job: int, spec: Path, secs: int,
@@ -145,7 +118,12 @@ def _migrate(c: SlurmCluster, job: int) -> dict[str, Any]:
 
 def _one(c: SlurmCluster, user: Submitter, work: Path, spec: Path, mib: int, secs: int,
          rep: int) -> dict[str, Any]:  # fmt: skip
-    job = _submit(c, user, work, spec, mib)
+    # --exclusive: every CPU of each test host, so that compute0 and compute1 are
+    # not both pinned to the one CPU a job gets by default (each round trip would
+    # then wait for the scheduler to switch guests, whatever carries it).
+    sbatch = ["--exclusive", f"--mem={2 * mib + 128}M"]
+    job = submit_holder(c, user, work, spec, "bench migrate --region", "-N2 -n3 --overcommit",
+                        sbatch)  # fmt: skip
     row: dict[str, Any] = {"rep": rep, "memory_mib": mib}
     try:
         row["region"] = _result(_loop(c, user, work, job, spec, secs, "n1"), "region", secs)
@@ -160,13 +138,7 @@ def _one(c: SlurmCluster, user: Submitter, work: Path, spec: Path, mib: int, sec
         row["after"] = {"per_s": after, "max_gap_ms": row["move"]["max_gap_ms"]}
         row["tcp"] = _result(_loop(c, user, work, job, spec, secs, "n1,n2"), "tcp", secs)
     finally:
-        c.submit(user, ["scancel", str(job)], work)
-        deadline = time.monotonic() + 120  # the epilog frees the job's subnet for the next
-        while (
-            time.monotonic() < deadline
-            and c.submit(user, ["squeue", "-h", "-j", str(job)], work).stdout.strip()
-        ):
-            time.sleep(1)
+        cancel(c, user, work, job)
     return row
 
 
@@ -194,12 +166,7 @@ def run(mib: int = 512, reps: int = 3, secs: int = 20, user: str = "nobody",
     common.ensure_image("hpc", progress)
     common.ensure_guest("hpc", progress)
     facts = common.host_facts(mpi=True)
-    tmp = Path(tempfile.mkdtemp(prefix="hpvc-bench-region-"))
-    os.chmod(tmp, 0o755)
-    work = tmp / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)  # the submitting user writes its job's files here
-    build_loop(work)
+    tmp, work = workspace("hpvc-bench-region-")
     rows: list[dict[str, Any]] = []
     try:
         subnet = common.free_subnets(1)[0]

@@ -97,32 +97,61 @@ def _loop_result(p: subprocess.Popen[str], timeout: float) -> dict[str, float]:
     return got
 
 
-def _submit(c: SlurmCluster, user: Submitter, work: Path, spec: Path, mib: int) -> int:
+def submit_holder(c: SlurmCluster, user: Submitter, work: Path, spec: Path, what: str,
+                  tasks: str, sbatch: list[str]) -> int:  # fmt: skip
+    """As ``user``, a job on both test hosts that copies migloop into its guests
+    (``tasks``: its srun's ``-N2 -n...``) and then holds them up; its id once the
+    copy is done. ``sbatch``: the job's own options (memory, CPUs)."""
     script = work / "job.sh"
     script.write_text("#!/bin/bash\nset -e\n"
-                      "srun -N2 -n2 --input=all sh -c"
+                      f"srun {tasks} --input=all sh -c"
                       " 'cat > /root/migloop && chmod +x /root/migloop' < migloop\n"
                       "touch ready\nsleep 3600\n")  # fmt: skip
     (work / "ready").unlink(missing_ok=True)
-    r = c.submit(user, ["sbatch", "--parsable", "-N2", f"--mem={2 * mib + 64}M", f"--hpvc={spec}",
+    r = c.submit(user, ["sbatch", "--parsable", "-N2", *sbatch, f"--hpvc={spec}",
                         "-o", str(work / "job.out"), str(script)], work)  # fmt: skip
     if r.returncode != 0:
-        raise HpvcError("bench migrate --slurm: sbatch", r.stderr.strip()[-300:])
+        raise HpvcError(f"{what}: sbatch", r.stderr.strip()[-300:])
     job = int(r.stdout.strip().split(";")[0])
     deadline = time.monotonic() + 600
     while not (work / "ready").exists():
         if time.monotonic() > deadline:
             out = (work / "job.out").read_text() if (work / "job.out").exists() else ""
-            raise HpvcError("bench migrate --slurm", f"job {job} not ready: {out[-300:]}")
+            raise HpvcError(what, f"job {job} not ready: {out[-300:]}")
         time.sleep(1)
     return job
+
+
+def cancel(c: SlurmCluster, user: Submitter, work: Path, job: int) -> None:
+    """Cancel ``job`` and wait (2 minutes at most) until Slurm forgets it: its
+    epilog frees the job's subnet for the next."""
+    c.submit(user, ["scancel", str(job)], work)
+    deadline = time.monotonic() + 120
+    while (
+        time.monotonic() < deadline
+        and c.submit(user, ["squeue", "-h", "-j", str(job)], work).stdout.strip()
+    ):
+        time.sleep(1)
+
+
+def workspace(prefix: str) -> tuple[Path, Path]:
+    """A fresh folder and its ``work`` folder (the submitting user writes its job's
+    files there), migloop built in it."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(tmp, 0o755)
+    work = tmp / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    build_loop(work)
+    return tmp, work
 
 
 def _one_size(c: SlurmCluster, user: Submitter, work: Path, subnet: str, mib: int, reps: int,
               secs: int, progress: Progress) -> list[dict[str, Any]]:  # fmt: skip
     spec = work / f"mig-{mib}.toml"
     spec.write_text(spec_text(subnet, mib))
-    job = _submit(c, user, work, spec, mib)
+    job = submit_holder(c, user, work, spec, "bench migrate --slurm", "-N2 -n2",
+                        [f"--mem={2 * mib + 64}M"])  # fmt: skip
     rows: list[dict[str, Any]] = []
     where = "n2"
     move_s = 0.0  # the longest move of this size so far
@@ -153,13 +182,7 @@ def _one_size(c: SlurmCluster, user: Submitter, work: Path, subnet: str, mib: in
                 )
                 rows.append(row)
     finally:
-        c.submit(user, ["scancel", str(job)], work)
-        deadline = time.monotonic() + 120  # the epilog frees the job's subnet for the next
-        while (
-            time.monotonic() < deadline
-            and c.submit(user, ["squeue", "-h", "-j", str(job)], work).stdout.strip()
-        ):
-            time.sleep(1)
+        cancel(c, user, work, job)
     return rows
 
 
@@ -195,12 +218,7 @@ def run(sizes: list[int], reps: int = 3, secs: int = 30, user: str = "nobody",
     common.ensure_image("hpc", progress)
     common.ensure_guest("hpc", progress)
     facts = common.host_facts(mpi=True)
-    tmp = Path(tempfile.mkdtemp(prefix="hpvc-bench-migrate-"))
-    os.chmod(tmp, 0o755)
-    work = tmp / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)  # the submitting user writes its job's files here
-    build_loop(work)
+    tmp, work = workspace("hpvc-bench-migrate-")
     rows: list[dict[str, Any]] = []
     try:
         subnet = common.free_subnets(1)[0]
