@@ -67,10 +67,14 @@
  * the polling loop would cost the region's latency). */
 #define ACCEPT_EVERY 64u
 
+/* The region's id proves the connector can map the region (or is in the job that
+ * was given its address): anyone else in the guest could reach the listening port,
+ * and must not put messages into the job's ranks. */
 struct hello {
 	uint32_t magic;
 	uint32_t pad;
 	uint64_t fifo; /* the receiving iface's FIFO segment id */
+	uint8_t id[REGION_ID_LEN];
 };
 
 struct frame {
@@ -248,6 +252,7 @@ static void connect_peer(struct fb_ep *e)
 				 .sin_port = e->peer.port};
 	struct timeval tv = {.tv_sec = 10};
 	struct hello h = {.magic = HELLO_MAGIC, .fifo = e->peer_fifo};
+	memcpy(h.id, g.region->hdr->id, sizeof h.id);
 	e->fd = e->peer.ip ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
 	if (e->fd >= 0) setsockopt(e->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 	if (e->fd < 0 || connect(e->fd, (void *)&sa, sizeof sa) != 0 ||
@@ -559,7 +564,8 @@ static int deliver(struct fb_conn *c, uct_mm_iface_t *iface, unsigned *count)
 		struct hello h;
 		if (c->in.len < sizeof h) return 0;
 		memcpy(&h, c->in.data, sizeof h);
-		c->iface = h.magic == HELLO_MAGIC ? iface_by_fifo(h.fifo) : NULL;
+		int ours = h.magic == HELLO_MAGIC && !memcmp(h.id, g.region->hdr->id, sizeof h.id);
+		c->iface = ours ? iface_by_fifo(h.fifo) : NULL;
 		if (c->iface == NULL) return -1;
 		buf_drop(&c->in, sizeof h);
 	}
