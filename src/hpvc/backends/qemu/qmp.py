@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from hpvc.backends.vm.console import with_tail
 from hpvc.errors import HpvcError
@@ -26,9 +26,46 @@ QMP_CONNECT_S = 10.0  # the socket appears a little after QEMU starts
 QMP_COMMAND_S = 5.0
 
 Command = str | tuple[str, Mapping[str, object]]
+T = TypeVar("T")
+CANCEL_S = 2.0  # how long an interrupted session may take to close its socket
 
 
 # --- sessions ------------------------------------------------------------------------
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` in a new event loop; Ctrl-C stays ``KeyboardInterrupt``.
+
+    Not ``asyncio.run``: in Python 3.11 it installs a SIGINT handler that
+    turns Ctrl-C into a cancellation of the task, and ``asyncio.wait_for``
+    drops that cancellation when the command it awaits ends at the same
+    moment; the session then returns as if nothing happened. A migration's
+    poll loop is mostly QMP sessions, so a Ctrl-C there was lost now and
+    then (CI, 2026-11-27). Here the interpreter's own handler raises
+    ``KeyboardInterrupt`` out of the loop, the session is cancelled so its
+    ``finally`` closes the socket, and the interrupt goes on to the caller.
+    """
+    loop: asyncio.AbstractEventLoop | None = None
+    task: asyncio.Task[T] | None = None
+    try:
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(coro)
+        return loop.run_until_complete(task)
+    except BaseException:
+        if task is None:
+            coro.close()  # interrupted before it started
+        elif not task.done() and loop is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(asyncio.wait([task], timeout=CANCEL_S))
+        if task is not None and task.done() and not task.cancelled():
+            task.exception()  # what we re-raise; asyncio need not log it again
+        raise
+    finally:
+        if loop is not None:
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
 
 class _Exited(Exception):
@@ -93,7 +130,7 @@ def qmp(
     each command may take ``command_s``. Errors become ``HpvcError``.
     """
     try:
-        return asyncio.run(_session(str(path), commands, connect_s, command_s, pid))
+        return run(_session(str(path), commands, connect_s, command_s, pid))
     except _Exited as e:
         raise HpvcError(f"QMP {path}", f"QEMU (PID {pid}) exited") from e
 
@@ -102,7 +139,7 @@ def wait_qmp(path: str | Path, pid: int, timeout: float, log: Path) -> float:
     """Wait until QEMU answers on its QMP socket; seconds waited. Fails early if QEMU exits."""
     start = time.monotonic()
     try:
-        asyncio.run(_session(str(path), ["query-status"], timeout, QMP_COMMAND_S, pid))
+        run(_session(str(path), ["query-status"], timeout, QMP_COMMAND_S, pid))
     except _Exited as e:
         raise HpvcError(f"QEMU (PID {pid})", with_tail("exited while starting", log)) from e
     except HpvcError as e:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from hpvc.backends.qemu.qmp import QMP_COMMAND_S, _open_unix
+from hpvc.backends.qemu.qmp import QMP_COMMAND_S, _open_unix, run
 from hpvc.backends.vm.console import with_tail
 from hpvc.errors import HpvcError
 from hpvc.host.procfs import running
@@ -78,18 +78,16 @@ async def _until_done(client: QMPClient, timeout: float, what: str) -> dict[str,
 
 def stop_vcpus(qmp_socket: Path, pid: int) -> None:
     """Stop every vCPU of the guest (QMP ``stop``): nothing runs or sends after it."""
-    asyncio.run(_session(qmp_socket, pid, lambda c: c.execute("stop"), f"stop QEMU {pid}"))
+    run(_session(qmp_socket, pid, lambda c: c.execute("stop"), f"stop QEMU {pid}"))
 
 
 def resume(qmp_socket: Path, pid: int) -> None:
     """Let a stopped, saved or loaded guest run (QMP ``cont``)."""
-    asyncio.run(_session(qmp_socket, pid, lambda c: c.execute("cont"), f"resume QEMU {pid}"))
+    run(_session(qmp_socket, pid, lambda c: c.execute("cont"), f"resume QEMU {pid}"))
 
 
 def run_state(qmp_socket: Path, pid: int) -> str:
-    reply = asyncio.run(
-        _session(qmp_socket, pid, lambda c: c.execute("query-status"), f"QEMU {pid}")
-    )
+    reply = run(_session(qmp_socket, pid, lambda c: c.execute("query-status"), f"QEMU {pid}"))
     return str(reply.get("status", "")) if isinstance(reply, dict) else ""
 
 
@@ -107,7 +105,7 @@ def save_state(qmp_socket: Path, pid: int, dest: Path, timeout: float, log: Path
         await _until_done(client, timeout, what)
 
     try:
-        asyncio.run(_session(qmp_socket, pid, go, what))
+        run(_session(qmp_socket, pid, go, what))
         os.fsync(fd)
     except HpvcError as e:
         raise HpvcError(what, with_tail(e.why, log)) from e
@@ -140,7 +138,7 @@ def load_state(qmp_socket: Path, pid: int, src: Path, timeout: float, log: Path)
             raise HpvcError(what, f"QEMU is {status!r} after loading, not paused")
 
     try:
-        asyncio.run(_session(qmp_socket, pid, go, what))
+        run(_session(qmp_socket, pid, go, what))
     except HpvcError as e:
         time.sleep(0.2)
         why = e.why if running(pid) else f"QEMU exited ({e.why})"
