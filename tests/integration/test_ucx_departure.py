@@ -17,8 +17,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,6 +67,7 @@ def run_with_departure(
     rounds: int,
     leaver: str,
     tmp_path: Path,
+    meanwhile: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> tuple[str, region_departure.Departure]:
     wrap = tmp_path / "as-guest"
     wrap.write_text(WRAP)
@@ -84,6 +88,8 @@ def run_with_departure(
         time.sleep(1.0)  # well into the job's rounds
         assert proc.poll() is None, "the job ended before the departure: raise its rounds"
         gone = region_departure.depart(region, leaver, timeout_s=30)
+        if meanwhile:
+            meanwhile(proc)
         out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
@@ -135,3 +141,52 @@ def test_departure_leaves_the_other_pairs_on_the_region(
     c = env_for(built, region, "ivshmem,tcp") | {"UCX_IVSHMEM_ADDR": "127.0.0.3"}
     stays = perftest(c, b, "tag_lat", 8, 500)
     assert stays.rc == 0 and stays.lanes == {"ivshmem"}, stays.out
+
+
+HELLO_MAGIC = 0x46565048  # native/ucx/fallback.c: struct hello {magic, pad, fifo, id[16]}
+
+
+def listeners(*ips: str) -> list[tuple[str, int]]:
+    """The TCP sockets listening at ``ips`` (the ranks' fallback ports)."""
+    want = {socket.inet_aton(ip)[::-1].hex().upper(): ip for ip in ips}
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, port = local.split(":")
+        if state == "0A" and addr in want:
+            found.append((want[addr], int(port, 16)))
+    return found
+
+
+def test_a_stranger_on_the_fallback_port_is_shut_out(
+    built: Built, region: Path, programs: dict[str, Path], tmp_path: Path
+) -> None:
+    """After the departure each rank accepts connections at its cluster address. Someone
+    else in the guest (no region, so not its id) connects and sends a hello and a
+    frame: the rank closes the connection unread while the job runs on, and no rank
+    takes in a message it was not sent (each side's TCP count is the other's)."""
+    shut: list[tuple[str, int]] = []
+
+    def strangers(proc: subprocess.Popen[str]) -> None:
+        ports = listeners("127.0.0.2", "127.0.0.3")
+        assert len(ports) == 2, ports
+        frame = struct.pack("<IB3x", 8, 1) + b"\xee" * 8
+        hellos = [
+            struct.pack("<IIQ", HELLO_MAGIC, 0, 0) + os.urandom(16),  # right form, not its id
+            b"GET / HTTP/1.0\r\n\r\n" + bytes(12),  # not a hello at all
+        ]
+        for (ip, port), hello in zip(ports, hellos, strict=True):
+            with socket.create_connection((ip, port), timeout=20) as s:
+                s.sendall(hello + frame)
+                if s.recv(64) == b"" and proc.poll() is None:  # closed by the rank, not its exit
+                    shut.append((ip, port))
+
+    out, _ = run_with_departure(
+        built, region, programs["openmpi"], "openmpi", 2, 600, "127.0.0.3", tmp_path,
+        meanwhile=strangers,
+    )  # fmt: skip
+    assert "mpicheck ok ranks=2 rounds=600" in out, out
+    assert len(shut) == 2, (shut, out)
+    sent = sorted((int(n), int(b)) for _, n, b in SENT.findall(out))
+    got = sorted((int(n), int(b)) for n, b in GOT.findall(out))
+    assert len(sent) == 2 and sent == got, out
