@@ -181,6 +181,14 @@ static uint32_t own_address(void)
 	return ip;
 }
 
+/* No Nagle: each direction of a pair has a connection of its own, so no reply carries
+ * the ACK a held-back frame would wait for (UCX's own tcp sets TCP_NODELAY too). */
+static void no_delay(int fd)
+{
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
 static int nonblocking(int fd)
 {
 	int one = 1;
@@ -254,7 +262,10 @@ static void connect_peer(struct fb_ep *e)
 	struct hello h = {.magic = HELLO_MAGIC, .fifo = e->peer_fifo};
 	memcpy(h.id, g.region->hdr->id, sizeof h.id);
 	e->fd = e->peer.ip ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
-	if (e->fd >= 0) setsockopt(e->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	if (e->fd >= 0) {
+		setsockopt(e->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+		no_delay(e->fd);
+	}
 	if (e->fd < 0 || connect(e->fd, (void *)&sa, sizeof sa) != 0 ||
 	    send(e->fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h || nonblocking(e->fd) != 0) {
 		ucs_error("ivshmem: cannot reach %s:%u off the region: %m", inet_ntoa(sa.sin_addr),
@@ -520,6 +531,7 @@ static void accept_new(void)
 	for (;;) {
 		int fd = accept4(g.listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) return;
+		no_delay(fd);
 		struct fb_conn *c = calloc(1, sizeof *c);
 		if (c == NULL) {
 			close(fd);
