@@ -165,15 +165,60 @@ int region_attach(struct region *r, void *base, size_t size)
 	return ours ? 0 : -1;
 }
 
-/* Under the lock: quarantine the segments of dead owners, free those quarantined long enough. */
+static int same_owner(const struct region_owner *a, const struct region_owner *b)
+{
+	return a->pid == b->pid && a->start == b->start && a->pidns == b->pidns &&
+	       memcmp(a->boot, b->boot, sizeof a->boot) == 0;
+}
+
+/* Has the guest at `ip` gone from this host (REGION_GONE)? */
+static int ip_gone(const struct region *r, uint32_t ip)
+{
+	uint32_t n = __atomic_load_n(&r->hdr->departures, __ATOMIC_ACQUIRE);
+	if (n > REGION_DEPARTED) n = REGION_DEPARTED;
+	for (uint32_t i = 0; i < n && ip; i++)
+		if (r->hdr->departed[i].ip == ip &&
+		    (__atomic_load_n(&r->hdr->departed[i].epoch, __ATOMIC_ACQUIRE) & REGION_GONE))
+			return 1;
+	return 0;
+}
+
+/* Under the lock: the owners of member entries whose guest is gone, into `out`; how many. */
+static uint32_t gone_owners(const struct region *r, const struct region_owner **out)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < REGION_MEMBERS; i++) {
+		const struct region_member *m = &r->hdr->member[i];
+		if (m->state == SLOT_USED && ip_gone(r, m->ip)) out[n++] = &m->owner;
+	}
+	return n;
+}
+
+static int owned_by_any(const struct region_slot *s, const struct region_owner **who, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (same_owner(&s->owner, who[i])) return 1;
+	return 0;
+}
+
+static void quarantine(struct region_slot *s, uint64_t now)
+{
+	s->dead_since = now;
+	__atomic_store_n(&s->state, SLOT_DEAD, __ATOMIC_RELEASE);
+}
+
+/* Under the lock: quarantine the segments of dead owners and of gone guests' members,
+ * free those quarantined long enough. */
 static void reclaim(struct region *r)
 {
 	uint64_t now = now_ns();
+	const struct region_owner *gone[REGION_MEMBERS];
+	uint32_t n_gone = gone_owners(r, gone);
 	for (uint32_t i = 0; i < REGION_SLOTS; i++) {
 		struct region_slot *s = &r->hdr->slot[i];
-		if (s->state == SLOT_USED && owner_dead(r, &s->owner)) {
-			s->dead_since = now;
-			__atomic_store_n(&s->state, SLOT_DEAD, __ATOMIC_RELEASE);
+		if (s->state == SLOT_USED &&
+		    (owner_dead(r, &s->owner) || owned_by_any(s, gone, n_gone))) {
+			quarantine(s, now);
 		} else if (s->state == SLOT_DEAD && now >= s->dead_since &&
 			   now - s->dead_since >= r->quarantine_ns) {
 			__atomic_store_n(&s->gen, s->gen + 1, __ATOMIC_RELEASE);
@@ -287,7 +332,14 @@ int region_member_join(struct region *r, uint32_t ip)
 	if (lock(r) != 0) return -1;
 	for (uint32_t i = 0; i < REGION_MEMBERS && index < 0; i++) {
 		struct region_member *m = &r->hdr->member[i];
-		if (m->state == SLOT_USED && !owner_dead(r, &m->owner)) continue;
+		int gone = m->state == SLOT_USED && ip_gone(r, m->ip);
+		if (m->state == SLOT_USED && !gone && !owner_dead(r, &m->owner)) continue;
+		if (gone) { /* its segments lose their only link to the departure: quarantine now */
+			const struct region_owner *who = &m->owner;
+			for (uint32_t k = 0; k < REGION_SLOTS; k++)
+				if (r->hdr->slot[k].state == SLOT_USED && owned_by_any(&r->hdr->slot[k], &who, 1))
+					quarantine(&r->hdr->slot[k], now_ns());
+		}
 		m->ip = ip;
 		m->owner = r->me;
 		m->busy = 0;

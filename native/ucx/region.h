@@ -20,7 +20,8 @@
  * start time}; a segment whose owner has died (judged only by processes of the same
  * kernel and pid namespace: another guest's pids mean nothing here) is quarantined
  * for REGION_QUARANTINE_NS, so a peer still writing into it does not hit new data,
- * then reused.
+ * then reused. So is a segment of a member whose guest is gone (REGION_GONE): its
+ * kernel left the host, and no process here could judge it dead.
  */
 #ifndef HPVC_UCX_REGION_H
 #define HPVC_UCX_REGION_H
@@ -37,6 +38,9 @@
 #define REGION_ID_LEN 16
 #define REGION_MEMBERS 128u
 #define REGION_DEPARTED 32u
+/* In a departure's epoch: the guest's move ended, it runs on another host now, and none
+ * of its processes uses this region again: what they held here may be taken back. */
+#define REGION_GONE 0x80000000u
 
 enum { SLOT_FREE = 0, SLOT_USED = 1, SLOT_DEAD = 2 };
 
@@ -71,7 +75,7 @@ struct region_member {
 };
 
 /* A guest that leaves (or left) the host: every endpoint to or from `ip` goes over TCP
- * from `epoch` on. */
+ * from `epoch` on. hpvc adds REGION_GONE to `epoch` once the guest runs elsewhere. */
 struct region_departure {
 	uint32_t ip; /* network order */
 	uint32_t epoch;
@@ -118,7 +122,8 @@ int region_seg_lookup(const struct region *r, uint64_t seg_id, uint64_t *offset,
 size_t region_largest_free(struct region *r);
 
 /* A member entry for this process, whose fallback address is `ip`: its index, or -1
- * (table full). Entries of dead processes of this kernel are taken back first. */
+ * (table full). Entries of dead processes of this kernel, and of guests that are gone
+ * (their segments quarantined then), are taken back first. */
 int region_member_join(struct region *r, uint32_t ip);
 void region_member_leave(struct region *r, int index);
 /* Whether `ip` is among the departures (read after an acquire load of hdr->epoch). */

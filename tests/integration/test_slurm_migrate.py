@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.backends.qemu.region import region_of
 from hpvc.bench.migrate.slurm import build_loop
 from hpvc.bench.slurm import cluster as bench_slurm
 from hpvc.image import resolve_image
@@ -51,6 +52,7 @@ from tests.integration.slurm_env import Env
 from tests.integration.test_cluster import image_ready
 from tests.integration.test_slurm_cluster import requires_slurm
 from tests.integration.test_slurm_vm import wait_done
+from tests.unit.test_ucx_region import build_test_alloc
 
 SPEC = """name = "mig"
 kind = "vm"
@@ -150,6 +152,11 @@ def _qemus(slurm: Env, host: str, job: int) -> dict[int, str]:
         for line in out.splitlines()
         if "qemu-system" in line and f"-name hpvc-{share}-" in line
     }
+
+
+def _slots(show: str) -> dict[str, int]:
+    """test_alloc show's "used=U dead=D free=F largest=L" as a dict."""
+    return {k: int(v) for k, v in (w.split("=") for w in show.split())}
 
 
 def _fdb(slurm: Env, host: str, job: int, mac: str) -> str:
@@ -300,6 +307,10 @@ def test_region_node_leaves_its_region_and_the_job_goes_on_over_tcp(slurm: Env) 
         assert _nodes(slurm, "n1", job) == ["compute0", "compute1"]
         plan = slurm.cluster.store("n1").get(policy.share_name(job, 0)).the_plan()
         ips = sorted(plan.node(n).ip for n in ("compute0", "compute1"))
+        [args] = [a for a in _qemus(slurm, "n1", job).values() if "compute0" in a]
+        shared = region_of(args.split())
+        slots = build_test_alloc(slurm.work)  # `show`: the region's slots by state
+        before = _slots(slurm.on("n1", f"{slots} show {shared}"))
         moved = _hpvc(slurm, "n1", "node", "migrate", f"--job={job}", "--node=compute1",
                       "--to=n2", "--json")  # fmt: skip
         assert moved.returncode == 0, moved.stderr
@@ -308,6 +319,10 @@ def test_region_node_leaves_its_region_and_the_job_goes_on_over_tcp(slurm: Env) 
         # compute1's QEMU on n2 maps a region of its own, not one n2's guests share
         [args] = [a for a in _qemus(slurm, "n2", job).values() if "compute1" in a]
         assert "id=ivshmem0" in args, args
+        # compute1 runs on n2 now: n1's region takes back what its ranks held there
+        # (no process on n1 could judge another kernel's processes dead)
+        after = _slots(slurm.on("n1", f"{slots} show {shared}"))
+        assert after["dead"] > before["dead"] and after["used"] < before["used"], (before, after)
         assert wait_done(slurm, job) == "gone"
         text = out.read_text()
         print(text)

@@ -33,6 +33,7 @@ def test_offsets_match_the_c_header(tmp_path: Path) -> None:
         "member_busy": rd.MEMBER_BUSY,
         "member_pid": rd.MEMBER_PID,
         "data": 65536,
+        "gone": rd.GONE,
     }
 
 
@@ -100,3 +101,16 @@ def test_a_region_of_another_version_is_refused(tmp_path: Path) -> None:
         rd.depart(p, "10.0.0.2")
     assert "version 1" in e.value.why
     assert read(p) == ({}, 0)  # nothing written
+
+
+def test_gone_marks_the_departure_and_keeps_its_epoch(tmp_path: Path) -> None:
+    p = region(tmp_path / "r", [("10.0.0.2", 11, 0, 0), ("10.0.0.3", 12, 0, 0)])
+    rd.depart(p, "10.0.0.3", timeout_s=1)
+    rd.depart(p, "10.0.0.2", timeout_s=1)
+    assert rd.gone(p, "10.0.0.3") is True
+    assert rd.gone(p, "10.0.0.9") is False  # never departed: nothing written
+    with p.open("r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        raw = [rd._u32(m, rd.DEPARTED_AT + 8 * i + 4) for i in range(2)]
+    assert raw == [1 | rd.GONE, 2]  # the C side reads the flag (test_alloc: gone_*)
+    assert read(p) == ({"10.0.0.3": 1, "10.0.0.2": 2}, 2)
+    assert rd.depart(p, "10.0.0.3", timeout_s=1).epoch == 1  # still departed, same epoch

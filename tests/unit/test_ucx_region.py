@@ -40,6 +40,12 @@ CHECKS = [
     "member_table_fills",
     "departure_found",
     "departure_kept_at_first_use",
+    "departing_guest_kept",
+    "gone_guest_quarantined",
+    "other_guest_kept",
+    "gone_guest_freed",
+    "gone_member_reused",
+    "gone_member_segments_quarantined",
 ]
 
 

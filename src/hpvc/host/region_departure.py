@@ -22,7 +22,11 @@ longer than any store buffer takes to drain.
 
 A departure is not undone (no journal entry): a move that fails after it
 leaves that guest's pairs on TCP, which is correct and only slower; the
-guest's address stays in the list for the region's life. Members of a guest
+guest's address stays in the list for the region's life. Once the move has
+ended (the guest runs on its new host), ``gone`` marks the entry
+(``REGION_GONE``): the segments and member entries its processes held here
+are then taken back by the processes that stay (after the allocator's
+quarantine), which could never judge another kernel's processes dead. Members of a guest
 that departed earlier are not waited for (they may have been frozen busy by
 their move). Architecture: docs/architecture.md (``host/``).
 """
@@ -51,6 +55,7 @@ MEMBER_SIZE = 64
 MEMBERS = 128
 MEMBER_IP, MEMBER_SEEN, MEMBER_BUSY, MEMBER_PID = 4, 8, 12, 48
 USED = 1
+GONE = 0x80000000  # REGION_GONE, in a departure's epoch
 SETTLE_S = 0.05
 
 
@@ -123,7 +128,27 @@ def members(m: mmap.mmap) -> list[Member]:
 def departed(m: mmap.mmap) -> dict[str, int]:
     """Address -> the epoch it departed at."""
     n = min(_u32(m, DEPARTURES_AT), DEPARTED_MAX)
-    return {_ip(_u32(m, DEPARTED_AT + 8 * i)): _u32(m, DEPARTED_AT + 8 * i + 4) for i in range(n)}
+    return {
+        _ip(_u32(m, DEPARTED_AT + 8 * i)): _u32(m, DEPARTED_AT + 8 * i + 4) & ~GONE
+        for i in range(n)
+    }
+
+
+def gone(path: Path, ip: str) -> bool:
+    """Say that guest ``ip``, which departed, now runs on another host: the region's
+    other processes take back what its processes held. False when ``ip`` never
+    departed from this region (nothing changed)."""
+    with path.open("r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        if _why_not(m) is not None:
+            return False
+        n = min(_u32(m, DEPARTURES_AT), DEPARTED_MAX)
+        found = False
+        for i in range(n):
+            if _u32(m, DEPARTED_AT + 8 * i) == _raw(ip):
+                at = DEPARTED_AT + 8 * i + 4
+                struct.pack_into("<I", m, at, _u32(m, at) | GONE)
+                found = True
+        return found
 
 
 def depart(path: Path, ip: str, timeout_s: float = 30.0) -> Departure:

@@ -195,11 +195,14 @@ def send(
     try:
         shm = region_path(env, node)
         if shm is not None:  # no process writes its FIFOs, nor it theirs, from here on
-            gone = region_departure.depart(shm, plan.node(node).ip)
+            left = region_departure.depart(shm, plan.node(node).ip)
             progress(f"node {node}: leaves the shared region; its pairs go over TCP"
-                     f" ({gone.members} processes let go in {gone.waited_s:.2f} s)")  # fmt: skip
+                     f" ({left.members} processes let go in {left.waited_s:.2f} s)")  # fmt: skip
         paused = migration.start(run, uri)
-        return migration.wait(run, settings.timeout_s, progress, paused=paused)
+        stats = migration.wait(run, settings.timeout_s, progress, paused=paused)
+        if shm is not None:  # it runs on the target now: what it held here is free to take
+            region_departure.gone(shm, plan.node(node).ip)
+        return stats
     finally:
         migration_guard.remove(table)
         if disk is not None:
