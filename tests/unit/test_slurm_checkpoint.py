@@ -102,6 +102,32 @@ def test_only_the_newest_two_cuts_stay(tmp_path: Path) -> None:
     assert len(jck.cuts(tmp_path / "job")) == 2
 
 
+def test_no_one_listing_the_cuts_ever_sees_more_than_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic test (slurm_checkpoint_requeue.py) polls the job's folder; a
+    third cut must not show while the oldest is being deleted or before it goes."""
+    seen: list[int] = []
+    rmtree, replace = jck.shutil.rmtree, jck.os.replace
+
+    def counting_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        seen.append(len(jck.cuts(tmp_path / "job")))
+        rmtree(path, ignore_errors=ignore_errors)
+
+    def counting_replace(a: Path, b: Path) -> None:
+        replace(a, b)
+        seen.append(len(jck.cuts(tmp_path / "job")))
+
+    monkeypatch.setattr(jck.shutil, "rmtree", counting_rmtree)
+    monkeypatch.setattr(jck.os, "replace", counting_replace)
+    for _ in range(4):
+        _take(tmp_path, hosts=("a",))
+        time.sleep(0.002)  # the stamps are to the millisecond
+    assert len(jck.cuts(tmp_path / "job")) == 2
+    assert seen and max(seen) <= 2, seen
+    assert not [p for p in (tmp_path / "job").iterdir() if p.name.startswith(jck.GOING)]
+
+
 def test_to_remove_keeps_the_newest_complete_and_a_newer_unfinished() -> None:
     names = ["20261126T080000.000Z", "20261126T080100.000Z", "20261126T080200.000Z",
              "20261126T080230.000Z", "20261126T080300.000Z"]  # fmt: skip

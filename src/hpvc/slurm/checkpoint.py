@@ -176,12 +176,23 @@ def to_remove(names: Sequence[str], complete: set[str], keep: int = KEEP) -> lis
     return sorted(old + unfinished)
 
 
-def prune(job_dir: Path, keep: int = KEEP) -> list[str]:
+GOING = ".going-"  # a cut being removed: hidden from ``cuts`` at once
+
+
+def prune(job_dir: Path, keep: int = KEEP, coming: str | None = None) -> list[str]:
+    """Remove what ``to_remove`` names; ``coming``: a cut about to be published
+    (counted complete). Each goes by a rename to a hidden name first, then is
+    deleted (with any left by an earlier prune): a cut's ``job.json`` could
+    otherwise outlive its deletion's start by as long as the deletion takes,
+    and anyone listing the cuts meanwhile would see one more than ``keep``."""
     names = [p.name for p in job_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    complete = {p.name for p in cuts(job_dir)}
+    complete = {p.name for p in cuts(job_dir)} | ({coming} if coming else set())
     gone = to_remove(names, complete, keep)
     for n in gone:
-        shutil.rmtree(job_dir / n, ignore_errors=True)
+        os.replace(job_dir / n, job_dir / (GOING + n))
+    for p in job_dir.iterdir():
+        if p.name.startswith(GOING):
+            shutil.rmtree(p, ignore_errors=True)
     return gone
 
 
@@ -348,8 +359,9 @@ def take(
             w.close()
         tmp = cut / (JOB_MANIFEST + ".tmp")
         tmp.write_text(json.dumps(m.to_json(), indent=1))
+        # the oldest go before this one is published: never more than ``keep`` seen
+        removed = prune(root, keep, coming=cut.name)
         os.replace(tmp, cut / JOB_MANIFEST)
-        removed = prune(root, keep)
     return Taken(cut, m, time.perf_counter() - t0, removed)
 
 
