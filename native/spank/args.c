@@ -145,13 +145,18 @@ int hpvc_config_parse(struct hpvc_config *cfg, int ac, char **av)
 	return 0;
 }
 
-int hpvc_keeps_checkpoints(const struct hpvc_config *cfg)
+const char *hpvc_checkpoints_dir(const struct hpvc_config *cfg)
 {
 	for (int i = 0; i < cfg->nsite; i++) {
 		if (strncmp(cfg->site[i], "checkpoints=", 12) == 0)
-			return 1;
+			return cfg->site[i] + 12;
 	}
-	return 0;
+	return NULL;
+}
+
+int hpvc_keeps_checkpoints(const struct hpvc_config *cfg)
+{
+	return hpvc_checkpoints_dir(cfg) != NULL;
 }
 
 int hpvc_site_argv(const struct hpvc_config *cfg, char **argv, int k)

@@ -40,14 +40,17 @@ void hpvc_root_env(const struct hpvc_config *cfg, char *state, size_t ssize, cha
 void hpvc_config_free(struct hpvc_config *cfg);
 /* Does the site keep jobs' checkpoints (a checkpoints= argument)? */
 int hpvc_keeps_checkpoints(const struct hpvc_config *cfg);
+/* Its checkpoints= folder (jobs' cuts in <folder>/<job id>), or NULL. */
+const char *hpvc_checkpoints_dir(const struct hpvc_config *cfg);
 /* The policy arguments as "--site" "k=v" pairs into argv from k on; the new k. */
 int hpvc_site_argv(const struct hpvc_config *cfg, char **argv, int k);
 
 /* The user's --hpvc=SPEC and --hpvc-checkpoint=SECONDS (plugin.c; 0: none) */
 extern char *hpvc_spec_arg;
 extern unsigned hpvc_checkpoint_every;
-/* A requeued job's batch step: HPVC_RESTORED=1 in the batch script's
- * environment when its shares will come back from a checkpoint (remote.c). */
+/* The batch step, from slurm_spank_init (root, before privileges drop):
+ * HPVC_RESTORED=1 in the batch script's environment when the job's shares will
+ * come back from a checkpoint (remote.c). */
 int hpvc_batch_restored(spank_t sp, const struct hpvc_config *cfg);
 
 /* Running hpvc (run.c): argv with a NULL end. Captures stdout into *out

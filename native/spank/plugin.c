@@ -90,6 +90,10 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 			return -1;
 		}
 	}
+	uint32_t step = 0;
+	if (ctx == S_CTX_REMOTE && spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS &&
+	    step == SLURM_BATCH_SCRIPT)
+		return hpvc_batch_restored(sp, &config); /* as root: later hooks run as the user */
 	return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <slurm/slurm.h>
 
 #include "hpvc_spank.h"
@@ -258,10 +259,6 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	static struct share s;
 	uint32_t step = 0, nodeid = 0;
 	memset(&s, 0, sizeof(s));
-	/* The batch step may not carry the job's --hpvc option: asked by the
-	 * restart count and the site's checkpoints alone. */
-	if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS && step == SLURM_BATCH_SCRIPT)
-		return hpvc_batch_restored(sp, cfg);
 	if (hpvc_spec_arg == NULL)
 		return 0;
 	if (spank_get_item(sp, S_JOB_ID, &s.job) != ESPANK_SUCCESS ||
@@ -289,11 +286,22 @@ int hpvc_remote_user_init(spank_t sp, const struct hpvc_config *cfg)
 	return node_up(sp, cfg, &s, spec);
 }
 
+/* The batch step may not carry the job's --hpvc option, and its restart count
+ * is not known yet when SPANK runs (Slurm 22.05: S_SLURM_RESTART_COUNT is 0 and
+ * SLURM_RESTART_COUNT is set only as the script starts; seen in the test
+ * cluster's slurmd logs): a job whose folder in the site's checkpoints holds
+ * anything ran before. Only then is hpvc asked (as root: the folder is root's)
+ * whether a complete cut is there, which the shares will be restored from. */
 int hpvc_batch_restored(spank_t sp, const struct hpvc_config *cfg)
 {
 	uint32_t job = 0;
-	if (!hpvc_keeps_checkpoints(cfg) || restart_count(sp) == 0 ||
-	    spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS)
+	const char *root = hpvc_checkpoints_dir(cfg);
+	char dir[4200];
+	struct stat st;
+	if (root == NULL || spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS)
+		return 0;
+	snprintf(dir, sizeof(dir), "%s/%u", root, job);
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
 		return 0; /* a first run: nothing to ask, no Python started */
 	char sjob[16], state[4200], images[4200], *env[HPVC_ROOT_ENV];
 	char *argv[8 + 2 * HPVC_MAX_SITE];

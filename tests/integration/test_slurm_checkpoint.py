@@ -228,12 +228,20 @@ def _state(slurm: Env, job: int) -> tuple[str, str]:
     return info.get("JobState", ""), info.get("NodeList", "")
 
 
+def _stamp(ahead_s: float) -> str:
+    """Slurm's local time ``ahead_s`` seconds from now."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + ahead_s))
+
+
 def _steer_requeued(slurm: Env, job: int, timeout: float = 120) -> None:
-    """Start the requeued job now, away from n1. Slurm holds a requeued batch
+    """Start the requeued job soon, away from n1. Slurm holds a requeued batch
     job: when its epilog ends (``batch_requeue_fini``) it sets the begin time
-    to CredExpire + 1 s (121 s) ahead, over an earlier ``StartTime=now``. One
-    update sent before that left the job PENDING (Reason=BeginTime) past the
-    test's 240 s once; so the hold is lifted again each time it shows."""
+    to CredExpire + 1 s (121 s) ahead, over an earlier update; so the hold is
+    lifted each time it shows. Not to ``now``: slurmd refuses a batch launch
+    whose credential is from the same second as the job's kill ("Job N already
+    killed, do not launch batch job": the credential counts as revoked), and
+    the job then ends instead of running again (seen 2026-11-27, the kill at
+    06:44:07, the launch at 06:44:07.644). Two seconds ahead is past it."""
     deadline = time.monotonic() + timeout
     excluded = False
     while True:
@@ -241,11 +249,10 @@ def _steer_requeued(slurm: Env, job: int, timeout: float = 120) -> None:
         state = info.get("JobState", "")
         if state in ("RUNNING", "CONFIGURING") and excluded:
             return
-        later = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 5))
-        held = info.get("Reason") == "BeginTime" or info.get("EligibleTime", "") > later
+        held = info.get("EligibleTime", "") > _stamp(5)  # Slurm's hold, not our 2 s
         if state == "PENDING" and (not excluded or held):
             ex = _root(slurm, "scontrol", "update", f"jobid={job}", "ExcNodeList=n1",
-                       "StartTime=now")  # fmt: skip
+                       f"StartTime={_stamp(2)}")  # fmt: skip
             assert ex.returncode == 0, ex.stderr
             excluded = True
         assert time.monotonic() < deadline, info
