@@ -9,6 +9,7 @@ worker's liveness is ``hpvc status`` on the master's host.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,15 @@ def _mount(health: Callable[[Path], str | None], node_dir: Path) -> str:
     """A node's mount as the host sees it: "ok", or why not. A node with no
     mount point on the host (a VM guest mounts the export itself, with its own
     client) is read by ``hpvc status``, over ssh into the guest."""
+    # From the parent's listing, never a stat of the mount point: a stat of a
+    # mount whose server died waits in this process for as long as the client
+    # does (CI, 2026-11-27: `hpvc node ls` hung past 60 s after the serving
+    # host was killed); health() asks in a child that is killed after 2 s.
     try:
-        there = (node_dir / "shared").exists()
-    except OSError:  # a mount whose server died (EIO, ENOTCONN): the host's, asked below
+        there = "shared" in os.listdir(node_dir)
+    except FileNotFoundError:
+        there = False
+    except OSError:  # the node's folder unreadable: let health() say what it sees
         there = True
     if not there:
         return IN_GUEST
