@@ -63,7 +63,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise
     finally:
         if loop is not None:
-            with contextlib.suppress(BaseException):
+            # Exception, not BaseException: a Ctrl-C that lands here must go on.
+            with contextlib.suppress(Exception):
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
