@@ -2,7 +2,8 @@
 
 CI of 2026-11-27 lost a Ctrl-C during a migration: ``asyncio.run`` turns
 SIGINT into a task cancellation that ``wait_for`` may drop. ``run`` keeps the
-interpreter's own handler, so the interrupt is a ``KeyboardInterrupt`` every time.
+interpreter's own handler, so the interrupt is a ``KeyboardInterrupt`` (CPython
+still drops one raised inside an object's finalizer, in any program).
 """
 
 from __future__ import annotations
