@@ -171,16 +171,21 @@ static int same_owner(const struct region_owner *a, const struct region_owner *b
 	       memcmp(a->boot, b->boot, sizeof a->boot) == 0;
 }
 
-/* Has the guest at `ip` gone from this host (REGION_GONE)? */
-static int ip_gone(const struct region *r, uint32_t ip)
+/* The departure entry of `ip`, or NULL (read after an acquire load of the count). */
+static const struct region_departure *departure_of(const struct region *r, uint32_t ip)
 {
 	uint32_t n = __atomic_load_n(&r->hdr->departures, __ATOMIC_ACQUIRE);
 	if (n > REGION_DEPARTED) n = REGION_DEPARTED;
 	for (uint32_t i = 0; i < n && ip; i++)
-		if (r->hdr->departed[i].ip == ip &&
-		    (__atomic_load_n(&r->hdr->departed[i].epoch, __ATOMIC_ACQUIRE) & REGION_GONE))
-			return 1;
-	return 0;
+		if (r->hdr->departed[i].ip == ip) return &r->hdr->departed[i];
+	return NULL;
+}
+
+/* Has the guest at `ip` gone from this host (REGION_GONE)? */
+static int ip_gone(const struct region *r, uint32_t ip)
+{
+	const struct region_departure *d = departure_of(r, ip);
+	return d && (__atomic_load_n(&d->epoch, __ATOMIC_ACQUIRE) & REGION_GONE);
 }
 
 /* Under the lock: the owners of member entries whose guest is gone, into `out`; how many. */
@@ -335,9 +340,8 @@ int region_member_join(struct region *r, uint32_t ip)
 		int gone = m->state == SLOT_USED && ip_gone(r, m->ip);
 		if (m->state == SLOT_USED && !gone && !owner_dead(r, &m->owner)) continue;
 		if (gone) { /* its segments lose their only link to the departure: quarantine now */
-			const struct region_owner *who = &m->owner;
 			for (uint32_t k = 0; k < REGION_SLOTS; k++)
-				if (r->hdr->slot[k].state == SLOT_USED && owned_by_any(&r->hdr->slot[k], &who, 1))
+				if (r->hdr->slot[k].state == SLOT_USED && same_owner(&r->hdr->slot[k].owner, &m->owner))
 					quarantine(&r->hdr->slot[k], now_ns());
 		}
 		m->ip = ip;
@@ -359,9 +363,5 @@ void region_member_leave(struct region *r, int index)
 
 int region_departed(const struct region *r, uint32_t ip)
 {
-	uint32_t n = __atomic_load_n(&r->hdr->departures, __ATOMIC_ACQUIRE);
-	if (n > REGION_DEPARTED) n = REGION_DEPARTED;
-	for (uint32_t i = 0; i < n && ip; i++)
-		if (r->hdr->departed[i].ip == ip) return 1;
-	return 0;
+	return departure_of(r, ip) != NULL;
 }
