@@ -15,6 +15,15 @@
 
 #include "agent.h"
 
+static int connect_once(const struct sockaddr_in *to);
+
+/* A few tries where the address does not answer ARP: a just-booted TCG guest
+ * has left the host's 3 s of ARP unanswered right after its hpvc-ready line
+ * (clean-clone CI runs, stops 37 and 43: "No route to host"), as ssh's
+ * ConnectionAttempts covers for ssh (backends/vm/guest.py). A guest that is
+ * gone still fails, after about CONNECT_TRIES * 4 s. */
+#define CONNECT_TRIES 3
+
 int hpvc_agent_connect(const char *ip, int port)
 {
 	struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
@@ -22,6 +31,16 @@ int hpvc_agent_connect(const char *ip, int port)
 		errno = EINVAL;
 		return -1;
 	}
+	for (int tries = 1;; tries++) {
+		int fd = connect_once(&to);
+		if (fd >= 0 || errno != EHOSTUNREACH || tries == CONNECT_TRIES)
+			return fd;
+		sleep(1);
+	}
+}
+
+static int connect_once(const struct sockaddr_in *to)
+{
 	/* Like bindresvport(3), which glibc no longer exports for new code:
 	 * the first free port from 1023 down; only root may bind them. */
 	for (int local = 1023; local >= 512; local--) {
@@ -37,7 +56,7 @@ int hpvc_agent_connect(const char *ip, int port)
 			errno = err;
 			return -1;
 		}
-		if (connect(fd, (struct sockaddr *)&to, sizeof(to)) == 0) {
+		if (connect(fd, (const struct sockaddr *)to, sizeof(*to)) == 0) {
 			int one = 1;
 			setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 			return fd;

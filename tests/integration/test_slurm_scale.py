@@ -50,10 +50,13 @@ def nodes_of(computes: int) -> list[str]:
 
 
 # Each task: its Slurm host, the node it runs in, its cgroup, and every node of
-# the job it cannot ping (none expected).
+# the job it cannot ping (none expected). A task starts once its own host's
+# share is up, and another host's may still be coming up (docs/slurm.md): a
+# node has 60 s to answer (one ping a second until the first reply). In a CI
+# run one task's single 5 s ping missed a node of a host still starting.
 PING_ALL = (
     'echo "task $SLURMD_NODENAME $(hostname) $(grep -m1 cpuset /proc/self/cgroup | cut -d: -f3)'
-    ' unreached:$(for n in {nodes}; do ping -c1 -W5 $n >/dev/null 2>&1 || printf %s, $n; done)"'
+    ' unreached:$(for n in {nodes}; do ping -c1 -w60 $n >/dev/null 2>&1 || printf %s, $n; done)"'
 )
 
 

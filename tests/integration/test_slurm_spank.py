@@ -55,11 +55,13 @@ def test_srun_tasks_run_in_the_virtual_nodes(slurm: Env, spec: Path) -> None:
 def test_nodes_on_different_hosts_reach_each_other(slurm: Env, spec: Path) -> None:
     """The plugin passes the job's node list (--nodelist): each host's share
     joins the job's cluster network over the fabric, so compute0 (first host)
-    and compute1 (second host) reach each other by name."""
+    and compute1 (second host) reach each other by name. (A task starts once
+    its own host's share is up; the other host's may take a moment longer:
+    ping for up to 30 s.)"""
     r = slurm.run(
         "srun", "-N2", "-n2", f"--hpvc={spec}", "sh", "-c",
         "other=compute$((1 - SLURM_PROCID));"
-        " ping -c1 -W5 $other >/dev/null && echo $(hostname) $other",
+        " ping -c1 -w30 $other >/dev/null && echo $(hostname) $other",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.splitlines()) == ["compute0 compute1", "compute1 compute0"], r.stdout
