@@ -41,6 +41,39 @@ def test_ring_keeps_the_newest_bytes_within_twice_the_cap(tmp_path: Path) -> Non
     assert written.endswith(kept)  # the newest, in order, nothing lost in between
 
 
+def test_the_log_is_never_missing_during_a_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever stats console.log by path (a test, a follower) always finds one:
+    checked before and after every file operation a rotation makes."""
+    from hpvc.host import console_reader
+
+    log, seen = tmp_path / "console.log", []
+    ring = RingLog(log, 100)
+
+    def checked(name: str):  # type: ignore[no-untyped-def]
+        real = getattr(os, name)
+
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            seen.append((name, log.exists()))
+            out = real(*args, **kwargs)
+            seen.append((name, log.exists()))
+            return out
+
+        return call
+
+    for name in ("replace", "link", "unlink", "open", "close"):
+        monkeypatch.setattr(console_reader.os, name, checked(name))
+    ring.write(b"a" * 80)
+    ring.write(b"b" * 80)  # past the cap: a rotation
+    monkeypatch.undo()
+    ring.close()
+    assert ("replace", True) in seen and all(there for _, there in seen), seen
+    assert log.read_bytes() == b"b" * 80
+    assert log.with_name("console.log.1").read_bytes() == b"a" * 80
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["console.log", "console.log.1"]
+
+
 def test_ring_write_larger_than_cap_keeps_its_end(tmp_path: Path) -> None:
     log = tmp_path / "console.log"
     ring = RingLog(log, 100)

@@ -10,6 +10,7 @@ cluster starts 8 of them at once on hosts with few CPUs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 CHUNK = 1 << 16
 ROTATED = ".1"  # the older half: console.log.1
+NEW = ".new"  # a name a rotation passes through (console.log.new, console.log.1.new)
 
 
 class RingLog:
@@ -45,10 +47,20 @@ class RingLog:
         self.size += len(data)
 
     def _rotate(self) -> None:
-        os.replace(self.path, self.path.with_name(self.path.name + ROTATED))
+        # The log's path never goes missing, not even for a moment (a test that
+        # stat'ed it during a flood once found nothing between a rename and the
+        # new file): the full file becomes the older half by a hard link renamed
+        # over it, then a new empty file is renamed over the path.
+        older = self.path.with_name(self.path.name + ROTATED)
+        link, fresh = older.with_name(older.name + NEW), self.path.with_name(self.path.name + NEW)
+        with contextlib.suppress(FileNotFoundError):  # a reader killed mid-rotation left it
+            os.unlink(link)
+        os.link(self.path, link)
+        os.replace(link, older)
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.replace(fresh, self.path)
         os.close(self._fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self.size = 0
+        self._fd, self.size = fd, 0
 
     def close(self) -> None:
         os.close(self._fd)
