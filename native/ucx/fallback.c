@@ -11,25 +11,37 @@
  * 2. Every send and progress call of every process here runs between fb_enter and
  *    fb_leave: the process's member entry counts it busy, then the epoch is read. A
  *    changed epoch switches every endpoint whose own or peer address has departed:
- *    connect to the peer's listening socket, say which of its ifaces we send to, take
- *    the endpoint's pending requests from mm's queue (they waited for FIFO room that
- *    may never come), and from then on frame each message onto the socket.
+ *    take the endpoint's pending requests from mm's queue (they waited for FIFO room
+ *    that may never come) and from then on frame each message onto one TCP connection
+ *    the pair shares in both directions (below, "One connection a pair").
  * 3. hpvc moves the guest only when every member has seen the epoch or is not busy:
  *    a process that was not busy when the epoch changed reads the new one before its
  *    next write to any FIFO (the count and the epoch are a store-then-load pair on
  *    both sides, with a full barrier between), so after that no FIFO of the leaving
  *    guest is written, and the leaving guest writes no one's.
- * 4. Receiving: a peer connects only after its last message into our FIFO. On the
- *    first bytes of a connection this process reads its FIFO up to the head it sees
- *    then, before it hands on anything from the socket: per pair, messages stay in
- *    the order they were sent.
+ * 4. Receiving: a peer sends its first frame only after its last message into our
+ *    FIFO. On the first frame bytes of a connection this process reads its FIFO up to
+ *    the head it sees then, before it hands on anything from the socket: per pair,
+ *    messages stay in the order they were sent.
+ *
+ * One connection a pair: with a connection for each direction, no frame carries the
+ * ACK of the other direction's, so every message costs a segment of its own and a bare
+ * ACK (4 segments a round trip, 2 on one connection; measured on loopback with
+ * /proc/net/snmp's OutSegs, docs/benchmarks.md). So of the two endpoints of a pair
+ * (this iface to the peer's, the peer's to this one) the one whose iface's FIFO id is
+ * lower connects; the other waits up to ADOPT_WAIT_NS for that connection (its hello
+ * names both ifaces) and sends on it too, else connects itself. An endpoint that
+ * switches later takes a connection the peer already made to it. Whichever way, a
+ * direction's frames go on one connection only, and each side reads every connection
+ * it has, its own too; if both sides connected at once, each sends on its own and
+ * reads the other's (correct, only the ACKs are bare again).
  * The moved guest keeps a region device (a copy, its own: hpvc.backends.qemu.across),
  * so nothing it maps goes away under it; its copy lists itself as departed, so it
  * never reaches anyone through the copy.
  *
  * Long because the switch, the sends, flushes and pending queue, and the receiving side
- * share one lock, one endpoint list and one set of ordering rules (above); apart, each
- * half would have to reach into the other's state.
+ * share one lock, one endpoint list, the connections both sides use and one set of
+ * ordering rules (above); apart, each half would have to reach into the other's state.
  *
  * Sockets are plain blocking-connect, non-blocking-I/O TCP: UCX's own tcp transport
  * cannot be borrowed for an endpoint that already exists (its eps are its own
@@ -66,6 +78,9 @@
  * seen (before, no peer can have switched: nothing to accept, and a system call in
  * the polling loop would cost the region's latency). */
 #define ACCEPT_EVERY 64u
+/* How long an endpoint whose peer connects waits for that connection before it makes
+ * one itself (the peer has no endpoint back, or is busy outside UCX). */
+#define ADOPT_WAIT_NS 500000000ull
 
 /* The region's id proves the connector can map the region (or is in the job that
  * was given its address): anyone else in the guest could reach the listening port,
@@ -74,6 +89,7 @@ struct hello {
 	uint32_t magic;
 	uint32_t pad;
 	uint64_t fifo; /* the receiving iface's FIFO segment id */
+	uint64_t from; /* the connecting iface's: the pair it is for */
 	uint8_t id[REGION_ID_LEN];
 };
 
@@ -95,19 +111,28 @@ struct fb_ep {
 	uct_mm_iface_t *iface;
 	fb_addr_t peer;
 	uint64_t peer_fifo;
-	int tcp; /* switched: everything goes over `fd` (-1: the peer could not be reached) */
+	int tcp; /* switched: everything goes over `fd` (-1: none yet, or the peer could not
+		  * be reached) */
 	int fd;
+	struct fb_conn *conn; /* the connection `fd` is */
+	int way;	      /* 0: no connection yet, 1: it opened `conn`, 2: the peer did */
+	uint64_t wait_until;  /* waiting for the peer's connection until then (0: not) */
 	struct buf out; /* framed bytes the socket has not taken yet */
 	ucs_queue_head_t pending; /* in order: mm's, taken at the switch, then ours */
 	int dispatching;	  /* our progress is handing the pending requests on */
 	uint64_t sent, sent_bytes; /* messages and payload bytes over TCP */
 };
 
-/* A connection a peer opened to us. */
+/* A connection of a pair: one a peer opened to us, or one of our endpoints opened. */
 struct fb_conn {
 	struct fb_conn *next;
 	int fd;
-	uct_mm_iface_t *iface; /* known from the hello */
+	uct_mm_iface_t *iface; /* ours, known from the hello when the peer opened it */
+	uint64_t from;	       /* the peer iface's FIFO id */
+	struct fb_ep *ep;      /* the endpoint that sends on it (NULL: none) */
+	int outbound;	       /* opened by `ep` */
+	int eof;	       /* the peer sends no more; kept while `ep` sends */
+	int shut;	       /* our direction ended (its endpoint went) */
 	int drained;
 	struct buf in;
 	uint64_t got, got_bytes; /* messages and payload bytes handed on */
@@ -124,6 +149,7 @@ static struct {
 	int any_tcp;
 	unsigned ticks;
 	unsigned list_gen; /* bumped when an endpoint comes or goes */
+	unsigned conns_gen; /* bumped when a connection comes or goes */
 	pid_t pid;	   /* the process that joined (a forked child must not leave) */
 	struct fb_ep *eps;
 	struct fb_conn *conns;
@@ -181,8 +207,9 @@ static uint32_t own_address(void)
 	return ip;
 }
 
-/* No Nagle: each direction of a pair has a connection of its own, so no reply carries
- * the ACK a held-back frame would wait for (UCX's own tcp sets TCP_NODELAY too). */
+/* No Nagle: a frame must not wait for the ACK of the one before (where both sides
+ * connected at once each direction has its connection, and no reply carries it); UCX's
+ * own tcp sets TCP_NODELAY too. */
 static void no_delay(int fd)
 {
 	int one = 1;
@@ -254,27 +281,108 @@ static void take_pending(uct_pending_req_t *req, void *arg)
 	uct_pending_req_queue_push(&e->pending, req);
 }
 
+/* --- the connections (under g.lock) ----------------------------------------------------- */
+
+static uint64_t own_fifo(const uct_mm_iface_t *iface)
+{
+	const uct_mm_seg_t *seg = iface->recv_fifo_mem.memh;
+	return seg ? seg->seg_id : 0;
+}
+
+static struct fb_conn *conn_new(int fd)
+{
+	struct fb_conn *c = calloc(1, sizeof *c);
+	if (c == NULL) return NULL;
+	c->fd = fd;
+	c->next = g.conns;
+	g.conns = c;
+	g.conns_gen++;
+	g.any_tcp = 1;
+	return c;
+}
+
+static void conn_close(struct fb_conn *c)
+{
+	for (struct fb_conn **p = &g.conns; *p; p = &(*p)->next) {
+		if (*p != c) continue;
+		*p = c->next;
+		break;
+	}
+	g.conns_gen++;
+	if (c->ep) { /* its endpoint's sends fail from now on */
+		c->ep->conn = NULL;
+		c->ep->fd = -1;
+	}
+	if (c->iface && (c->got || !c->outbound))
+		ucs_info("ivshmem: received %" PRIu64 " messages (%" PRIu64 " bytes) over TCP",
+			 c->got, c->got_bytes);
+	close(c->fd);
+	free(c->in.data);
+	free(c);
+}
+
+static void attach(struct fb_ep *e, struct fb_conn *c)
+{
+	e->conn = c;
+	e->way = c->outbound ? 1 : 2;
+	e->fd = c->fd;
+	e->wait_until = 0;
+	c->ep = e;
+}
+
+/* A connection the peer of `e` made for this pair, that no endpoint sends on yet. */
+static struct fb_conn *peer_conn(const struct fb_ep *e)
+{
+	for (struct fb_conn *c = g.conns; c; c = c->next)
+		if (!c->ep && !c->outbound && !c->eof && !c->shut && c->iface == e->iface &&
+		    c->from == e->peer_fifo)
+			return c;
+	return NULL;
+}
+
 static void connect_peer(struct fb_ep *e)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = e->peer.ip,
 				 .sin_port = e->peer.port};
 	struct timeval tv = {.tv_sec = 10};
-	struct hello h = {.magic = HELLO_MAGIC, .fifo = e->peer_fifo};
+	struct hello h = {.magic = HELLO_MAGIC, .fifo = e->peer_fifo, .from = own_fifo(e->iface)};
 	memcpy(h.id, g.region->hdr->id, sizeof h.id);
-	e->fd = e->peer.ip ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
-	if (e->fd >= 0) {
-		setsockopt(e->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-		no_delay(e->fd);
+	e->wait_until = 0;
+	int fd = e->peer.ip ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
+	if (fd >= 0) {
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+		no_delay(fd);
 	}
-	if (e->fd < 0 || connect(e->fd, (void *)&sa, sizeof sa) != 0 ||
-	    send(e->fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h || nonblocking(e->fd) != 0) {
+	struct fb_conn *c = NULL;
+	if (fd < 0 || connect(fd, (void *)&sa, sizeof sa) != 0 ||
+	    send(fd, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h || nonblocking(fd) != 0 ||
+	    (c = conn_new(fd)) == NULL) {
 		ucs_error("ivshmem: cannot reach %s:%u off the region: %m", inet_ntoa(sa.sin_addr),
 			  ntohs(sa.sin_port));
-		if (e->fd >= 0) close(e->fd);
-		e->fd = -1;
+		if (fd >= 0) close(fd);
 		return;
 	}
-	ucs_info("ivshmem: endpoint to %s leaves the region for TCP", inet_ntoa(sa.sin_addr));
+	c->iface = e->iface;
+	c->from = e->peer_fifo;
+	c->outbound = 1;
+	attach(e, c);
+}
+
+/* Take `e` off the region: onto the peer's connection for this pair, or a new one of
+ * ours, or wait for the peer's (the lower FIFO id connects; see the top). */
+static void leave_region(struct fb_ep *e)
+{
+	struct in_addr a = {.s_addr = e->peer.ip};
+	struct fb_conn *c = peer_conn(e);
+	e->tcp = 1;
+	g.any_tcp = 1;
+	ucs_info("ivshmem: endpoint to %s leaves the region for TCP", inet_ntoa(a));
+	if (c)
+		attach(e, c);
+	else if (own_fifo(e->iface) <= e->peer_fifo)
+		connect_peer(e);
+	else
+		e->wait_until = mono_ns() + ADOPT_WAIT_NS;
 }
 
 /* Under g.lock: act on departure epoch `epoch`. */
@@ -283,10 +391,8 @@ static void switch_departed(uint32_t epoch)
 	int self_gone = region_departed(g.region, g.ip);
 	for (struct fb_ep *e = g.eps; e; e = e->next) {
 		if (e->tcp || !(self_gone || region_departed(g.region, e->peer.ip))) continue;
-		connect_peer(e);
+		leave_region(e);
 		g.mm.ep_pending_purge(e->ep, take_pending, e);
-		e->tcp = 1;
-		g.any_tcp = 1;
 	}
 	g.seen = epoch;
 	__atomic_store_n(&g.region->hdr->member[g.member].seen, epoch, __ATOMIC_RELEASE);
@@ -319,10 +425,11 @@ static inline void fb_leave(void)
 }
 
 /* Sends wait behind the pending requests (UCX keeps an endpoint's order that way),
- * but for the one being handed on. */
+ * but for the one being handed on; and all of them while the endpoint waits for its
+ * peer's connection. */
 static inline int behind(const struct fb_ep *e)
 {
-	return !e->dispatching && !ucs_queue_is_empty(&e->pending);
+	return e->wait_until || (!e->dispatching && !ucs_queue_is_empty(&e->pending));
 }
 
 /* The endpoint's record, when it has left the region (NULL: it is on the region). */
@@ -491,10 +598,8 @@ static ucs_status_t fb_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
 	g.eps = e;
 	g.list_gen++;
 	/* An endpoint made after its peer (or this process) left starts off the region. */
-	if (region_departed(g.region, g.ip) || region_departed(g.region, e->peer.ip)) {
-		connect_peer(e);
-		e->tcp = g.any_tcp = 1;
-	}
+	if (region_departed(g.region, g.ip) || region_departed(g.region, e->peer.ip))
+		leave_region(e);
 	pthread_mutex_unlock(&g.lock);
 	return UCS_OK;
 }
@@ -507,14 +612,20 @@ static void fb_ep_destroy(uct_ep_h ep)
 		if (e->ep != ep) continue;
 		*p = e->next;
 		g.list_gen++;
-		if (e->fd >= 0) {
+		struct fb_conn *c = e->conn;
+		if (c) { /* our direction ends; the peer's may go on until it ends too */
 			flush_out(e);
-			close(e->fd);
+			shutdown(c->fd, SHUT_WR);
+			c->ep = NULL;
+			c->shut = 1;
+			if (c->eof) conn_close(c);
 		}
 		if (e->tcp) {
 			struct in_addr a = {.s_addr = e->peer.ip};
+			static const char *const ways[] = {"no", "its own", "the peer's"};
 			ucs_info("ivshmem: endpoint to %s sent %" PRIu64 " messages (%" PRIu64
-				 " bytes) over TCP", inet_ntoa(a), e->sent, e->sent_bytes);
+				 " bytes) over TCP, on %s connection", inet_ntoa(a), e->sent,
+				 e->sent_bytes, ways[e->way]);
 		}
 		free(e->out.data);
 		free(e);
@@ -532,15 +643,21 @@ static void accept_new(void)
 		int fd = accept4(g.listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) return;
 		no_delay(fd);
-		struct fb_conn *c = calloc(1, sizeof *c);
-		if (c == NULL) {
+		if (conn_new(fd) == NULL) {
 			close(fd);
 			return;
 		}
-		c->fd = fd;
-		c->next = g.conns;
-		g.conns = c;
-		g.any_tcp = 1;
+	}
+}
+
+/* An endpoint of ours that waits for the connection `c` the peer made for its pair. */
+static void adopt(struct fb_conn *c)
+{
+	for (struct fb_ep *e = g.eps; e; e = e->next) {
+		if (e->wait_until && !c->shut && e->iface == c->iface && e->peer_fifo == c->from) {
+			attach(e, c);
+			return;
+		}
 	}
 }
 
@@ -579,10 +696,13 @@ static int deliver(struct fb_conn *c, uct_mm_iface_t *iface, unsigned *count)
 		int ours = h.magic == HELLO_MAGIC && !memcmp(h.id, g.region->hdr->id, sizeof h.id);
 		c->iface = ours ? iface_by_fifo(h.fifo) : NULL;
 		if (c->iface == NULL) return -1;
+		c->from = h.from;
 		buf_drop(&c->in, sizeof h);
+		adopt(c);
 	}
 	if (c->iface != iface) return 0; /* another iface's progress reads it */
-	if (!c->drained) {
+	if (!c->drained) { /* the peer's first frame: it writes our FIFO no more */
+		if (c->in.len == 0) return 0;
 		drain(iface);
 		c->drained = 1;
 	}
@@ -601,33 +721,25 @@ static int deliver(struct fb_conn *c, uct_mm_iface_t *iface, unsigned *count)
 	return 0;
 }
 
-static void conn_close(struct fb_conn *c)
-{
-	if (c->iface)
-		ucs_info("ivshmem: received %" PRIu64 " messages (%" PRIu64 " bytes) over TCP",
-			 c->got, c->got_bytes);
-	close(c->fd);
-	free(c->in.data);
-	free(c);
-}
-
 static unsigned read_conns(uct_mm_iface_t *iface)
 {
-	unsigned count = 0;
-	for (struct fb_conn **p = &g.conns; *p;) {
-		struct fb_conn *c = *p;
+	unsigned count = 0, gen = g.conns_gen;
+	for (struct fb_conn *c = g.conns, *next; c && gen == g.conns_gen; c = next) {
+		next = c->next;
+		if (c->eof || (c->iface && c->iface != iface)) continue;
 		char chunk[65536];
-		ssize_t n = c->iface && c->iface != iface ? 0 : recv(c->fd, chunk, sizeof chunk, 0);
-		int bad = n == 0 && !(c->iface && c->iface != iface);
+		ssize_t n = recv(c->fd, chunk, sizeof chunk, 0);
+		int bad = n == 0;
 		if (n < 0) bad = errno != EAGAIN && errno != EINTR;
 		if (n > 0 && buf_add(&c->in, chunk, (size_t)n)) bad = 1;
 		if (!bad && deliver(c, iface, &count) != 0) bad = 1;
-		if (bad) { /* closed (the peer's endpoint went) or not one of ours */
-			*p = c->next;
+		if (gen != g.conns_gen) break; /* a handler made a connection: `next` may be stale */
+		if (!bad) continue;
+		if (c->ep && c->iface) /* the peer's direction ended; ours goes on */
+			c->eof = 1;
+		else /* closed (the peer's endpoint went) or not one of ours */
 			conn_close(c);
-			continue;
-		}
-		p = &c->next;
+		gen = g.conns_gen;
 	}
 	return count;
 }
@@ -643,8 +755,12 @@ static unsigned fb_progress(uct_iface_h tl_iface)
 		pthread_mutex_lock(&g.lock);
 		count += read_conns(iface);
 		unsigned gen = g.list_gen;
+		uint64_t now = 0;
 		for (struct fb_ep *e = g.eps; e; e = gen == g.list_gen ? e->next : NULL) {
 			if (!e->tcp || e->iface != iface) continue;
+			if (e->wait_until && e->wait_until < (now ? now : (now = mono_ns())))
+				connect_peer(e); /* the peer did not connect: we do */
+			if (e->wait_until) continue;
 			if (e->fd >= 0 && flush_out(e) != UCS_OK) continue;
 			uct_pending_req_priv_queue_t *priv;
 			e->dispatching = 1;
@@ -663,14 +779,9 @@ void fb_forget_iface(uct_iface_h tl_iface)
 	pthread_mutex_lock(&g.lock);
 	for (size_t i = 0; i < ucs_static_array_size(g.ifaces); i++)
 		if (g.ifaces[i] == iface) g.ifaces[i] = NULL;
-	for (struct fb_conn **p = &g.conns; *p;) {
-		struct fb_conn *c = *p;
-		if (c->iface != iface) {
-			p = &c->next;
-			continue;
-		}
-		*p = c->next;
-		conn_close(c);
+	for (struct fb_conn *c = g.conns, *next; c; c = next) {
+		next = c->next;
+		if (c->iface == iface) conn_close(c);
 	}
 	pthread_mutex_unlock(&g.lock);
 }

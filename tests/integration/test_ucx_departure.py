@@ -48,6 +48,7 @@ exec "$@"
 """
 LEFT = re.compile(r"\[\w+:(\d+)\s*:\d+\].*ivshmem: endpoint to ([\d.]+) leaves the region for TCP")
 SENT = re.compile(r"ivshmem: endpoint to ([\d.]+) sent (\d+) messages \((\d+) bytes\) over TCP")
+WAY = re.compile(r"ivshmem: endpoint to [\d.]+ sent .* over TCP, on (.+) connection")
 GOT = re.compile(r"ivshmem: received (\d+) messages \((\d+) bytes\) over TCP")
 
 
@@ -116,6 +117,8 @@ def test_departure_moves_the_pair_to_tcp_mid_job(
     got = sorted((int(n), int(b)) for n, b in GOT.findall(out))
     assert sent.keys() == {"127.0.0.2", "127.0.0.3"} and all(n > 0 for n, _ in got), out
     assert sorted(sent.values()) == got, out  # nothing lost or doubled on the way
+    # One connection for the pair, both ways: one end opened it, the other took it.
+    assert sorted(WAY.findall(out)) == ["its own", "the peer's"], out
     assert show(built, region)["used"] == 0
 
 
@@ -143,7 +146,7 @@ def test_departure_leaves_the_other_pairs_on_the_region(
     assert stays.rc == 0 and stays.lanes == {"ivshmem"}, stays.out
 
 
-HELLO_MAGIC = 0x46565048  # native/ucx/fallback.c: struct hello {magic, pad, fifo, id[16]}
+HELLO_MAGIC = 0x46565048  # native/ucx/fallback.c: struct hello {magic, pad, fifo, from, id[16]}
 
 
 def listeners(*ips: str) -> list[tuple[str, int]]:
@@ -172,7 +175,7 @@ def test_a_stranger_on_the_fallback_port_is_shut_out(
         assert len(ports) == 2, ports
         frame = struct.pack("<IB3x", 8, 1) + b"\xee" * 8
         hellos = [
-            struct.pack("<IIQ", HELLO_MAGIC, 0, 0) + os.urandom(16),  # right form, not its id
+            struct.pack("<IIQQ", HELLO_MAGIC, 0, 0, 0) + os.urandom(16),  # right form, not its id
             b"GET / HTTP/1.0\r\n\r\n" + bytes(12),  # not a hello at all
         ]
         for (ip, port), hello in zip(ports, hellos, strict=True):
