@@ -15,30 +15,6 @@
 
 #include "agent.h"
 
-static int connect_once(const struct sockaddr_in *to);
-
-/* A few tries where the address does not answer ARP: a just-booted TCG guest
- * has left the host's 3 s of ARP unanswered right after its hpvc-ready line
- * (clean-clone CI runs, stops 37 and 43: "No route to host"), as ssh's
- * ConnectionAttempts covers for ssh (backends/vm/guest.py). A guest that is
- * gone still fails, after about CONNECT_TRIES * 4 s. */
-#define CONNECT_TRIES 3
-
-int hpvc_agent_connect(const char *ip, int port)
-{
-	struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	if (inet_pton(AF_INET, ip, &to.sin_addr) != 1) {
-		errno = EINVAL;
-		return -1;
-	}
-	for (int tries = 1;; tries++) {
-		int fd = connect_once(&to);
-		if (fd >= 0 || errno != EHOSTUNREACH || tries == CONNECT_TRIES)
-			return fd;
-		sleep(1);
-	}
-}
-
 static int connect_once(const struct sockaddr_in *to)
 {
 	/* Like bindresvport(3), which glibc no longer exports for new code:
@@ -70,6 +46,28 @@ static int connect_once(const struct sockaddr_in *to)
 	}
 	errno = EADDRINUSE;
 	return -1;
+}
+
+/* A few tries where the address does not answer ARP: a just-booted TCG guest
+ * has left the host's 3 s of ARP unanswered right after its hpvc-ready line
+ * (clean-clone CI runs, stops 37 and 43: "No route to host"), as ssh's
+ * ConnectionAttempts covers for ssh (backends/vm/guest.py). A guest that is
+ * gone still fails, after about CONNECT_TRIES * 4 s. */
+#define CONNECT_TRIES 3
+
+int hpvc_agent_connect(const char *ip, int port)
+{
+	struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	if (inet_pton(AF_INET, ip, &to.sin_addr) != 1) {
+		errno = EINVAL;
+		return -1;
+	}
+	for (int tries = 1;; tries++) {
+		int fd = connect_once(&to);
+		if (fd >= 0 || errno != EHOSTUNREACH || tries == CONNECT_TRIES)
+			return fd;
+		sleep(1);
+	}
 }
 
 static int sig_pipe[2] = { -1, -1 };
