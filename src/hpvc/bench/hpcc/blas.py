@@ -12,9 +12,11 @@ as they are. One BLAS thread per rank everywhere (``OPENBLAS_NUM_THREADS=1``,
 ``OMP_NUM_THREADS=1``): the ranks are the parallelism, as in the suite's MPI
 runs. ``system`` runs whatever ``libblas.so.3`` the alternatives give.
 
-Which library ran is read at run time from rank 0's ``/proc/PID/maps`` (the
-files mapped into the running hpcc, not what ``ldd`` would guess) and printed
-as ``HPVC_MAPPED <path>`` lines before hpcc's output; ``identify`` names it.
+Which library ran is read at run time from the loader's own log of rank 0's
+hpcc (``LD_DEBUG=files``: the libraries it loaded, not what ``ldd`` would
+guess; ``hpvc.bench.hpcc.runner.NODE_SCRIPT``), their symlinks resolved, and
+printed as ``HPVC_MAPPED <path>`` lines before hpcc's output; ``identify``
+names it.
 Pure but for ``missing``, which looks for the library on this host.
 """
 

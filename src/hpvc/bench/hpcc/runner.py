@@ -88,24 +88,26 @@ def _failed(what: str, r: subprocess.CompletedProcess[str]) -> HpvcError:
     return HpvcError(what, f"exit code {r.returncode}: {tail}", "run the same job by hand")
 
 
-# Rank 0 writes the input (only rank 0 reads it), notes the BLAS files its hpcc has
-# mapped (blas.MAPPED lines) once hpcc has begun its output file (by then the loader
-# has mapped every library it links: read earlier, the maps could hold Debian's
-# libblas.so.3 wrapper without the OpenBLAS it loads next) and prints the output
-# when hpcc is done. Every rank
-# gets the same BLAS settings ($3: LD_LIBRARY_PATH, empty for the alternatives').
-# One line, as it passes through ssh's quoting for VM ranks.
+# Rank 0 writes the input (only rank 0 reads it), runs hpcc with the loader's
+# own log of the libraries it loads (``LD_DEBUG=files`` into ``.hpvc-ld.<pid>``:
+# every library's constructor, "calling init: <path>", written as it loads),
+# and once hpcc is done prints the BLAS files it loaded (symlinks resolved:
+# libopenblas.so.0 -> libopenblasp-r0.3.21.so, blas.MAPPED lines), then its
+# output. Reading /proc/PID/maps instead lost a race: a tiny run could end
+# between two looks (seen 2026-11-27, "nothing mapped was seen" in a container).
+# Every rank gets the same BLAS settings ($3: LD_LIBRARY_PATH, empty for the
+# alternatives'). One line, as it passes through ssh's quoting for VM ranks.
 NODE_SCRIPT = (
     'r="${OMPI_COMM_WORLD_RANK:-0}"; mkdir -p "$1" && cd "$1" || exit 1; '
     "export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1; "
     'if [ -n "$3" ]; then export LD_LIBRARY_PATH="$3"; fi; '
-    'if [ "$r" = 0 ]; then printf \'%b\' "$2" > hpccinf.txt; rm -f hpccoutf.txt; fi; '
-    'hpcc & p=$!; if [ "$r" = 0 ]; then '
-    'while kill -0 "$p" 2>/dev/null && ! [ -f hpccoutf.txt ]; do sleep 0.05; done; '
-    'grep -o "/[^ ]*blas[^ ]*" "/proc/$p/maps" 2>/dev/null | sort -u | sed "s|^|'
+    'if [ "$r" = 0 ]; then printf \'%b\' "$2" > hpccinf.txt; rm -f hpccoutf.txt .hpvc-ld.*; '
+    'LD_DEBUG=files LD_DEBUG_OUTPUT="$PWD/.hpvc-ld" hpcc & else hpcc & fi; p=$!; '
+    'wait "$p"; rc=$?; if [ "$r" = 0 ]; then '
+    'sed -n "s|.*calling init: \\(/[^ ]*blas[^ ]*\\).*|\\1|p" ".hpvc-ld.$p" 2>/dev/null '
+    '| while read -r f; do readlink -f "$f"; done | sort -u | sed "s|^|'
     + blas.MAPPED
-    + '|"; fi; '
-    'wait "$p"; rc=$?; if [ "$r" = 0 ] && [ -f hpccoutf.txt ]; then cat hpccoutf.txt; fi; exit $rc'
+    + '|"; rm -f .hpvc-ld.*; [ -f hpccoutf.txt ] && cat hpccoutf.txt; fi; exit $rc'
 )
 
 
