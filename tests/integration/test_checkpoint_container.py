@@ -5,7 +5,9 @@ Two container nodes (locality "none": each its own PID and IPC namespace),
 a TCP message counter between them: the client in head0 sends its count,
 the server in compute0 echoes it, the client checks every echo is the count
 it sent (a message lost, doubled or reordered stops it with an error) and
-writes the count to a file in its writable layer. Mid-run the cluster is
+writes the count to a file in its writable layer. The client is moved out
+of its node's freezer cgroup first, as a job a Slurm step leaves running
+sits in Slurm's (the cut moves it back). Mid-run the cluster is
 checkpointed with ``stop`` (every node frozen, dumped, the cluster taken
 down), restored, and the counter goes on from where it was over the same
 connection; the node's SysV shared memory and /dev/shm come back too. Then:
@@ -25,11 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.backends.crun import container as ct
 from hpvc.cluster import checkpoint as ck
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.restore import restore
 from hpvc.errors import HpvcError
-from hpvc.host import cgroups, criu
+from hpvc.host import cgroupfs, cgroups, criu, nodeprocs, procfs
 from hpvc.store import Store
 from tests.helpers import requires
 from tests.integration.test_cluster import clean_up, cli_env, image_ready, leftovers, spec_file
@@ -113,6 +116,16 @@ def test_two_connected_containers_checkpointed_torn_down_restored_keep_counting(
 ) -> None:
     name = "ckcr"
     _up_with_job(store, tmp_path, name)
+    # The client leaves head0's freezer cgroup, as a job a Slurm step left
+    # running does (it stays in Slurm's): the cut moves it back, or the freeze
+    # would not stop it and CRIU could not seize it (docs/checkpoint.md).
+    init = ct.container_pid(ct.container_id(name, "head0"))
+    client = [p for p in nodeprocs.tree(init) if (procfs.cmdline(p) or [""])[0] == "python3"]
+    assert len(client) == 1, client
+    top = cgroupfs.manager().dir("freezer", "")
+    assert top is not None
+    (top / "cgroup.procs").write_text(str(client[0]))
+    assert nodeprocs.strays(init) == client
     # SysV shared memory in the node's IPC namespace, POSIX-style in its /dev/shm tmpfs.
     _sh(store, name, "head0", "ipcmk -M 65536 >/dev/null && echo kept >/dev/shm/hpvc-ckpt")
     out = tmp_path / "ckpt"

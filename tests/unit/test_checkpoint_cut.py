@@ -37,7 +37,12 @@ class FakeBackend:
     def __init__(self, fail_save: str = "", states: dict[str, str] | None = None) -> None:
         self.fail_save = fail_save
         self.states = states or {}
+        self.refusal = ""  # the backend's own refusal (a container node running a step)
         self.calls: list[tuple[str, list[str]]] = []
+
+    def refuse_checkpoint(self, env: ClusterEnv, plan: Plan) -> None:
+        if self.refusal:
+            raise InputError(f"checkpoint of {plan.cluster}", self.refusal)
 
     def node_state(self, env: ClusterEnv, plan: Plan, node: PlannedNode) -> str:
         return self.states.get(node.name, "running")
@@ -180,6 +185,12 @@ def test_refusals_come_before_anything_is_frozen(
         ck.checkpoint("c", tmp_path / "ck", store=store)
     with pytest.raises(InputError, match="no such cluster"):
         ck.checkpoint("nope", tmp_path / "ck", store=store)
+    monkeypatch.setattr(FakeBackend, "capabilities", Capabilities(False, False, checkpoint=True))
+    fake.refusal = "node compute1 runs processes its freeze would not stop"
+    with pytest.raises(InputError, match="compute1 runs processes"):
+        ck.checkpoint("c", tmp_path / "ck", store=store)
+    with pytest.raises(InputError, match="compute1 runs processes"):  # a share of a cut
+        ck.Cut(store, "c", tmp_path / "ck")
     assert fake.calls == [] and not (tmp_path / "ck").exists()
     assert (busy / "x").read_text() == "mine"
 

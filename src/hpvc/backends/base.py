@@ -234,6 +234,11 @@ class Backend(Protocol):
     # back frozen), then thaw on all at once. Only called where
     # ``capabilities.checkpoint`` is True.
 
+    def refuse_checkpoint(self, env: ClusterEnv, plan: Plan) -> None:
+        """What keeps these nodes from a cut, as an InputError (one line), before
+        any node of the cut, on any host, is frozen; nothing else happens."""
+        ...
+
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
         """Stop the named nodes from running (VMs: vCPUs stopped; containers: cgroup
         frozen) without losing anything; a frozen node sends and takes no packet."""

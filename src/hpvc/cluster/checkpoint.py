@@ -94,6 +94,7 @@ def _refuse(store: Store, name: str, across: bool = False) -> tuple[Backend, Clu
         state = backend.node_state(env, plan, n)
         if state != "running":
             raise InputError(f"node {n.name}", f"is {state}", f"hpvc restart {name} first")
+    backend.refuse_checkpoint(env, plan)
     return backend, env, plan
 
 

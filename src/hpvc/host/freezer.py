@@ -59,6 +59,16 @@ def thaw(rel: str, root: RootLike = HOST) -> None:
     _set(cgroup_dir(rel, root), False)
 
 
+def members(rel: str, root: RootLike = HOST) -> set[int]:
+    """PIDs in the freezer cgroup ``rel`` and below: what its freeze stops."""
+    d = cgroup_dir(rel, root)
+    found: set[int] = set()
+    for procs in [d / "cgroup.procs", *d.glob("**/cgroup.procs")]:
+        with contextlib.suppress(OSError):
+            found.update(int(w) for w in procs.read_text().split())
+    return found
+
+
 def is_frozen(rel: str, root: RootLike = HOST) -> bool:
     d = cgroup_dir(rel, root)
     v1 = d / "freezer.state"

@@ -359,6 +359,11 @@ class CrunBackend:
         leftovers.remove(orphan)
 
     # Checkpoint (issue 28): CRIU driven directly, hpvc.backends.crun.checkpoint.
+    def refuse_checkpoint(self, env: ClusterEnv, plan: Plan) -> None:
+        from hpvc.backends.crun import checkpoint
+
+        checkpoint.refuse(env, plan)
+
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
         from hpvc.backends.crun import checkpoint
 

@@ -4,7 +4,10 @@ crun 1.8 (Debian's) is built without CRIU, so hpvc drives CRIU itself
 (``hpvc.host.criu``), with what crun would have passed it:
 
 - freeze: every node's cgroup frozen (``hpvc.host.freezer``: v1 freezer, v2
-  ``cgroup.freeze``); the cluster layer freezes all nodes before saving any;
+  ``cgroup.freeze``); the cluster layer freezes all nodes before saving any.
+  What a Slurm step left running in a node is first moved into the node's
+  cgroups, and a node running a step's tasks is refused
+  (``hpvc.host.nodeprocs``; docs/checkpoint.md "Under Slurm");
 - save, per frozen node, into its folder of the checkpoint: ``criu/`` (CRIU's
   images of the node's process tree: memory, namespaces, TCP connections in
   repair mode, SysV IPC of its own IPC namespace, the contents of its /dev
@@ -40,6 +43,7 @@ on kernels 6.13+), every step raises ``refusal()``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -52,7 +56,7 @@ from hpvc.backends import shared
 from hpvc.backends.crun import container as ct
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
-from hpvc.host import cgroups, console_ring, criu, freezer, layer, net, procfs, tree
+from hpvc.host import cgroups, console_ring, criu, freezer, layer, net, nodeprocs, procfs, tree
 from hpvc.plan import Plan
 from hpvc.progress import Progress
 from hpvc.render.oci import dumps, render_oci_config
@@ -119,11 +123,75 @@ def _rel(plan: Plan, name: str) -> str:
     return cgroups.node_path(plan.cluster, name)
 
 
-def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+def _unstoppable(env: ClusterEnv, plan: Plan, name: str, init: int, kind: type[HpvcError]) -> None:
+    """Refuse a node whose PID namespace holds processes its freeze would not
+    stop: a running Slurm step's tasks (``hpvc.host.nodeprocs``)."""
+    left = nodeprocs.outside(init, freezer.members(_rel(plan, name)))
+    if left:
+        raise kind(
+            f"checkpoint of {env.name}",
+            f"node {name} runs processes its freeze would not stop: {nodeprocs.describe(left)}"
+            " (a running Slurm step's tasks stay in Slurm's freezer cgroup)",
+            "cut when the job's steps in the node have ended; work left running in the"
+            " background (setsid prog &) is taken (docs/checkpoint.md, Under Slurm)",
+        )
+
+
+def _rlimits_readable(env: ClusterEnv, name: str, init: int) -> None:
+    """CRIU reads every dumped process's resource limits with ``prlimit``, which
+    needs CAP_SYS_RESOURCE for a process of another user: refuse before the
+    freeze where this hpvc lacks it (a container sandbox may drop it; this
+    machine's root has it not), instead of CRIU failing mid-cut with
+    ``Can't get rlimit 0: Operation not permitted``."""
+    if nodeprocs.has_capability(nodeprocs.CAP_SYS_RESOURCE):
+        return
+    left = nodeprocs.others(init, os.getuid(), os.getgid())
+    if left:
+        uids = sorted(nodeprocs.user_of(p) for p in left)
+        raise InputError(
+            f"checkpoint of {env.name}",
+            f"node {name} runs processes of uid {', '.join(map(str, sorted(set(uids))))}"
+            f" ({nodeprocs.describe(left)}) and this hpvc lacks CAP_SYS_RESOURCE, without"
+            " which CRIU cannot read their resource limits",
+            "checkpoint as root with all capabilities (docs/checkpoint.md, Containers)",
+        )
+
+
+def _inits(plan: Plan, names: list[str]) -> dict[str, int]:
+    return {n: ct.container_pid(ct.container_id(plan.cluster, n)) for n in names}
+
+
+def refuse(env: ClusterEnv, plan: Plan, names: list[str] | None = None) -> None:
+    """Every refusal, in one line, before any node is frozen (a cut across
+    hosts checks every host's share before any freezes). Moves what the
+    nodes' steps left running in the background into the nodes' cgroups
+    (``nodeprocs.gather``), then refuses a node running a step's tasks."""
     usable()
     refuse_unsupported(env, plan)
-    for name in names:
-        freezer.freeze(_rel(plan, name))
+    for name, init in _inits(plan, names or [n.name for n in plan.nodes]).items():
+        nodeprocs.gather(init)
+        _unstoppable(env, plan, name, init, InputError)
+        _rlimits_readable(env, name, init)
+
+
+def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+    """Freeze every node, with what its steps left running in the background.
+    A node whose PID namespace gained a step's tasks since ``refuse`` fails the
+    freeze (exit 1); nodes frozen before a failure are thawed."""
+    refuse(env, plan, names)
+    inits = _inits(plan, names)
+    frozen: list[str] = []
+    try:
+        for name, init in inits.items():
+            freezer.freeze(_rel(plan, name))
+            frozen.append(name)
+            nodeprocs.gather(init)  # forked since the first gather: stopped as they move
+            _unstoppable(env, plan, name, init, HpvcError)
+    except BaseException:
+        for name in frozen:
+            with contextlib.suppress(HpvcError, OSError):
+                freezer.thaw(_rel(plan, name))
+        raise
 
 
 def thaw(env: ClusterEnv, plan: Plan, names: list[str]) -> None:

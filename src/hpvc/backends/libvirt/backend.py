@@ -129,6 +129,9 @@ class LibvirtBackend(QemuBackend):
 
     # Checkpoint (issue 28): not through libvirt yet (its domains would be saved
     # with virDomainSave, not QMP on hpvc's own socket): refused in one line.
+    def refuse_checkpoint(self, env: ClusterEnv, plan: Plan) -> None:
+        raise no_checkpoint(self.name)
+
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
         raise no_checkpoint(self.name)
 

@@ -367,6 +367,9 @@ class QemuBackend:
 
     # --- checkpoint (issue 28): hpvc.backends.qemu.checkpoint ----------------------
 
+    def refuse_checkpoint(self, env: ClusterEnv, plan: Plan) -> None:
+        """Nothing more than the cluster layer's refusals: QEMU saves a guest whole."""
+
     def freeze(self, env: ClusterEnv, plan: Plan, names: list[str]) -> None:
         checkpoint.freeze(self, env, plan, names)
 
