@@ -3,6 +3,11 @@ and its refusals before anything starts."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from hpvc.bench.checkpoint import report, runner
@@ -164,3 +169,23 @@ def test_nodes_leave_room_for_what_is_held_at_the_restore() -> None:
     got, note = report.node_mib(4, 4096, 20700, held=1.0)  # Podman's half + the page cache
     assert got == 2560  # 20700 / (4 x 2) = 2587, down to a multiple of 256
     assert "1.0 x a node's memory held elsewhere" in note
+
+
+def test_a_checkpoint_is_dropped_from_the_page_cache_before_its_restore(tmp_path: Path) -> None:
+    """Both methods' restores read their files from the disk (runner.drop_cached):
+    the files' pages leave the cache, as ``fincore`` (util-linux) counts them."""
+    if shutil.which("fincore") is None:
+        pytest.fail("fincore (util-linux) is missing")
+    (tmp_path / "node").mkdir()
+    for name in ("node/pages.img", "upper.tar"):
+        (tmp_path / name).write_bytes(os.urandom(1 << 20))
+
+    def cached() -> int:
+        files = [str(p) for p in sorted(tmp_path.rglob("*")) if p.is_file()]
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return sum(int(x) for x in out.split())
+
+    assert cached() > 0  # just written: in the cache
+    runner.drop_cached(tmp_path)
+    assert cached() == 0

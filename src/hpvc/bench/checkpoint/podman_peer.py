@@ -108,11 +108,12 @@ class CheckpointPeer:
         t0 = time.perf_counter()
         _podman("container", "checkpoint", "--tcp-established", *self.names)
         took = time.perf_counter() - t0
-        size = 0
-        for name in self.names:
-            static = Path(_podman("inspect", "--format", "{{.StaticDir}}", name))
-            size += _size(static / "checkpoint")
-        return took, size
+        return took, sum(_size(f) for f in self.folders())
+
+    def folders(self) -> list[Path]:
+        """Each container's checkpoint folder (Podman's own, in its storage)."""
+        fmt = "{{.StaticDir}}"
+        return [Path(_podman("inspect", "--format", fmt, n)) / "checkpoint" for n in self.names]
 
     def restore(self) -> float:
         t0 = time.perf_counter()

@@ -13,7 +13,16 @@ swapped every other repetition:
 - VMs, pcocc's method: ``cluster.checkpoint_peer.one_by_one`` (each node
   paused, saved and resumed in turn) on the same guests, the job checked;
 - containers, Podman: as many containers of the same image and limits,
-  with the same job, checkpointed and restored by Podman (``podman_peer``).
+  with the same job, checkpointed and restored by Podman (``podman_peer``),
+  started for each of its repetitions and removed after it, so that they
+  hold no memory while hpvc's restore books its nodes.
+
+Every restore, both methods', reads its checkpoint from the disk: the files
+just written are dropped from the page cache first (``drop_cached``), as a
+restore after a requeue or on another host would find them. Until
+2026-11-27 they were read back from the cache, which the planner could not
+count as free, so 4 x 4 GiB container nodes did not fit beside Podman's on
+this 24 GiB machine.
 
 Everything runs on a scratch state (``common.scratch_state``) and Podman's
 session removes its containers, network and image: every cluster is torn
@@ -23,6 +32,7 @@ down and every folder removed, also when a step fails.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -83,6 +93,19 @@ def _spec(tmp: Path, name: str, nodes: int, memory: str, kind: str) -> Path:
     return path
 
 
+def drop_cached(top: Path) -> None:
+    """Write out and drop from the page cache every file under ``top`` (only
+    these files' pages: ``posix_fadvise(DONTNEED)``, not the host's whole cache)."""
+    files = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def _samples(methods: tuple[str, ...]) -> dict[str, dict[str, list[Any]]]:
     keys = ("checkpoint_s", "job_pause_s", "node_pause_max_s", "size", "job_goes_on")
     out: dict[str, dict[str, list[Any]]] = {m: {k: [] for k in keys} for m in methods}
@@ -127,6 +150,7 @@ def _hpvc_once(tmp: Path, store: Store, name: str, head: str, s: dict[str, list[
         s["size"].append(m.size())
         ok = _job_ok(name, head, store, errors)
         _down(name, store, progress)
+        drop_cached(dest)
         t0 = time.perf_counter()
         restore.restore(dest, store=store, progress=progress)
         s["restore_s"].append(time.perf_counter() - t0)
@@ -151,19 +175,29 @@ def _pcocc_once(tmp: Path, store: Store, name: str, head: str, s: dict[str, list
 
 def _podman_once(ck: podman_peer.CheckpointPeer, s: dict[str, list[Any]],
                  errors: list[str], progress: Progress) -> None:  # fmt: skip
+    progress("podman: starting its containers, their job filling memory")
+    ck.start()
+    try:
+        _podman_timed(ck, s, errors, progress)
+    finally:
+        ck.remove()  # nothing of Podman's holds memory during hpvc's turns
+
+
+def _podman_timed(ck: podman_peer.CheckpointPeer, s: dict[str, list[Any]],
+                  errors: list[str], progress: Progress) -> None:  # fmt: skip
     took, size = ck.checkpoint()
     s["checkpoint_s"].append(took)
     s["job_pause_s"].append(took)  # no barrier: a container may run while others are saved
     s["node_pause_max_s"].append(took)
     s["size"].append(size)
+    for folder in ck.folders():
+        drop_cached(folder)
     s["restore_s"].append(ck.restore())
     ok = ck.goes_on()
     s["job_goes_on"].append(ok)
-    if not ok:  # recorded; fresh containers for the next repetition
+    if not ok:  # recorded
         errors.append(f"podman: the job stopped after restore ({ck.last_words()})")
-        progress("podman: the job stopped after restore; starting fresh containers")
-        ck.remove()
-        ck.start()
+        progress("podman: the job stopped after restore")
 
 
 def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, reps: int,
@@ -175,11 +209,10 @@ def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, re
     # What the host holds now, read at run time: a shared host's other runs may
     # hold memory a planner would need (the nodes are given less, and it is said).
     free = available_mib()
-    # At the restore the planner books the nodes again while the checkpoint just
-    # written (and hashed) sits in the page cache and, for containers, Podman's
-    # containers hold their job (the 09:14 run's 4 x 4 GiB restore was refused).
-    held = fill * (2 if kind == "container" else 1)
-    asked, (memory_mib, node_note) = memory_mib, report.node_mib(nodes, memory_mib, free, held)
+    # At the restore the planner books the nodes again; the checkpoint just
+    # written is out of the page cache (``drop_cached``) and Podman's containers
+    # are gone (``_podman_once``): nothing else of the run holds memory then.
+    asked, (memory_mib, node_note) = memory_mib, report.node_mib(nodes, memory_mib, free)
     if node_note:
         progress(f"{name}: {node_note}")
     # Containers: Podman's as many containers hold as much beside hpvc's nodes.
@@ -221,8 +254,7 @@ def _peer(kind: str, nodes: int, memory_mib: int, fill_mib: int,
     with podman.session(progress) as peer:
         ck = podman_peer.CheckpointPeer(peer, nodes, memory_mib, fill_mib)
         try:
-            ck.start()
-            yield ck
+            yield ck  # started for each of its repetitions (``_podman_once``)
         finally:
             ck.remove()
 
