@@ -263,3 +263,18 @@ def test_restore_under_another_name_moves_the_cgroups_and_their_mounts(
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_mountinfo_is_read_until_two_reads_agree() -> None:
+    """A read of mountinfo while mounts come and go can miss lines: the reader
+    takes a text only once the next read gives the same (criu.stable_mountinfo)."""
+
+    class Changing:
+        def __init__(self, texts: list[str]) -> None:
+            self.texts = texts
+
+        def read_text(self) -> str:
+            return self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+
+    assert criu.stable_mountinfo(Changing(["a", "a b", "a b c", "a b c"])) == "a b c"  # type: ignore[arg-type]
+    assert criu.stable_mountinfo(Changing(["x"])) == "x"  # type: ignore[arg-type]

@@ -132,9 +132,24 @@ def cgroup_mounts(pid: int, cgroup: str) -> dict[str, str]:
     return parse_cgroup_mounts(node, Path("/proc/self/mountinfo").read_text(), cgroup)
 
 
+def stable_mountinfo(path: Path = Path("/proc/self/mountinfo"), tries: int = 10) -> str:
+    """``path`` read until two reads in a row agree: a read while mounts come and
+    go (another node's overlay, a CRIU restore's own) can miss lines. Seen
+    2026-11-27: nodes restored side by side, one restore's list of the host's
+    cgroup hierarchies lacked ``cpu`` and CRIU stopped (``mnt: No mapping for
+    158:(null) mountpoint``)."""
+    last = path.read_text()
+    for _ in range(tries):
+        now = path.read_text()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def host_cgroup_mounts() -> list[str]:
     """The host's mount points of its cgroup v1 hierarchies."""
-    text = Path("/proc/self/mountinfo").read_text()
+    text = stable_mountinfo()
     return sorted(set(parse_cgroup_mounts(text, text, "/").values()))
 
 
