@@ -85,9 +85,8 @@ def kill_frozen(rel: str, root: RootLike = HOST) -> bool:
     d = manager(root).dir("freezer", rel)
     if d is None or not d.is_dir() or not is_frozen(rel, root):
         return False
-    for procs in [d / "cgroup.procs", *d.glob("**/cgroup.procs")]:
-        for word in procs.read_text().split() if procs.exists() else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(word), signal.SIGKILL)
+    for pid in members(rel, root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     _set(d, False)
     return True

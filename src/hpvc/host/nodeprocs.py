@@ -140,18 +140,24 @@ def has_capability(bit: int, proc: Path = PROC) -> bool:
     return False
 
 
-def _ids(pid: int, proc: Path) -> tuple[set[int], set[int]]:
-    """(real, effective and saved uids; the same gids) of a process."""
-    uids: set[int] = set()
-    gids: set[int] = set()
+def _status_ids(pid: int, proc: Path) -> dict[str, list[int]]:
+    """The ``Uid`` and ``Gid`` lines of a process's status (real, effective,
+    saved, fs); empty when it is gone."""
+    out: dict[str, list[int]] = {}
     try:
         for line in (proc / str(pid) / "status").read_text().splitlines():
             key, _, rest = line.partition(":")
             if key in ("Uid", "Gid"):
-                (uids if key == "Uid" else gids).update(int(x) for x in rest.split()[:3])
+                out[key] = [int(x) for x in rest.split()]
     except (OSError, ValueError):
-        pass
-    return uids, gids
+        return {}
+    return out
+
+
+def _ids(pid: int, proc: Path) -> tuple[set[int], set[int]]:
+    """(real, effective and saved uids; the same gids) of a process."""
+    ids = _status_ids(pid, proc)
+    return set(ids.get("Uid", [])[:3]), set(ids.get("Gid", [])[:3])
 
 
 def others(init: int, uid: int, gid: int, proc: Path = PROC) -> list[int]:
@@ -168,10 +174,5 @@ def others(init: int, uid: int, gid: int, proc: Path = PROC) -> list[int]:
 
 def user_of(pid: int, proc: Path = PROC) -> int:
     """A process's effective uid (-1 when it is gone)."""
-    try:
-        for line in (proc / str(pid) / "status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[2])
-    except (OSError, ValueError, IndexError):
-        pass
-    return -1
+    uids = _status_ids(pid, proc).get("Uid", [])
+    return uids[1] if len(uids) > 1 else -1
