@@ -172,9 +172,14 @@ def wait_idle(big: Env, host: str, timeout: float = 120) -> None:
 
 def test_one_host_killed_mid_job_the_others_leave_nothing(big: Env) -> None:
     spec = write_spec(big, "sixteen-sleep.toml", 15)
+    # One step per host: a step across all hosts would keep the survivors'
+    # slurmstepds waiting for the dead one's report (Slurm 22.05's reverse
+    # tree waits 60 s, then drains the host: "Kill task failed"), Slurm's
+    # wait, not hpvc's.
+    steps = f"for i in $(seq 0 {HOSTS - 1}); do srun -N1 -n1 -r$i sleep 600 & done; wait"
     r = big.run(
         "sbatch", "--parsable", f"-N{HOSTS}", f"--hpvc={spec}", "-o", "/dev/null",
-        "--wrap", "srun sleep 600",
+        "--wrap", steps,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     job = int(r.stdout.strip().split(";")[0])
@@ -193,6 +198,14 @@ def test_one_host_killed_mid_job_the_others_leave_nothing(big: Env) -> None:
         # user cancels; the job ends on the 15 others and their epilogs run.
         cancel = big.run("scancel", str(job))
         assert cancel.returncode == 0, cancel.stderr
+        # The site marks the host down, as its health check would: Slurm no
+        # longer waits for the job to end there, and takes the host back
+        # when its slurmd registers again (ReturnToService=2).
+        down = subprocess.run(
+            ["scontrol", "update", f"nodename={victim}", "state=down", "reason=crashed"],
+            env=big.env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert down.returncode == 0, down.stderr
         others = [h for h in big.cluster.hosts if h != victim]
         deadline = time.monotonic() + 120
         left = [x for h in others for x in big.host_leftovers(h, job)]
