@@ -1,8 +1,10 @@
 /* An MPI ping-pong that checks every answer, for live migration (issue 27).
  *
- *   mpirun -np 2 ./migloop SECONDS
+ *   mpirun -np 2 ./migloop SECONDS [STOPFILE]
  *
- * Rank 0 sends i, rank 1 answers 2i+1, for SECONDS of rank 0's clock; rank 0
+ * Rank 0 sends i, rank 1 answers 2i+1, for SECONDS of rank 0's clock, or
+ * until STOPFILE exists on rank 0's node (looked for once a second: a test
+ * ends the loop once what it checks during it is done); rank 0
  * checks each answer and keeps the longest time one round trip took (a guest
  * paused for its switch-over, or a network path that moved, shows there: rank
  * 0's clock runs on while rank 1's guest is paused). After 100 round trips it
@@ -18,6 +20,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static long answer(long v) { return 2 * v + 1; }
 
@@ -31,7 +34,7 @@ static void serve(void) {
     }
 }
 
-static int drive(double secs) {
+static int drive(double secs, const char *stop) {
     long i = 0, bad = 0, v = 0;
     double t0 = MPI_Wtime(), last = t0, gap = 0;
     int second = 0;
@@ -42,6 +45,8 @@ static int drive(double secs) {
         while (now - t0 >= second + 1) {
             printf("loop at %d s: %ld round trips\n", ++second, i);
             fflush(stdout);
+            if (stop != NULL && access(stop, F_OK) == 0)
+                secs = 0; /* told to end: the next message ends rank 1 */
         }
         v = now - t0 < secs ? i : -1;
         MPI_Send(&v, 1, MPI_LONG, 1, 0, MPI_COMM_WORLD);
@@ -64,7 +69,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     double secs = argc > 1 ? atof(argv[1]) : 10.0;
     if (rank == 0)
-        rc = drive(secs);
+        rc = drive(secs, argc > 2 ? argv[2] : NULL);
     else if (rank == 1)
         serve();
     MPI_Finalize();

@@ -74,9 +74,11 @@ memory = "320MiB"
 JOB = """set -u
 srun -N2 -n3 --overcommit --input=all sh -c 'cat > /root/migloop; chmod +x /root/migloop' <migloop
 srun -N2 -n3 --overcommit --overlap sh -c \
-  'for i in $(seq 1 {ticks}); do sleep 1; done; echo "$(hostname) ticked {ticks}"' \
+  'for i in $(seq 1 {ticks}); do [ -e /root/stop ] && break; sleep 1; done
+   echo "$(hostname) ticked"' \
   > ticks.out 2>&1 &
-srun -N1 -n1 --overlap mpirun -np 2 --host compute0,compute1 --mca btl tcp,self /root/migloop {secs}
+srun -N1 -n1 --overlap mpirun -np 2 --host compute0,compute1 --mca btl tcp,self \
+  /root/migloop {secs} /root/stop
 echo "mpi status $?"
 wait
 echo "ticks status $?"
@@ -90,7 +92,8 @@ SHM_SPEC = SPEC.replace('locality = "none"', 'locality = "shm"').replace(
 
 SHM_JOB = """set -u
 srun -N2 -n3 --overcommit --input=all sh -c 'cat > /root/migloop; chmod +x /root/migloop' <migloop
-UCX_LOG_LEVEL=info srun -N1 -n2 -w n1 --overcommit --overlap --mpi=pmix /root/migloop {secs}
+UCX_LOG_LEVEL=info srun -N1 -n2 -w n1 --overcommit --overlap --mpi=pmix /root/migloop {secs} \
+  /root/stop
 echo "mpi status $?"
 """
 LANES = re.compile(r"ep_cfg\[\d+\]: tag\(([^)]*)\)")
@@ -168,7 +171,7 @@ def test_node_moves_between_hosts_under_a_running_mpi_job(slurm: Env) -> None:
     spec = slurm.work / "mig.toml"
     spec.write_text(SPEC)
     build_loop(slurm.work)  # native/bench/migloop.c: a ping-pong that checks its answers
-    (slurm.work / "job.sh").write_text("#!/bin/bash\n" + JOB.format(ticks=55, secs=45))
+    (slurm.work / "job.sh").write_text("#!/bin/bash\n" + JOB.format(ticks=240, secs=200))
     out = slurm.work / "job.out"
     r = slurm.run("sbatch", "--parsable", "-N2", "--mem=700M", f"--hpvc={spec}", "-o", str(out),
                   str(slurm.work / "job.sh"))  # fmt: skip
@@ -232,12 +235,17 @@ def test_node_moves_between_hosts_under_a_running_mpi_job(slurm: Env) -> None:
         assert _nodes(slurm, "n2", job) == ["compute1", "compute2"]
         assert _nodes(slurm, "n1", job) == ["compute0"]
         assert len(_qemus(slurm, "n1", job)) == 1, _qemus(slurm, "n1", job)
-        # New steps find the nodes where they now are: n2 runs compute2 and compute1.
-        answer = slurm.run("srun", f"--jobid={job}", "--overlap", "--overcommit", "-N1", "-n2",
-                           "-w", "n2", f"--hpvc={spec}", "hostname")  # fmt: skip
-        assert answer.returncode == 0, answer.stderr
-        shown = sorted(ln for ln in answer.stdout.splitlines() if ln.startswith("compute"))
-        assert shown == ["compute1", "compute2"], answer.stdout + answer.stderr
+        # New steps find the nodes where they now are: n1 runs compute0, n2
+        # compute2 and compute1. They also end the loops (/root/stop), which
+        # would otherwise run their full time.
+        for host, tasks in (("n1", "1"), ("n2", "2")):
+            answer = slurm.run("srun", f"--jobid={job}", "--overlap", "--overcommit", "-N1",
+                               f"-n{tasks}", "-w", host, f"--hpvc={spec}",
+                               "sh", "-c", "hostname; touch /root/stop")  # fmt: skip
+            assert answer.returncode == 0, answer.stderr
+            shown = sorted(ln for ln in answer.stdout.splitlines() if ln.startswith("compute"))
+            want = ["compute0"] if host == "n1" else ["compute1", "compute2"]
+            assert shown == want, answer.stdout + answer.stderr
 
         assert wait_done(slurm, job) == "gone"
         text = out.read_text()
@@ -293,7 +301,7 @@ def test_region_node_leaves_its_region_and_the_job_goes_on_over_tcp(slurm: Env) 
     spec = slurm.work / "migshm.toml"
     spec.write_text(SHM_SPEC)
     build_loop(slurm.work)
-    (slurm.work / "shm.sh").write_text("#!/bin/bash\n" + SHM_JOB.format(secs=60))
+    (slurm.work / "shm.sh").write_text("#!/bin/bash\n" + SHM_JOB.format(secs=200))
     out = slurm.work / "shm.out"
     r = slurm.run("sbatch", "--parsable", "-N2", "--mem=700M", f"--hpvc={spec}", "-o", str(out),
                   str(slurm.work / "shm.sh"))  # fmt: skip
@@ -323,6 +331,10 @@ def test_region_node_leaves_its_region_and_the_job_goes_on_over_tcp(slurm: Env) 
         # (no process on n1 could judge another kernel's processes dead)
         after = _slots(slurm.on("n1", f"{slots} show {shared}"))
         assert after["dead"] > before["dead"] and after["used"] < before["used"], (before, after)
+        # compute0 (rank 0, the only node left on n1) ends the loop.
+        stop = slurm.run("srun", f"--jobid={job}", "--overlap", "--overcommit", "-N1", "-n1",
+                         "-w", "n1", f"--hpvc={spec}", "touch", "/root/stop")  # fmt: skip
+        assert stop.returncode == 0, stop.stderr
         assert wait_done(slurm, job) == "gone"
         text = out.read_text()
         print(text)
