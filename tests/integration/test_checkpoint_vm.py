@@ -33,7 +33,7 @@ from tests.helpers import requires
 from tests.integration.test_cluster import clean_up, image_ready
 from tests.integration.test_vm_cluster import vm_leftovers
 
-ROUNDS, DELAY_US = 1200, 20000  # about 25 s of ping-pong under TCG
+ROUNDS, DELAY_US = 600, 20000  # about 12 s of ping-pong under TCG
 MPI_ENV = (
     "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh OMPI_MCA_btl_tcp_if_include=eth0"
     " OMPI_MCA_oob_tcp_if_include=eth0 OMPI_ALLOW_RUN_AS_ROOT=1"
