@@ -112,7 +112,8 @@ def test_a_node_moves_while_an_mpi_job_runs_across_it(cluster: Store) -> None:
     before = store.get(NAME).the_plan().node("compute1")
     old_pid = ops.node_pid(NAME, "compute1", store)
     job = subprocess.Popen(
-        [sys.executable, "-m", "hpvc", "run", NAME, "-n", "2", "--", "/root/migloop", "25"],
+        [sys.executable, "-m", "hpvc", "run", NAME, "-n", "2", "--", "/root/migloop", "120",
+         "/root/stop"],
         env=cli_env(store), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -120,6 +121,10 @@ def test_a_node_moves_while_an_mpi_job_runs_across_it(cluster: Store) -> None:
         assert job.poll() is None, job.communicate()[0]
         out = migrate(NAME, "compute1", store=store)
         out2 = migrate(NAME, "compute1", store=store)  # and again: the node's second tap
+        time.sleep(2)  # round trips after the second move
+        for node in ("compute0", "compute1"):  # rank 0 ends the loop within a second
+            stop = ops.exec_argv(NAME, node, ["touch", "/root/stop"], store)
+            subprocess.run(stop, check=True, timeout=60)
         text, _ = job.communicate(timeout=180)
     finally:
         if job.poll() is None:

@@ -213,13 +213,17 @@ def test_region_move(store: Store, tmp_path: Path) -> None:
     got: list[object] = []
     before = sent(store, name)
     job = threading.Thread(target=lambda: got.append(ops.run(
-        name, ["/tmp/migloop", "25"], 2, store, capture=True, progress=said.append, verbose=True
+        name, ["/tmp/migloop", "120", "/tmp/stop"], 2, store, capture=True,
+        progress=said.append, verbose=True,
     )))  # fmt: skip
     job.start()
     try:
         time.sleep(10)  # mpirun's start in two TCG guests, then the loop runs
         assert job.is_alive(), got
         out = migrate(name, "compute1", store=store, progress=said.append)
+        time.sleep(2)  # round trips after the move
+        for node in ("compute0", "compute1"):  # rank 0 ends the loop within a second
+            in_guest(store, name, node, ["touch", "/tmp/stop"])
     finally:
         job.join(timeout=240)
     after = sent(store, name)
