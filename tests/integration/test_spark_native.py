@@ -20,7 +20,7 @@ from hpvc.spark.native import NativeSpark
 from tests import gensort
 from tests.helpers import requires
 
-ROWS_64MIB = model.rows_for(64 << 20) + 1  # 671089 rows: just over 64 MiB
+ROWS_16MIB = model.rows_for(16 << 20) + 1  # 167773 rows: just over 16 MiB
 
 
 def _pgid(pid: str) -> int | None:
@@ -85,7 +85,7 @@ def _keys(data: bytes) -> list[bytes]:
     return [data[i : i + 10] for i in range(0, len(data), 100)]
 
 
-def test_native_terasort_64mib(tmp_path: Path) -> None:
+def test_native_terasort_16mib(tmp_path: Path) -> None:
     requires("java")
     groups: set[int] = set()
     spark = NativeSpark(tmp_path / "run", workers=2, cores=1, memory_mib=1024)
@@ -94,7 +94,7 @@ def test_native_terasort_64mib(tmp_path: Path) -> None:
         data, out = tmp_path / "data", tmp_path / "sorted"
         results = {}
         for args in (
-            ["gen", str(ROWS_64MIB), str(data)],
+            ["gen", str(ROWS_16MIB), str(data)],
             ["sort", str(data), str(out)],
             ["validate", str(out)],
         ):
@@ -102,14 +102,14 @@ def test_native_terasort_64mib(tmp_path: Path) -> None:
             assert done.returncode == 0, f"{args[0]}: {done.stderr[-3000:]}"
             results[args[0]] = model.parse_result(done.stdout)
     gen, sort, valid = results["gen"], results["sort"], results["validate"]
-    assert gen["TERAGEN"]["records"] == sort["TERASORT"]["records"] == ROWS_64MIB
+    assert gen["TERAGEN"]["records"] == sort["TERASORT"]["records"] == ROWS_16MIB
     assert valid["TERAVALIDATE"] == {
-        "records": ROWS_64MIB,
+        "records": ROWS_16MIB,
         "checksum": gen["TERAGEN"]["checksum"],
         "sorted": True,
         "partitions": sort["TERASORT"]["partitions"],
     }
-    assert sum(f.stat().st_size for f in out.iterdir()) == ROWS_64MIB * 100
+    assert sum(f.stat().st_size for f in out.iterdir()) == ROWS_16MIB * 100
     for r in results.values():
         assert r["TERATIME"]["total_s"] > 0
     assert list((tmp_path / "run" / "events").iterdir())  # event logs where we asked
