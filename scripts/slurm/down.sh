@@ -104,23 +104,21 @@ for n in "${NODES[@]}"; do
   done
 done
 
+# Every daemon at once: each takes a second or two to stop, and the jobs
+# are gone, so none needs another any more.
 pids=()
 for n in "${NODES[@]}"; do
   p=$(ours_pid "$(slurmd_pid "$n")" slurmd) && pids+=("$p")
   p=$(serve_ours "$n") && pids+=("$p")
 done
-stop "${pids[@]}"
-for n in "${NODES[@]}"; do rm -f "$(serve_pid "$n")"; done
-# Steps left over (a slurmd that died hard leaves its slurmstepd behind).
-mapfile -t left < <(steps)
-stop "${left[@]}"
-# slurmctld and munged together (each takes a second or two to stop).
-pids=()
 p=$(ours_pid "$CTLD_PID" slurmctld) && pids+=("$p")
 p=$(ours_pid "$MUNGE_PID" munged) && pids+=("$p")
 p=$(ours_pid "$(serve_pid login)" hpvc) && pids+=("$p")
 stop "${pids[@]}"
-rm -f "$(serve_pid login)"
+for n in "${NODES[@]}" login; do rm -f "$(serve_pid "$n")"; done
+# Steps left over (a slurmd that died hard leaves its slurmstepd behind).
+mapfile -t left < <(steps)
+stop "${left[@]}"
 # Anything else still running on a host (a task a step did not end).
 mapfile -t left < <(in_hosts | sort -u)
 if [ ${#left[@]} -gt 0 ]; then
