@@ -1,4 +1,4 @@
-"""`hpvc bench io` for real: one repetition, 2 s fio runs.
+"""`hpvc bench io` for real: one repetition, 1 s fio runs.
 
 Checks that the benchmark writes all three parts with positive numbers and
 leaves nothing behind (no loop device, mount, cluster or scratch directory of
@@ -43,13 +43,13 @@ def test_bench_io_one_repetition(tmp_path: Path) -> None:
     requires("root", "crun", "fio")
     before = mine()
     try:
-        main(["bench", "io", "--repeat", "1", "--seconds", "2", "--out", str(tmp_path)])
+        main(["bench", "io", "--repeat", "1", "--seconds", "1", "--out", str(tmp_path)])
     except SystemExit as e:
         assert e.code in (0, None), f"hpvc bench io exited with {e.code}"
     assert mine() == before
     doc = json.loads((tmp_path / "results.json").read_text())
     assert all(doc[k] for k in ("host", "kernel", "fio", "fio_in_nodes", "disk", "date"))
-    assert doc["fio_job"]["runtime_s"] == 2
+    assert doc["fio_job"]["runtime_s"] == 1
     assert [(t["node"], t["direction"]) for t in doc["throttle"]] == [
         ("t10", "read"),
         ("t10", "write"),
