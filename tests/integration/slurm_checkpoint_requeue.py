@@ -28,7 +28,6 @@ from tests.integration.test_slurm_checkpoint import (  # noqa: F401 (slurm: the 
     _goes_on,
     _host_of,
     _job_dir,
-    _root,
     _state,
     _steer_requeued,
     _wait_for,
@@ -71,7 +70,7 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:  # noq
         _goes_on(slurm, job, at_cut)
 
         # 2. Requeued, away from n1: back on n2 and n3 from the cut.
-        rq = _root(slurm, "scontrol", "requeue", str(job))
+        rq = slurm.site("scontrol", "requeue", str(job))
         assert rq.returncode == 0, rq.stderr
         _steer_requeued(slurm, job)
         text = _wait_for(out, "loop running", times=2, timeout=240)
@@ -88,7 +87,7 @@ def test_job_checkpointed_requeued_elsewhere_goes_on(slurm: Env) -> None:  # noq
         # 3. The job ends (cancelled: for good); its checkpoints go with it.
     finally:
         print(out.read_text()[-2000:] if out.exists() else "(no output)")
-        print(_root(slurm, "scontrol", "show", "job", str(job)).stdout)
+        print(slurm.site("scontrol", "show", "job", str(job)).stdout)
         for log in sorted((slurm.tmp / "slurm" / "log").glob("slurmd-*.log")):
             print(log.name, [ln for ln in log.read_text().splitlines() if "hpvc" in ln][-8:])
         slurm.run("scancel", str(job))

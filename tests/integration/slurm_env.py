@@ -64,6 +64,12 @@ class Env:
     ) -> subprocess.CompletedProcess[str]:
         return self.cluster.submit(user, list(argv), self.home(user), timeout, env)
 
+    def site(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """``argv`` as the site's root on this machine, with the test cluster's
+        Slurm (``scontrol update``, ``hpvc node checkpoint``)."""
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False)  # fmt: skip
+
     def on(self, host: str, script: str) -> str:
         """``sh -c script`` on ``host``: in its namespaces, with its HPVC_STATE_DIR."""
         return self.cluster.run_on(host, ["sh", "-c", script])

@@ -165,18 +165,12 @@ def slurm(tenants: tuple[bench_slurm.Submitter, bench_slurm.Submitter]) -> Itera
     assert left == [], f"shares left after the module: {left}"
 
 
-def _root(slurm: Env, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``argv`` as root on this machine, with the test cluster's Slurm."""
-    return subprocess.run(list(argv), env=slurm.cluster.env, capture_output=True, text=True,
-                          timeout=timeout, check=False)  # fmt: skip
-
-
 def _checkpoint(slurm: Env, job: int, *extra: str) -> subprocess.CompletedProcess[str]:
     c = slurm.cluster
     via = str(slurm.tmp / "via.sh") + " {host}"
     site = f"--site=checkpoints={slurm.tmp / 'ckpt'}"
-    return _root(slurm, c.env["HPVC_BIN"], "node", "checkpoint", f"--job={job}", site,
-                 "--via", via, *extra, timeout=300)  # fmt: skip
+    return slurm.site(c.env["HPVC_BIN"], "node", "checkpoint", f"--job={job}", site,
+                      "--via", via, *extra, timeout=300)  # fmt: skip
 
 
 def _job_dir(slurm: Env, job: int) -> Path:
@@ -226,7 +220,7 @@ def _wait_for(out: Path, text: str, times: int = 1, timeout: float = 180) -> str
 
 
 def _state(slurm: Env, job: int) -> tuple[str, str]:
-    info = jck.parse_scontrol(_root(slurm, "scontrol", "show", "job", "-o", str(job)).stdout)
+    info = jck.parse_scontrol(slurm.site("scontrol", "show", "job", "-o", str(job)).stdout)
     return info.get("JobState", ""), info.get("NodeList", "")
 
 
@@ -247,14 +241,14 @@ def _steer_requeued(slurm: Env, job: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     excluded = False
     while True:
-        info = jck.parse_scontrol(_root(slurm, "scontrol", "show", "job", "-o", str(job)).stdout)
+        info = jck.parse_scontrol(slurm.site("scontrol", "show", "job", "-o", str(job)).stdout)
         state = info.get("JobState", "")
         if state in ("RUNNING", "CONFIGURING") and excluded:
             return
         held = info.get("EligibleTime", "") > _stamp(5)  # Slurm's hold, not our 2 s
         if state == "PENDING" and (not excluded or held):
-            ex = _root(slurm, "scontrol", "update", f"jobid={job}", "ExcNodeList=n1",
-                       f"StartTime={_stamp(2)}")  # fmt: skip
+            ex = slurm.site("scontrol", "update", f"jobid={job}", "ExcNodeList=n1",
+                            f"StartTime={_stamp(2)}")  # fmt: skip
             assert ex.returncode == 0, ex.stderr
             excluded = True
         assert time.monotonic() < deadline, info

@@ -204,10 +204,7 @@ def resume_hosts(slurm: Env) -> Iterator[None]:
     """A killed slurmstepd may leave its host drained: give it back afterwards."""
     yield
     for host in ("n1", "n2", "n3"):
-        subprocess.run(
-            ["scontrol", "update", f"nodename={host}", "state=resume"],
-            env=slurm.env, capture_output=True, check=False,
-        )  # fmt: skip
+        slurm.site("scontrol", "update", f"nodename={host}", "state=resume")
 
 
 def test_killing_slurmstepd_kills_the_task_in_the_node(

@@ -201,10 +201,7 @@ def test_one_host_killed_mid_job_the_others_leave_nothing(big: Env) -> None:
         # The site marks the host down, as its health check would: Slurm no
         # longer waits for the job to end there, and takes the host back
         # when its slurmd registers again (ReturnToService=2).
-        down = subprocess.run(
-            ["scontrol", "update", f"nodename={victim}", "state=down", "reason=crashed"],
-            env=big.env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        down = big.site("scontrol", "update", f"nodename={victim}", "state=down", "reason=crashed")
         assert down.returncode == 0, down.stderr
         others = [h for h in big.cluster.hosts if h != victim]
         deadline = time.monotonic() + 120
