@@ -167,42 +167,63 @@ def test_a_node_that_does_not_fit_is_refused_and_nothing_changes(cluster: Store)
     assert target_left(store, "compute0") == []
 
 
-def _kill_target_when_it_runs(store: Store, node: str) -> threading.Thread:
+def _kill_target(store: Store, node: str, copying: threading.Event | None) -> threading.Thread:
+    """Kill the target QEMU by its PID: once ``copying`` is set (the migration
+    reported progress), or, without it, as soon as its pid file appears."""
     pidfile = store.layout.node_run_dir(NAME, f"{node}~migrating") / "qemu.pid"
 
     def kill() -> None:
-        for _ in range(600):
+        if copying is not None and not copying.wait(120):
+            return
+        for _ in range(12000):
             pid = procfs.read_pidfile(pidfile)
             if pid is not None:
-                time.sleep(1.0)  # the migration is under way (1 MiB/s)
                 os.kill(pid, signal.SIGKILL)  # the target QEMU, by its PID
                 return
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     t = threading.Thread(target=kill)
     t.start()
     return t
 
 
-@pytest.mark.parametrize("how", ["target-died", "timeout", "interrupted"])
+@pytest.mark.parametrize("how", ["target-died", "target-died-starting", "timeout", "interrupted"])
 def test_a_failed_migration_leaves_the_node_running_where_it_was(cluster: Store, how: str) -> None:
+    """The target dying mid-copy or while it starts, a timeout and Ctrl-C all
+    end in one ``MigrationFailed``: the guest as it was, the target gone."""
     store = cluster
     was = snapshot(store)
     pid = ops.node_pid(NAME, "compute0", store)
     settings = MigrationSettings(**SLOW, timeout_s=3.0 if how == "timeout" else 120.0)
-    killer = _kill_target_when_it_runs(store, "compute0") if how == "target-died" else None
+    copying = threading.Event()
+    killer = None
+    if how.startswith("target-died"):
+        killer = _kill_target(store, "compute0", copying if how == "target-died" else None)
     timer = threading.Timer(3.0, _thread.interrupt_main) if how == "interrupted" else None
     if timer:
         timer.start()
+    lines: list[str] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if line.startswith("migrating:"):
+            copying.set()
+
     try:
         with pytest.raises(MigrationFailed) as e:
-            migrate(NAME, "compute0", settings=settings, store=store)
+            migrate(NAME, "compute0", settings=settings, store=store, progress=progress)
     finally:
+        copying.set()  # a killer still waiting ends
         if killer:
             killer.join()
         if timer:
             timer.cancel()
-    assert e.value.reason == how or (how == "target-died" and e.value.reason == "failed")
+    reason = "target-died" if how.startswith("target-died") else how
+    assert e.value.reason == reason or (reason == "target-died" and e.value.reason == "failed")
+    if reason == "target-died":
+        assert "the target QEMU exited" in e.value.why
+    if how == "target-died-starting":
+        assert not any(line.startswith("migrating:") for line in lines), lines
     assert "keeps running where it was" in e.value.line()
     assert ops.node_pid(NAME, "compute0", store) == pid
     assert answers(store, "compute0")

@@ -176,10 +176,16 @@ def _start_target(
     vm_qemu._CHILDREN[child.pid] = child  # reaped when stopped
     try:
         wait_qmp(launch.qmp_socket, child.pid, qmp_timeout, log)
-    except BaseException:
+    except BaseException as e:
+        died = child.poll() is not None
         with contextlib.suppress(ProcessLookupError):
             child.kill()  # our own child, by its PID: it may not have written its pid file
         child.wait()
+        if died and isinstance(e, HpvcError):
+            # Nothing was sent yet: to the user this is the same failure as a
+            # target dying mid-copy (the guest stays at the source).
+            why = "the target QEMU exited while starting"
+            raise migration.MigrationFailed("target-died", why) from e
         raise
     return child.pid
 
