@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -76,6 +77,39 @@ def test_corrupted_state_file_is_refused_by_sha256(tmp_path: Path) -> None:
         f.write(b"\x02")
     cf.verify(tmp_path, m, hashes=False)  # same size: only the hash tells
     with pytest.raises(InputError, match=r"state\.bin is corrupted: its sha256 differs"):
+        cf.verify(tmp_path, m)
+
+
+def test_hashes_side_by_side_match_one_at_a_time_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sha256_all on several CPUs gives each file its own hash, in the order asked
+    (it starts the largest first), empty and multi-chunk files included."""
+    sizes = [0, 1, cf._CHUNK - 1, 3 * cf._CHUNK + 17, 5]
+    paths = []
+    for i, size in enumerate(sizes):
+        p = tmp_path / f"f{i}"
+        p.write_bytes((bytes(range(i, 251)) * (size // 200 + 1))[:size])
+        paths.append(p)
+    want = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    monkeypatch.setattr(cf.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert cf.sha256_all(paths) == want
+    monkeypatch.setattr(cf.os, "sched_getaffinity", lambda _pid: {0})
+    assert cf.sha256_all(paths) == want
+    assert cf.sha256_all([]) == []
+
+
+def test_the_first_corrupted_file_in_the_manifest_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = _checkpoint(tmp_path)
+    monkeypatch.setattr(cf.os, "sched_getaffinity", lambda _pid: {0, 1})
+    first = m.nodes[0].files[0].path
+    for f in m.nodes[0].files:  # both corrupted, sizes kept
+        data = bytearray((tmp_path / f.path).read_bytes())
+        data[0] ^= 0xFF
+        (tmp_path / f.path).write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"{first} is corrupted"):
         cf.verify(tmp_path, m)
 
 

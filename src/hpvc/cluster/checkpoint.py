@@ -146,7 +146,7 @@ def _locked(
         spec_text=_spec_text(env.rec.spec_path),
         plan=env.rec.plan,
         subnet=plan.network.subnet,
-        nodes=tuple(_entry(env, plan, backend, dest, n, extras[n]) for n in names),
+        nodes=_entries(env, plan, backend, dest, names, extras),
         frozen_s=frozen_s,
         stopped=stop,
     )
@@ -181,21 +181,28 @@ def save_all(
     return {n: f.result() for n, f in futures.items()}
 
 
-def _entry(
-    env: ClusterEnv, plan: Plan, backend: Backend, dest: Path, name: str, extra: dict[str, Any]
-) -> cf.NodeEntry:
-    node = plan.node(name)
-    rel = [f"{cf.NODES}/{name}/{f}" for f in extra.get("files", [])]
-    return cf.NodeEntry(
-        name=name,
-        kind=backend.kind,
-        backend=backend.name,
-        image_digest=env.rec.images.get(name, ""),
-        ip=node.ip,
-        mac=node.mac,
-        files=cf.describe(dest, rel),
-        extra={k: v for k, v in extra.items() if k != "files"},
-    )
+def _entries(
+    env: ClusterEnv, plan: Plan, backend: Backend, dest: Path, names: list[str],
+    extras: dict[str, dict[str, Any]],
+) -> tuple[cf.NodeEntry, ...]:  # fmt: skip
+    """Each node's manifest entry; every node's files hashed in one go, so the
+    hashes run side by side across nodes (``checkpoint_format.sha256_all``)."""
+    rels = {n: [f"{cf.NODES}/{n}/{f}" for f in extras[n].get("files", [])] for n in names}
+    described = iter(cf.describe(dest, [r for n in names for r in rels[n]]))
+    out = []
+    for name in names:
+        node = plan.node(name)
+        out.append(cf.NodeEntry(
+            name=name,
+            kind=backend.kind,
+            backend=backend.name,
+            image_digest=env.rec.images.get(name, ""),
+            ip=node.ip,
+            mac=node.mac,
+            files=tuple(next(described) for _ in rels[name]),
+            extra={k: v for k, v in extras[name].items() if k != "files"},
+        ))  # fmt: skip
+    return tuple(out)
 
 
 def _spec_text(path: str) -> str:
@@ -255,9 +262,7 @@ class Cut:
             spec_text=_spec_text(env.rec.spec_path),
             plan=env.rec.plan,
             subnet=plan.network.subnet,
-            nodes=tuple(
-                _entry(env, plan, self.backend, self.dest, n, self.extras[n]) for n in self.names
-            ),
+            nodes=_entries(env, plan, self.backend, self.dest, self.names, self.extras),
             frozen_s=time.perf_counter() - self.t0,
             stopped=stop,
         )
