@@ -226,7 +226,8 @@ def gc_cmd(
     """Remove what hpvc left on this host that no cluster here owns any more.
 
     Containers, network namespaces, bridges, veths and taps, cgroups, QEMU
-    processes, libvirt domains and mounts named by hpvc for a cluster that has
+    processes, NFS server processes (Ganesha, rpcbind), libvirt domains and
+    mounts named by hpvc for a cluster that has
     no record in the state directory (e.g. after the state directory was
     deleted by hand); without --prefix, also the image store's interrupted
     imports. Running clusters and running imports are never touched.

@@ -10,6 +10,9 @@ This module finds what a cluster leaves whatever its nodes are:
 - bridges ``hpvc-...``, node veths ``hc`` + 13 hex digits, VM taps ``hv`` + 12
   hex digits (names hashed from cluster and node: ``hpvc.host.net``),
 - cgroups ``<hierarchy>/hpvc/<cluster>``,
+- the processes of a cluster's host-side NFS server (Ganesha and its
+  rpcbind, in ``hpvc/<cluster>/nfs-server``: ``hpvc.host.io_coord.SERVER``),
+  which keep the cgroup, the export's mount and its loop device busy,
 - mounts below the state directory's ``clusters/<cluster>/`` (``hpvc.paths``).
 
 What one kind of node leaves (containers and their namespace holders, QEMU
@@ -23,8 +26,11 @@ Removal is by that name or PID only.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +40,7 @@ from pyroute2 import netns as pr_netns
 
 from hpvc.host.cgroupfs.base import all_hierarchies
 from hpvc.host.cgroups import PARENT
+from hpvc.host.io_coord import SERVER
 from hpvc.host.probe import read_mounts
 from hpvc.paths import Layout
 from hpvc.sysroot import HOST
@@ -62,7 +69,7 @@ class Keep:
 
 @dataclass(frozen=True)
 class Orphan:
-    kind: str  # netns | link | cgroup | mount here; a backend's own: container, qemu, ...
+    kind: str  # server | netns | link | cgroup | mount here; a backend's own: container, ...
     name: str  # what it is removed by: id, name, path or PID
     detail: str = ""
 
@@ -99,6 +106,53 @@ def _cgroups(keep: Keep, prefix: str) -> list[Orphan]:
     return [Orphan("cgroup", d) for d in sorted(found)]
 
 
+def _servers(keep: Keep, prefix: str) -> list[Orphan]:
+    """The processes left in a lost cluster's NFS server cgroup, by PID."""
+    found: dict[int, str] = {}
+    for hierarchy in all_hierarchies(HOST):
+        for d in Path(hierarchy).glob(f"{PARENT}/{prefix}*/{SERVER}"):
+            if d.parent.name in keep.clusters:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                for line in (d / "cgroup.procs").read_text().split():
+                    found[int(line)] = d.parent.name
+    return [Orphan("server", str(pid), f"{cluster}: {_comm(pid)}")
+            for pid, cluster in sorted(found.items())]  # fmt: skip
+
+
+def _comm(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "comm").read_text().strip()
+    return "?"
+
+
+def _in_server_cgroup(pid: int) -> bool:
+    """Whether ``pid`` still runs in some cluster's NFS server cgroup (not reused)."""
+    try:
+        lines = (Path("/proc") / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    return any(f"/{PARENT}/" in line and line.endswith(f"/{SERVER}") for line in lines)
+
+
+SERVER_STOP_S = (10.0, 3.0)  # after SIGTERM (Ganesha shuts down cleanly), after SIGKILL
+
+
+def _stop_server(name: str) -> None:
+    """SIGTERM, then SIGKILL, while the PID is still in a server cgroup."""
+    pid = int(name)
+    for sig, seconds in ((signal.SIGTERM, SERVER_STOP_S[0]), (signal.SIGKILL, SERVER_STOP_S[1])):
+        if not _in_server_cgroup(pid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + seconds
+        while _in_server_cgroup(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if _in_server_cgroup(pid):
+        raise OSError(f"PID {pid} still runs after SIGKILL")
+
+
 def _mounts(keep: Keep, prefix: str) -> list[Orphan]:
     layout = Layout(keep.state_dir)
     out = []
@@ -114,6 +168,7 @@ def find(keep: Keep, prefix: str = "") -> list[Orphan]:
     """What any cluster whose name starts with ``prefix`` may have left, in removal
     order (after its backend's own orphans, which hold some of these: ``Backend.orphans``)."""
     return [
+        *_servers(keep, prefix),  # they hold the export's mount and the cgroup
         *_mounts(keep, prefix),
         *_netns(keep, prefix),
         *_links(keep, prefix),
@@ -146,6 +201,7 @@ def _remove_mount(path: str) -> None:
 
 
 _REMOVE: dict[str, Callable[[str], None]] = {
+    "server": _stop_server,
     "netns": _remove_netns,
     "link": _remove_link,
     "cgroup": lambda path: _rmdir_tree(Path(path)),
