@@ -64,10 +64,17 @@ def clean_up(s: Store, left: Callable[[str], list[str]] = leftovers) -> None:
     nothing (``left(name)`` lists what it would have left), then the host-wide
     changes of this state dir (kept while in use) go."""
     names = s.names() + [p.name for p in (s.root / "clusters").glob("*")]
-    for name in set(names):
-        lifecycle.teardown(s, name)
-        assert left(name) == [], f"left behind by {name}"
-    s.host_journal().undo_all()
+    problems: list[str] = []
+    for name in sorted(set(names)):  # every one, even after one fails
+        try:
+            lifecycle.teardown(s, name)
+        except Exception as e:  # said below, once the others went too
+            problems.append(f"teardown of {name}: {e}")
+        if left(name):
+            problems.append(f"left behind by {name}: {left(name)}")
+    if not problems:
+        s.host_journal().undo_all()
+    assert problems == []
 
 
 @pytest.fixture
