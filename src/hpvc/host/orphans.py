@@ -38,9 +38,11 @@ from pathlib import Path
 from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped]
 from pyroute2 import netns as pr_netns
 
-from hpvc.host.cgroupfs.base import all_hierarchies
+from hpvc.host import procfs
+from hpvc.host.cgroupfs.base import all_hierarchies, procs
 from hpvc.host.cgroups import PARENT
 from hpvc.host.io_coord import SERVER
+from hpvc.host.nfs_server import STOP_WAIT_S
 from hpvc.host.probe import read_mounts
 from hpvc.paths import Layout
 from hpvc.sysroot import HOST
@@ -111,19 +113,10 @@ def _servers(keep: Keep, prefix: str) -> list[Orphan]:
     found: dict[int, str] = {}
     for hierarchy in all_hierarchies(HOST):
         for d in Path(hierarchy).glob(f"{PARENT}/{prefix}*/{SERVER}"):
-            if d.parent.name in keep.clusters:
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                for line in (d / "cgroup.procs").read_text().split():
-                    found[int(line)] = d.parent.name
-    return [Orphan("server", str(pid), f"{cluster}: {_comm(pid)}")
+            if d.parent.name not in keep.clusters:
+                found |= dict.fromkeys(procs(d), d.parent.name)
+    return [Orphan("server", str(pid), f"{cluster}: {procfs.thread_name(pid, pid) or '?'}")
             for pid, cluster in sorted(found.items())]  # fmt: skip
-
-
-def _comm(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return (Path("/proc") / str(pid) / "comm").read_text().strip()
-    return "?"
 
 
 def _in_server_cgroup(pid: int) -> bool:
@@ -135,13 +128,11 @@ def _in_server_cgroup(pid: int) -> bool:
     return any(f"/{PARENT}/" in line and line.endswith(f"/{SERVER}") for line in lines)
 
 
-SERVER_STOP_S = (10.0, 3.0)  # after SIGTERM (Ganesha shuts down cleanly), after SIGKILL
-
-
 def _stop_server(name: str) -> None:
-    """SIGTERM, then SIGKILL, while the PID is still in a server cgroup."""
+    """SIGTERM, then SIGKILL (``nfs_server``'s waits), while the PID is still in a
+    server cgroup: by PID, as its record, which ``nfs_server.stop`` needs, is lost."""
     pid = int(name)
-    for sig, seconds in ((signal.SIGTERM, SERVER_STOP_S[0]), (signal.SIGKILL, SERVER_STOP_S[1])):
+    for sig, seconds in zip((signal.SIGTERM, signal.SIGKILL), STOP_WAIT_S, strict=True):
         if not _in_server_cgroup(pid):
             return
         with contextlib.suppress(ProcessLookupError):
