@@ -17,11 +17,15 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy --strict src
 
+# The unit tests are pure and independent: one pytest worker per CPU (xdist).
+# The integration tests share the host (subnets, hugepages, the Slurm test
+# cluster), so they run one at a time.
 test: lint
-	$(VENV)/bin/pytest -q -ra --durations=25
+	$(VENV)/bin/pytest -q -ra -n auto tests/unit
+	$(VENV)/bin/pytest -q -ra --durations=25 tests/integration
 
 unit: setup
-	$(VENV)/bin/pytest -q -ra tests/unit
+	$(VENV)/bin/pytest -q -ra -n auto tests/unit
 
 bench: setup
 	$(HPVC) bench plan --out bench/results/plan

@@ -97,6 +97,11 @@ def test_spark_cluster_terasort(store: Store, tmp_path: Path) -> None:
         assert result["valid"] is True
         assert result["records"] == 64 * 1024 * 1024 // 100
         assert result["results"]["TERAVALIDATE"]["records"] == result["records"]
+        # One application ran the three steps: each one's own time, and the whole.
+        assert sorted(result["steps"]) == ["gen", "sort", "validate"]
+        own = [result[f"{s}_s"] for s in ("gen", "sort", "validate")]
+        assert min(own) > 0 and result["wall_s"] > sum(own)
+        assert result["steps"]["sort"]["TERASORT"]["records"] == result["records"]
         # Its event logs landed on the shared directory.
         backing = Path(ops.status(name, store)["shared_dir"]["backing"])
         assert any((backing / "spark" / "events").iterdir())

@@ -91,16 +91,12 @@ def test_native_terasort_16mib(tmp_path: Path) -> None:
     spark = NativeSpark(tmp_path / "run", workers=2, cores=1, memory_mib=1024)
     with spark:
         groups.update(spark.pids())
-        data, out = tmp_path / "data", tmp_path / "sorted"
-        results = {}
-        for args in (
-            ["gen", str(ROWS_16MIB), str(data)],
-            ["sort", str(data), str(out)],
-            ["validate", str(out)],
-        ):
-            done = spark.submit(args)
-            assert done.returncode == 0, f"{args[0]}: {done.stderr[-3000:]}"
-            results[args[0]] = model.parse_result(done.stdout)
+        # `all`: the three steps in one application, as `hpvc spark terasort` runs them
+        # (gen and sort alone: the tests above).
+        done = spark.submit(["all", str(ROWS_16MIB), str(tmp_path)])
+        assert done.returncode == 0, done.stderr[-3000:]
+        results = model.parse_steps(done.stdout)
+        out = tmp_path / "out"
     gen, sort, valid = results["gen"], results["sort"], results["validate"]
     assert gen["TERAGEN"]["records"] == sort["TERASORT"]["records"] == ROWS_16MIB
     assert valid["TERAVALIDATE"] == {

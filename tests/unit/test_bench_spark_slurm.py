@@ -146,7 +146,7 @@ def test_samples_carry_the_sorts_own_phases_from_its_teratime_line() -> None:
         "TERATIME cmd=sort startup_s=4.500 sample_s=1.250 sort_s=20.000 total_s=21.300\n"
     )
     step = {"TERATIME": {"total_s": 1.0}}
-    result = {"sort_s": 30.0, "steps": {"sort": model.parse_result(out), "gen": step,
+    result = {"sort_wall_s": 30.0, "steps": {"sort": model.parse_result(out), "gen": step,
                                         "validate": step}}  # fmt: skip
     got = {s["metric"]: s["value"] for s in bench._samples("slurm-nfs", 0, "1GiB", result)}
     assert got["sort 1GiB"] == 21.3 and got["sort step wall 1GiB"] == 30.0

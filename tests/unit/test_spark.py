@@ -125,6 +125,34 @@ def test_parse_result_refuses_a_malformed_line() -> None:
         model.parse_result("TERAVALIDATE sorted=maybe\n")
 
 
+ALL_OUTPUT = """\
+25/11/27 INFO SparkContext: Running Spark version 3.5.3
+TERAGEN records=10 checksum=a1 partitions=1
+TERATIME cmd=gen startup_s=8.100 gen_s=1.000 total_s=1.200
+TERASORT records=10 partitions=2
+TERATIME cmd=sort startup_s=0.000 sample_s=0.300 sort_s=2.000 total_s=2.500
+25/11/27 INFO DAGScheduler: Job 2 finished
+TERAVALIDATE records=10 checksum=a1 sorted=true partitions=2
+TERATIME cmd=validate startup_s=0.000 validate_s=0.700 total_s=0.800
+"""
+
+
+def test_parse_steps_gives_each_step_of_all_its_own_lines() -> None:
+    got = model.parse_steps(ALL_OUTPUT)
+    assert sorted(got) == ["gen", "sort", "validate"]
+    assert got["gen"]["TERAGEN"] == {"records": 10, "checksum": "a1", "partitions": 1}
+    assert got["sort"] == {
+        "TERASORT": {"records": 10, "partitions": 2},
+        "TERATIME": {"cmd": "sort", "startup_s": 0.0, "sample_s": 0.3, "sort_s": 2.0,
+                     "total_s": 2.5},
+    }  # fmt: skip
+    assert [got[s]["TERATIME"]["total_s"] for s in ("gen", "validate")] == [1.2, 0.8]
+    assert got["validate"]["TERAVALIDATE"]["sorted"] is True
+    # A run that stopped after gen has no sort or validate.
+    assert sorted(model.parse_steps(ALL_OUTPUT.split("TERASORT")[0])) == ["gen"]
+    assert model.parse_steps("no result\n") == {}
+
+
 def test_workers_alive_from_the_master_json() -> None:
     doc = {
         "url": "spark://127.0.0.1:7077",

@@ -122,7 +122,12 @@ def parse_result(text: str) -> dict[str, dict[str, Any]]:
     >>> parse_result("x\\nTERAVALIDATE records=3 checksum=1f sorted=true partitions=1\\n")
     {'TERAVALIDATE': {'records': 3, 'checksum': '1f', 'sorted': True, 'partitions': 1}}
     """
-    out: dict[str, dict[str, Any]] = {}
+    return dict(_lines(text))
+
+
+def _lines(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every TERA* line of ``text``, in order, as (tag, fields)."""
+    out: list[tuple[str, dict[str, Any]]] = []
     for line in text.splitlines():
         tag, _, rest = line.strip().partition(" ")
         if tag not in _TAGS:
@@ -133,7 +138,27 @@ def parse_result(text: str) -> dict[str, dict[str, Any]]:
             if not eq or not key:
                 raise ValueError(f"malformed field {token!r} in {line.strip()!r}")
             fields[key] = _value(key, value)
-        out[tag] = fields
+        out.append((tag, fields))
+    return out
+
+
+_STEP_OF = {"TERAGEN": "gen", "TERASORT": "sort", "TERAVALIDATE": "validate"}
+
+
+def parse_steps(text: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """The output of TeraSort's ``all`` command, one :func:`parse_result` per step.
+
+    Each step prints its result line and a TERATIME line naming it (``cmd=``):
+    step (gen, sort, validate) -> tag -> fields. A step that did not run is
+    absent.
+
+    >>> parse_steps("TERATIME cmd=gen total_s=1.5\\nTERATIME cmd=sort total_s=2\\n")["sort"]
+    {'TERATIME': {'cmd': 'sort', 'total_s': 2.0}}
+    """
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for tag, fields in _lines(text):
+        step = str(fields.get("cmd")) if tag == "TERATIME" else _STEP_OF[tag]
+        out.setdefault(step, {})[tag] = fields
     return out
 
 
