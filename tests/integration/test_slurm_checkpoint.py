@@ -24,13 +24,12 @@ in a step. Container nodes are cut too
 a step left running in the background is taken, a running step's tasks are
 refused (docs/checkpoint.md "Under Slurm").
 
-In this module, run by ``make test``: the refusals (a job that does not
-exist, a job without ``--hpvc``: exit 2, no cut left) and the container cut.
-The requeue path (1-3 above) and periodic cuts (``--hpvc-checkpoint=5``: a
-cut appears, only two are kept, none after the job ends) are in
-slurm_checkpoint_requeue.py, run by hand
-(``pytest tests/integration/slurm_checkpoint_requeue.py``), not by CI, for
-time (about 65 s): docs/checkpoint.md "Under Slurm".
+In this module: the refusals (a job that does not exist, a job without
+``--hpvc``: exit 2, no cut left) and the container cut. The requeue path
+(1-3 above) and periodic cuts (``--hpvc-checkpoint=5``: a cut appears, only
+two are kept, none after the job ends) are in
+test_slurm_checkpoint_requeue.py (docs/checkpoint.md "Under Slurm"); both
+modules run in ``make test``.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def test_only_the_newest_two_cuts_stay(tmp_path: Path) -> None:
 def test_no_one_listing_the_cuts_ever_sees_more_than_two(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The periodic test (slurm_checkpoint_requeue.py) polls the job's folder; a
+    """The periodic test (test_slurm_checkpoint_requeue.py) polls the job's folder; a
     third cut must not show while the oldest is being deleted or before it goes."""
     seen: list[int] = []
     rmtree, replace = jck.shutil.rmtree, jck.os.replace

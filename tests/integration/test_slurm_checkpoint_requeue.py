@@ -1,12 +1,11 @@
 """The requeue path and periodic cuts of a Slurm job's checkpoints (issue 28
-item 4), with test_slurm_checkpoint.py's cluster and helpers: run by hand,
-``pytest tests/integration/slurm_checkpoint_requeue.py`` (the file name keeps
-it out of ``make test``).
+item 4), with test_slurm_checkpoint.py's cluster and helpers (about 70 s).
 
-Why not in CI: time (about 65 s). Each failed about 1 run in 20 on
-2026-11-26; both causes were found on 2026-11-27 (a relaunch in the second
-of the kill, refused by slurmd; a third cut visible while the oldest was
-deleted) and fixed. docs/checkpoint.md "Under Slurm", Limits.
+Each failed about 1 run in 20 on 2026-11-26; both causes were found on
+2026-11-27 (a relaunch in the second of the kill, refused by slurmd; a third
+cut visible while the oldest was deleted) and fixed. In ``make test`` since
+2026-11-27 (run by hand before, for the suite's time). docs/checkpoint.md
+"Under Slurm", Limits.
 """
 
 from __future__ import annotations
