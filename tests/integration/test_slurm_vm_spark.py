@@ -95,6 +95,13 @@ def test_vm_guests_on_two_hosts_mount_nfs_and_register_their_workers(slurm: Env)
         assert len(workers) == 1 and st0["spark"]["master_status"] == "ALIVE", st0["spark"]
         compute0 = next(n for n in st1["nodes"] if n["name"] == "compute0")
         assert workers[0]["host"] == compute0["network"]["address"], (workers, compute0)
+        # Each guest's daemon maps its class-data archive (hpvc.spark.cds): the
+        # explicit class path matched on the guest's own disk.
+        for host, share, node, role in ((first, f"j{job}-0", "head0", "master"),
+                                        (second, f"j{job}-1", "compute0", "worker")):  # fmt: skip
+            maps = f"grep -ls /opt/hpvc/cds/{role}.jsa /proc/[0-9]*/maps"
+            argv = [slurm.env["HPVC_BIN"], "exec", share, node, "--", "sh", "-c", maps]
+            assert "/maps" in slurm.cluster.run_on(host, argv, timeout=120), (node, role)
         print(f"job {job}: both shares up, the worker registered, {up_s:.1f} s after sbatch")
     finally:
         slurm.run("scancel", str(job))

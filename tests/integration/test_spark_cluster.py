@@ -49,8 +49,8 @@ def spec(tmp_path: Path, name: str) -> str:
     return str(p)
 
 
-def jvms_of(root: Path) -> list[str]:
-    """Java processes whose command line or cgroup names a node under ``root``'s clusters."""
+def jvms_of(name: str) -> list[str]:
+    """Java processes in a cgroup of cluster ``name``'s nodes."""
     found = []
     for p in Path("/proc").glob("[0-9]*"):
         try:
@@ -58,7 +58,7 @@ def jvms_of(root: Path) -> list[str]:
             cgroup = (p / "cgroup").read_text()
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"java") and "/hpvc/" in cgroup and root.name in cgroup:
+        if cmd and cmd[0].endswith(b"java") and f"/hpvc/{name}/" in cgroup:
             found.append(p.name)
     return found
 
@@ -81,6 +81,16 @@ def test_spark_cluster_terasort(store: Store, tmp_path: Path) -> None:
         ]
         st = ops.status(name, store)["spark"]
         assert len(st["workers"]) == 2 and st["master_status"] == "ALIVE"
+        # Each daemon's JVM maps its class-data archive (hpvc.spark.cds): the
+        # class path matched the one the image build recorded it with.
+        daemons: dict[str, list[str]] = {}
+        for pid in jvms_of(name):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            role = "master" if b"org.apache.spark.deploy.master.Master" in cmd else "worker"
+            daemons.setdefault(role, []).append(Path(f"/proc/{pid}/maps").read_text())
+        assert sorted((r, len(m)) for r, m in daemons.items()) == [("master", 1), ("worker", 2)]
+        for role, maps in daemons.items():
+            assert all(f"/opt/hpvc/cds/{role}.jsa" in m for m in maps), role
         # The shared directory: written on one node, read on another.
         in_node(name, "compute0", "echo spark > /shared/note", store)
         assert in_node(name, "compute1", "cat /shared/note", store) == "spark\n"
@@ -114,7 +124,7 @@ def test_spark_cluster_terasort(store: Store, tmp_path: Path) -> None:
     finally:
         lifecycle.down(name, store)
     assert left_by(name, store) == []
-    assert jvms_of(store.root) == []
+    assert jvms_of(name) == []
 
 
 @pytest.mark.parametrize("bad", ['image = "hpc"'])

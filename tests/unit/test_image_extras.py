@@ -39,7 +39,9 @@ def pinned_spark_content(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_terasort_sources_are_in_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     """A changed TeraSort is a new spark recipe (an image holding the old jar is
-    not reused), and the content is the sources' own digest."""
+    not reused), and the content is the sources' own digest with the recipe
+    of the daemons' class-data archives."""
+    from hpvc.spark import cds
     from hpvc.spark.app import sources_digest
 
     before = spark_spec().digest
@@ -48,7 +50,7 @@ def test_the_terasort_sources_are_in_the_digest(monkeypatch: pytest.MonkeyPatch)
     assert spark_spec().digest != before
     monkeypatch.setitem(EXTRAS, SPARK_EXTRA, REAL_SPARK)
     doc = json.loads(spark_spec().canonical_json())
-    assert doc["extras_content"] == {SPARK_EXTRA: sources_digest()}
+    assert doc["extras_content"] == {SPARK_EXTRA: f"{sources_digest()}+cds-{cds.recipe()}"}
     assert "extras_content" not in json.loads(
         ImageSpec.make(extras=[image_extras.OPENBLAS_EXTRA]).canonical_json()
     )  # no content of hpvc's own: the digest as before

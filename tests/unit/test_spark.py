@@ -14,7 +14,7 @@ import pytest
 
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.image.extras import SPARK_EXTRA
-from hpvc.spark import app, dist, model
+from hpvc.spark import app, cds, dist, model
 from hpvc.spec import spark as sizing
 from tests import gensort
 
@@ -340,7 +340,9 @@ def test_terasort_sources_are_the_image_extras_content() -> None:
     from hpvc.image.extras import content_digests
 
     assert f"spark-{dist.VERSION}" == SPARK_EXTRA
-    assert content_digests([SPARK_EXTRA]) == {SPARK_EXTRA: app.sources_digest()}
+    # The TeraSort sources and what records the daemons' class-data archives.
+    want = f"{app.sources_digest()}+cds-{cds.recipe()}"
+    assert content_digests([SPARK_EXTRA]) == {SPARK_EXTRA: want}
     assert set(app.sources()) == {
         "Gen.java", "Records.java", "Sort.java", "TeraSort.java", "Validate.java",
     }  # fmt: skip

@@ -68,6 +68,39 @@ def test_master_and_worker_lines_start_in_the_background_with_their_sizes() -> N
         assert "SPARK_DAEMON_JAVA_OPTS=-XX:TieredStopAtLevel=1" in shlex.split(line)
 
 
+def test_an_image_with_class_archives_starts_the_jvms_directly_with_them(
+    tmp_path: Path,
+) -> None:
+    """hpvc.spark.cds: the archive's class path is explicit (jars by name, as
+    recorded at build), not spark-class's ``jars/*`` in listing order."""
+    plan = spark_plan()
+    sp = plan.spark
+    assert sp is not None
+    jars = tmp_path / "opt/spark/jars"
+    jars.mkdir(parents=True)
+    for name in ("z.jar", "spark-core_2.12-3.5.3.jar", "m.jar"):
+        (jars / name).write_bytes(b"")
+    (tmp_path / "opt/hpvc/cds").mkdir(parents=True)
+    (tmp_path / "opt/hpvc/cds/master.jsa").write_bytes(b"x")  # the master's only
+    master = shlex.split(_line(spark.daemon_argv(sp, plan, "head0", image_root=tmp_path)))
+    java = master.index("/usr/lib/jvm/java-17-openjdk-amd64/bin/java")
+    assert master[java + 1 : java + 3] == [
+        "-cp", "/opt/spark/conf/:/opt/spark/jars/m.jar:/opt/spark/jars/spark-core_2.12-3.5.3.jar"
+        ":/opt/spark/jars/z.jar"
+    ]  # fmt: skip
+    # What spark-class would export: a worker's launcher needs the Scala version.
+    assert "SPARK_SCALA_VERSION=2.12" in master and "SPARK_CONF_DIR=/opt/spark/conf" in master
+    assert "-XX:SharedArchiveFile=/opt/hpvc/cds/master.jsa" in master
+    assert f"-Xmx{sizing.DAEMON_MEMORY_MIB}m" in master and "-XX:TieredStopAtLevel=1" in master
+    cls = master.index("org.apache.spark.deploy.master.Master")
+    assert master[cls + 1 : cls + 7] == ["--host", "10.88.0.2", "--port", "7100",
+                                         "--webui-port", "8100"]  # fmt: skip
+    # No archive of its own: the worker goes through spark-class, as without any.
+    worker = shlex.split(_line(spark.daemon_argv(sp, plan, "compute1", image_root=tmp_path)))
+    assert "/opt/spark/bin/spark-class" in worker
+    assert not [w for w in worker if "SharedArchiveFile" in w]
+
+
 def test_a_slurm_jobs_daemons_run_as_its_user_known_to_the_node(tmp_path: Path) -> None:
     """ClusterRecord.user (a Slurm share): the daemon drops to the job's user,
     who gets a passwd and group entry once (Hadoop's login needs a name), and

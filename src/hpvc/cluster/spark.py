@@ -23,6 +23,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv
@@ -30,7 +31,7 @@ from hpvc.errors import HpvcError
 from hpvc.plan import Plan
 from hpvc.plan.services import DEFAULT_SHARED, SparkPlan
 from hpvc.progress import Progress
-from hpvc.spark import model
+from hpvc.spark import cds, model
 from hpvc.spec import spark as sizing
 
 SPARK_HOME = model.IMAGE_SPARK_HOME
@@ -68,13 +69,20 @@ def _env(sp: SparkPlan, address: str, plan: Plan) -> dict[str, str]:
 
 
 def daemon_argv(
-    sp: SparkPlan, plan: Plan, node: str, user: dict[str, Any] | None = None
+    sp: SparkPlan,
+    plan: Plan,
+    node: str,
+    user: dict[str, Any] | None = None,
+    image_root: Path | None = None,
 ) -> list[str]:
     """The shell line that starts ``node``'s daemon in the background (master
     on the master node, else a worker) and returns at once. ``user`` (a Slurm
     job's, ``ClusterRecord.user``): the daemon runs as that user, known to the
     node's passwd and group files, with the node-local scratch its own; its
-    files on the shared directory are the user's (the export squashes root)."""
+    files on the shared directory are the user's (the export squashes root).
+    ``image_root``: the image's root on this host; where it holds the daemons'
+    class-data archives (``hpvc.spark.cds``) the JVM is started directly with
+    them, else through ``spark-class``."""
     if node == sp.master:
         address = sp.address
         argv = model.master_argv(SPARK_HOME, address, sp.port, sp.ui_port)
@@ -85,6 +93,11 @@ def daemon_argv(
                                  memory_mib=w.memory_mib, work_dir=f"{SCRATCH}/work",
                                  ui_port=8081)  # fmt: skip
     env = _env(sp, address, plan)
+    role = "master" if node == sp.master else "worker"
+    if image_root is not None and (image_root / cds.archive(role).lstrip("/")).is_file():
+        argv = cds.daemon_argv(cds.classpath(image_root), sizing.DAEMON_MEMORY_MIB, argv[1],
+                               argv[2:], cds.archive(role))  # fmt: skip
+        env |= cds.daemon_env(image_root)
     log = f"{env['SPARK_LOG_DIR']}/{node}.log"
     logs = shlex.quote(env["SPARK_LOG_DIR"])
     setup, drop = f"mkdir -p {SCRATCH}/local {SCRATCH}/work {logs} &&", []
@@ -156,15 +169,26 @@ def start(
     todo.sort(key=lambda n: n != sp.master)
     # As the job's user, where the nodes' tasks run as that user (not in VM guests).
     user = env.rec.user if backend.capabilities.job_user_daemons else None
+    root = _image_root(plan.image)
     for node in todo:
         progress(f"spark: {'master' if node == sp.master else 'worker'} on {node}")
-        _run(backend, env, plan, node, daemon_argv(sp, plan, node, user))
+        _run(backend, env, plan, node, daemon_argv(sp, plan, node, user, root))
     # A Slurm share waits for its own workers, at the master on whichever host
     # it runs (reached over the job's network); the master's share for its own.
     mine = {w.node for w in sp.workers if w.node in todo}
     if sp.master in here or mine:
         wait_workers(sp, mine if sp.master not in here else {w.node for w in sp.workers},
                      progress, wait_s(backend, env))  # fmt: skip
+
+
+def _image_root(image: str) -> Path | None:
+    """The image's root on this host (its daemons' class-data archives), if it is here."""
+    from hpvc.image import resolve_image  # the image store only when daemons start
+
+    try:
+        return resolve_image(image).rootfs
+    except HpvcError:
+        return None
 
 
 def _is_worker(sp: SparkPlan, node: str) -> bool:

@@ -50,9 +50,10 @@ def _spark(rootfs: Path, progress: Progress) -> None:
 
 
 def _spark_content() -> str:
+    from hpvc.spark import cds
     from hpvc.spark.app import sources_digest  # the TeraSort jar's sources and Spark version
 
-    return sources_digest()
+    return f"{sources_digest()}+cds-{cds.recipe()}"
 
 
 SPARK_EXTRA = "spark-3.5.3"  # hpvc.spark.dist.VERSION; a test keeps the two equal

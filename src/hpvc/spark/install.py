@@ -3,7 +3,8 @@
 Runs after debootstrap, inside the image build (root, the store's temporary
 folder). Copies the very folder the native runs use (``hpvc.spark.dist``) to
 ``/opt/spark`` and the jar built from the sources of this hpvc to
-``/opt/hpvc/terasort.jar``; nothing outside the rootfs is written except the
+``/opt/hpvc/terasort.jar``, then records the daemons' class-data archives
+(``hpvc.spark.cds``); nothing outside the rootfs is written except the
 download/jar cache. The Java runtime comes from Debian (openjdk-17-jre-headless,
 in the recipe's packages), the same package as the host's JDK.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from hpvc.errors import HpvcError
 from hpvc.progress import Progress
-from hpvc.spark import model
+from hpvc.spark import cds, model
 from hpvc.spark.app import build_jar
 from hpvc.spark.dist import cache_dir, spark_home
 
@@ -53,3 +54,4 @@ def install_spark(rootfs: Path, progress: Progress) -> None:
     shutil.copytree(home, spark_dir, symlinks=True)
     jar_dir = _inside(rootfs, str(Path(model.IMAGE_JAR).parent))
     shutil.copyfile(jar, jar_dir / Path(model.IMAGE_JAR).name)
+    cds.make_archives(rootfs, progress)
