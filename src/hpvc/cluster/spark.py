@@ -83,7 +83,8 @@ def daemon_argv(
     ``image_root``: the image's root on this host; where it holds the daemons'
     class-data archives (``hpvc.spark.cds``) the JVM is started directly with
     them, else through ``spark-class``."""
-    if node == sp.master:
+    role = "master" if node == sp.master else "worker"
+    if role == "master":
         address = sp.address
         argv = model.master_argv(SPARK_HOME, address, sp.port, sp.ui_port)
     else:
@@ -93,7 +94,6 @@ def daemon_argv(
                                  memory_mib=w.memory_mib, work_dir=f"{SCRATCH}/work",
                                  ui_port=8081)  # fmt: skip
     env = _env(sp, address, plan)
-    role = "master" if node == sp.master else "worker"
     if image_root is not None and (image_root / cds.archive(role).lstrip("/")).is_file():
         argv = cds.daemon_argv(cds.classpath(image_root), sizing.DAEMON_MEMORY_MIB, argv[1],
                                argv[2:], cds.archive(role))  # fmt: skip

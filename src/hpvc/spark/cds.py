@@ -75,11 +75,11 @@ def _script(cp: str, env: dict[str, str]) -> str:
                                            "--webui-port", "0"], None)  # fmt: skip
     worker = daemon_argv(cp, 256, WORKER, ["--host", "127.0.0.1", "--port", "0",
                                            "--webui-port", "0", "--cores", "1",
-                                           "--memory", "256M", "--work-dir", "/tmp/cds-work",
-                                           "MASTER"], None)  # fmt: skip
+                                           "--memory", "256M", "--work-dir", "/tmp/cds-work"],
+                         None)  # fmt: skip
     dump = "-XX:ArchiveClassesAtExit="
     m = " ".join(map(shlex.quote, [master[0], f"{dump}{archive('master')}", *master[1:]]))
-    w = " ".join(map(shlex.quote, [worker[0], f"{dump}{archive('worker')}", *worker[1:-1]]))
+    w = " ".join(map(shlex.quote, [worker[0], f"{dump}{archive('worker')}", *worker[1:]]))
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     return f"""
 set -u
