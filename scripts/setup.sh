@@ -128,3 +128,5 @@ nice make -s -C native/ucx UCX_CACHE="$UCX_CACHE"
 
 # hpvc-nfsfuse: the nodes' NFS client (docs/storage.md); rebuilt when its source changes.
 make -s -C native/nfsfuse
+# hpvc-nodeinit: the init of container nodes sharing a PID namespace (docs/containers.md).
+make -s -C native/nodeinit

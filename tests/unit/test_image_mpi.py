@@ -110,5 +110,5 @@ def test_hydra_manual_launch_lines() -> None:
 
 
 def test_rank_script_is_posix_sh() -> None:
-    script = RANK_SCRIPT.format(crun="crun", path="PATH=/bin")
+    script = RANK_SCRIPT.format(crun="crun", path="PATH=/bin", client="")
     assert script.startswith("#!/bin/sh\n") and "<(" not in script and "+=(" not in script

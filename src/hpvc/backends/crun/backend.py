@@ -35,6 +35,7 @@ from hpvc.backends.base import (
     undo_nodes,
 )
 from hpvc.backends.crun import container as ct
+from hpvc.backends.crun import nodeinit
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
@@ -54,8 +55,8 @@ if TYPE_CHECKING:  # the spec's schema (pydantic), gc's netlink: not on status's
 
 SHM_MIB = 1024
 
-# POSIX sh, no bash: the job's variables go in as --env, then the node, then the
-# command (rotated behind them); PATH is the image's own (its Env's, else the usual).
+# POSIX sh, no bash: the job's variables go in as --env, then the node, its init's
+# client (locality "shm"), the command (rotated behind); PATH: the image's own.
 RANK_SCRIPT = """#!/bin/sh
 # hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its node (see ranks beside this file).
 set -e
@@ -68,7 +69,7 @@ for kv in $(env | grep -E '^(OMPI|PMIX|PMI|OPAL|ORTE|HPVC)_[A-Za-z0-9_]*='); do
   set -- "$@" --env "$kv"
 done
 unset IFS
-set -- "$@" --env {path} "$node"
+set -- "$@" --env {path} "$node"{client}
 while [ "$n" -gt 0 ]; do
   set -- "$@" "$1"
   shift
@@ -86,6 +87,7 @@ class CrunState(State):
     shm: str | None = None  # the tmpfs co-resident nodes share as /dev/shm
     holder_pid: int | None = None  # init of the IPC+PID namespaces they join
     block_device: list[int] | None = None  # (major, minor) the I/O limits apply to
+    node_init: bool = False  # init hpvc-nodeinit, commands under it (crun.nodeinit)
 
 
 def _state(env: ClusterEnv) -> CrunState:
@@ -98,10 +100,11 @@ def render_context(env: ClusterEnv) -> RenderContext:
     st = _state(env)
     dev = st.block_device
     plan = env.rec.the_plan()
+    init = ((str(nodeinit.binary()), nodeinit.IN_NODE, True),) if st.node_init else ()
     return RenderContext(
         base_dir=str(env.store.root),
         node_rootfs=True,
-        command=ct.INIT,
+        command=nodeinit.COMMAND if st.node_init else ct.INIT,
         # An imported image's Env (hpvc image import): the init's and, as crun
         # exec inherits it, every `hpvc exec`'s.
         env=oci.merged_env(resolve_image(plan.image).env, DEFAULT_ENV),
@@ -117,6 +120,7 @@ def render_context(env: ClusterEnv) -> RenderContext:
             *shared.binds(env, plan),
             # Host directories a site shares with Slurm jobs' nodes (hpvc.slurm).
             *((p, p, False) for p in env.rec.binds),
+            *init,  # the nodes' init, read-only (locality "shm")
         ),
         node_binds=shared.node_binds(plan),
         block_device=(int(dev[0]), int(dev[1])) if dev else None,
@@ -169,6 +173,7 @@ class CrunBackend:
 
     def preflight(self, spec: Spec) -> None:
         ct.runtime()
+        nodeinit.preflight(spec.tuning.locality)  # MissingDependency, nothing changed
         shared.preflight(spec)
 
     def build_image(self, spec: Spec, progress: Progress) -> None:
@@ -204,6 +209,7 @@ class CrunBackend:
             ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB, tenant=env.rec.tenant)
             st.shm = str(env.dir / "shm")
             st.holder_pid = ct.start_holder(j, env.dir / "holder.pid", env.name)
+            st.node_init = True
         dev = blkio.block_device(env.store.root)
         st.block_device = list(dev) if dev else None
         warning = io_warning(env, plan)
@@ -311,6 +317,7 @@ class CrunBackend:
             if not any(kv.startswith("PATH=") for kv in image_env):
                 image_env.append(f"PATH={DEFAULT_PATH}")
             env_kv = [*image_env, *ct.tty_env()]
+        argv = nodeinit.client(argv) if _state(env).node_init else argv  # under its init
         out = ct.exec_argv(cid, argv, env_kv)
         workdir = resolve_image(plan.image).workdir  # an imported image's WorkingDir
         if workdir != "/":
@@ -339,7 +346,11 @@ class CrunBackend:
         image_env = resolve_image(plan.image).env
         path = next((kv for kv in image_env if kv.startswith("PATH=")), f"PATH={DEFAULT_PATH}")
         return MpiLaunch(
-            script=RANK_SCRIPT.format(crun=shlex.quote(ct.runtime()), path=shlex.quote(path)),
+            script=RANK_SCRIPT.format(
+                crun=shlex.quote(ct.runtime()),
+                path=shlex.quote(path),
+                client=" " + nodeinit.client_words() if _state(env).node_init else "",
+            ),
             targets={n.name: ct.container_id(plan.cluster, n.name) for n in plan.nodes},
         )
 
