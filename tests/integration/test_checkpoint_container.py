@@ -11,16 +11,14 @@ sits in Slurm's (the cut moves it back). Mid-run the cluster is
 checkpointed with ``stop`` (every node frozen, dumped, the cluster taken
 down), restored, and the counter goes on from where it was over the same
 connection; the node's SysV shared memory and /dev/shm come back too. Then:
-CRIU failing mid-restore (``HPVC_FAIL_AT``) leaves nothing half-restored; a
-cluster whose nodes share namespaces (locality "shm") is
-refused in one line before anything is frozen, and its job goes on.
+CRIU failing mid-restore (``HPVC_FAIL_AT``) leaves nothing half-restored.
+Nodes sharing namespaces (locality "shm"): test_checkpoint_sharedns.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +33,7 @@ from hpvc.errors import HpvcError
 from hpvc.host import cgroupfs, cgroups, criu, nodeprocs, procfs
 from hpvc.store import Store
 from tests.helpers import requires
-from tests.integration.test_cluster import clean_up, cli_env, image_ready, leftovers, spec_file
+from tests.integration.test_cluster import clean_up, image_ready, leftovers, spec_file
 
 SERVER = """
 import socket
@@ -161,27 +159,4 @@ def test_criu_failing_mid_restore_leaves_nothing(store: Store, tmp_path: Path) -
     assert cgroups.node_tasks(name, "head0") == [] and cgroups.node_tasks(name, "compute0") == []
     restore(out, store=store)  # the checkpoint is intact: it restores afterwards
     _goes_on(store, name)
-    lifecycle.down(name, store)
-
-
-def test_nodes_sharing_namespaces_are_refused_before_anything_is_frozen(
-    store: Store, tmp_path: Path
-) -> None:
-    name = "ckcs"
-    _up_with_job(store, tmp_path, name, extra="")  # locality "shm", the default
-    out = tmp_path / "ckpt"
-    done = subprocess.run(
-        [sys.executable, "-m", "hpvc", "checkpoint", name, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=cli_env(store),
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    errors = [ln for ln in done.stderr.strip().splitlines() if ln.startswith("hpvc: ")]
-    assert len(errors) == 1 and 'locality = "none"' in errors[0], done.stderr  # progress aside
-    assert not out.exists() or not any(out.iterdir())
-    assert store.get(name).status == "running"
-    _goes_on(store, name)  # not left frozen
     lifecycle.down(name, store)

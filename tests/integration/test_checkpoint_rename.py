@@ -72,11 +72,13 @@ def test_restore_under_another_name_keeps_hostnames_addresses_and_the_job(
     assert leftovers(new) == []
 
 
-def test_why_nodes_sharing_namespaces_are_refused_still_holds() -> None:
+def test_why_nodes_sharing_namespaces_are_dumped_one_by_one_still_holds() -> None:
     """scripts/checkpoint/shm-repro.sh: CRIU refuses the shared PID namespace
-    dumped whole (the nodes' UTS namespaces nested), and a node's background
-    job is outside its node's tree. Fails once either stops being true (a CRIU
-    that dumps nested UTS namespaces: then the refusal can go)."""
+    dumped whole (the nodes' UTS namespaces nested), dumps a node alone with
+    the namespace external, and a job started from outside (as crun exec
+    starts one) is outside its node's tree: why such nodes' init is
+    hpvc-nodeinit and each is dumped alone. Fails once either stops being true
+    (a CRIU that dumps nested UTS namespaces: one dump could then hold all)."""
     requires("root")
     if not criu.check().ok:  # not a skip: make setup installs CRIU 4.2 (scripts/setup-criu.sh)
         pytest.fail(f"CRIU cannot run here: {criu.check().error}")

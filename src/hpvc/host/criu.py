@@ -204,11 +204,14 @@ def dump(
     freezer: Path,
     root: Path,
     cgroups: dict[str, str] | None = None,
+    pidns: tuple[Path, str] | None = None,
 ) -> None:
     """``criu dump`` of the process tree of ``pid`` (a frozen node's init) into
     ``images``; the tasks stay, frozen. ``binds``: mount points inside the node
     of folders bound from the host; ``cgroups``: its cgroup mounts (mount point
-    -> the host's mount point of that hierarchy, ``cgroup_mounts``)."""
+    -> the host's mount point of that hierarchy, ``cgroup_mounts``); ``pidns``:
+    a PID namespace the tree shares with others (its path, CRIU's key for it),
+    kept outside the images."""
     images.mkdir(parents=True, exist_ok=True)
     argv = [_criu(), "dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, "-v4"]
     argv += ["--tcp-established", "--file-locks", "-R", "--root", str(root)]
@@ -222,6 +225,8 @@ def dump(
     for key in stdio.values():
         if key.startswith("file["):
             argv += ["--external", key]
+    if pidns is not None:
+        argv += ["--external", f"pid[{os.stat(pidns[0]).st_ino}]:{pidns[1]}"]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise _fail(f"criu dump of PID {pid}", images / DUMP_LOG, done.returncode)
@@ -239,6 +244,7 @@ def restore(
     cgroup: str = "",
     cgroup_mounts: Sequence[str] = (),
     move_cgroup: bool = False,
+    shared_ns: tuple[Path, str, Path] | None = None,
 ) -> int:
     """``criu restore`` of ``images`` into the network namespace at ``netns`` and
     the root ``root``, its tasks in the cgroups they were saved in (with their
@@ -248,7 +254,9 @@ def restore(
     under each of the host's hierarchy mount points ``cgroup_mounts``
     (``host_cgroup_mounts``); ``binds`` maps each
     bound mount point (as saved) to its folder on this host now; the saved
-    stdio pipes become ``console_fd``, other stdio files /dev/null. Returns the
+    stdio pipes become ``console_fd``, other stdio files /dev/null; ``shared_ns``:
+    the PID namespace saved as external (its path now, its key) and the IPC
+    namespace the tasks join (nodes sharing their cluster's). Returns the
     restored init's PID; its tasks are frozen (as they were dumped)."""
     fds: list[int] = []
     argv = [_criu(), "restore", "-D", str(images), "-o", RESTORE_LOG, "-v4", "-d"]
@@ -266,6 +274,11 @@ def restore(
             argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
         for dest, source in binds.items():
             argv += ["--ext-mount-map", f"{dest}:{source}"]
+        if shared_ns is not None:
+            pid_fd = os.open(shared_ns[0], os.O_RDONLY)
+            fds.append(pid_fd)
+            argv += ["--inherit-fd", f"fd[{pid_fd}]:{shared_ns[1]}"]
+            argv += ["--join-ns", f"ipc:{shared_ns[2]}"]
         if move_cgroup:
             argv += ["--cgroup-root", cgroup]
         for host in cgroup_mounts:

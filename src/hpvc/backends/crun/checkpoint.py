@@ -33,13 +33,12 @@ mounts are bound from there (saved under a key per host hierarchy,
 ``hpvc.host.criu.cgroup_mounts``), the binds from the new cluster's folders;
 hostnames, addresses, MACs and processes are the saved ones.
 
-Not covered, refused in one line before any node is frozen: nodes sharing
-the cluster's PID and IPC namespaces and /dev/shm (``locality = "shm"``: a
-node's background job belongs to the shared namespace's init, in no node's
-tree, and CRIU 4.2 cannot dump that namespace whole, the nodes' hostnames
-being nested UTS namespaces: scripts/checkpoint/shm-repro.sh), and a shared
-directory served by an NFS server node. Where ``criu check`` fails (CRIU 3.17
-on kernels 6.13+), every step raises ``refusal()``.
+Nodes sharing the cluster's PID and IPC namespaces and /dev/shm (``locality =
+"shm"``) are dumped one by one with the PID namespace external, and the shared
+/dev/shm saved once (``hpvc.backends.crun.shmcut``). Refused in one line
+before any node is frozen: a shared directory served by an NFS server node.
+Where ``criu check`` fails (CRIU 3.17 on kernels 6.13+), every step raises
+``refusal()``.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpvc.backends import shared
 from hpvc.backends.crun import container as ct
+from hpvc.backends.crun import shmcut
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
@@ -103,16 +103,6 @@ def usable() -> None:
 
 def refuse_unsupported(env: ClusterEnv, plan: Plan) -> None:
     """What this backend cannot checkpoint, in one line, before anything is frozen."""
-    if env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm":
-        # scripts/checkpoint/shm-repro.sh shows why (docs/checkpoint.md, Limits).
-        raise InputError(
-            f"checkpoint of {env.name}",
-            'its container nodes share one PID namespace (locality = "shm"): a job a node'
-            " runs in the background belongs to that namespace's init, in no node's process"
-            " tree, and CRIU 4.2 cannot dump the namespace whole (each node's own hostname"
-            " is a nested UTS namespace)",
-            'set [tuning] locality = "none" in the spec (docs/checkpoint.md)',
-        )
     if shared.shared_of(plan).server == "nfs":
         raise InputError(
             f"checkpoint of {env.name}",
@@ -128,7 +118,11 @@ def _rel(plan: Plan, name: str) -> str:
 def _unstoppable(env: ClusterEnv, plan: Plan, name: str, init: int, kind: type[HpvcError]) -> None:
     """Refuse a node whose PID namespace holds processes its freeze would not
     stop: a running Slurm step's tasks (``hpvc.host.nodeprocs``)."""
-    left = nodeprocs.outside(init, freezer.members(_rel(plan, name)))
+    members = freezer.members(_rel(plan, name))
+    if shmcut.holder(env) is not None:  # a shared namespace: the tree (shmcut takes the rest)
+        left = sorted(p for p in nodeprocs.tree(init) - members if procfs.running(p))
+    else:
+        left = nodeprocs.outside(init, members)
     if left:
         raise kind(
             f"checkpoint of {env.name}",
@@ -170,10 +164,12 @@ def refuse(env: ClusterEnv, plan: Plan, names: list[str] | None = None) -> None:
     (``nodeprocs.gather``), then refuses a node running a step's tasks."""
     usable()
     refuse_unsupported(env, plan)
-    for name, init in _inits(plan, names or [n.name for n in plan.nodes]).items():
+    inits = _inits(plan, names or [n.name for n in plan.nodes])
+    for name, init in inits.items():
         nodeprocs.gather(init)
         _unstoppable(env, plan, name, init, InputError)
         _rlimits_readable(env, name, init)
+    shmcut.refuse(env, inits)  # nodes sharing namespaces
 
 
 def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
@@ -253,6 +249,7 @@ def save(
         freezer=freezer.cgroup_dir(_rel(plan, name)),
         root=node_dir / "rootfs",
         cgroups=criu.cgroup_mounts(pid, _rel(plan, name)),
+        pidns=shmcut.dump_ns(env),
     )
     inject(f"save:{name}")
     progress(f"node {name}: writable layer")
@@ -263,6 +260,11 @@ def save(
         progress("the shared directory")
         _tar(["-C", str(folder), *TAR_OPTS, "-cf", str(dest_dir / SHARED_TAR), "."],
              "save the shared directory")  # fmt: skip
+    shm = shmcut.shm_dir(env)
+    if shm is not None and name == plan.nodes[0].name:  # the nodes' shared /dev/shm, once
+        progress("the shared /dev/shm")
+        _tar(["-C", str(shm), *TAR_OPTS, "-cf", str(dest_dir / shmcut.SHM_TAR), "."],
+             "save the shared /dev/shm")  # fmt: skip
     state = json.loads((CRUN_RUN / cid / "status").read_text())
     (dest_dir / CRUN_STATE).write_text(json.dumps(state, indent=1) + "\n")
     (dest_dir / STDIO).write_text(json.dumps({str(k): v for k, v in stdio.items()}) + "\n")
@@ -339,6 +341,7 @@ def _restore_one(
             cgroup=cgroup,
             cgroup_mounts=cgroup_mounts,
             move_cgroup=saved["cgroup-path"] != cgroup,  # restored under another name
+            shared_ns=shmcut.restore_ns(env),
         )
     finally:
         os.close(out)
@@ -382,6 +385,10 @@ def restore_nodes(
     if folder is not None and saved.exists():  # before any node reopens its files there
         progress("the shared directory")
         _tar(["-C", str(folder), *TAR_OPTS, "-xf", str(saved)], "restore the shared directory")
+    shm, saved_shm = shmcut.shm_dir(env), src_dir / plan.nodes[0].name / shmcut.SHM_TAR
+    if shm is not None and saved_shm.exists():  # before any node maps its files again
+        progress("the shared /dev/shm")
+        _tar(["-C", str(shm), *TAR_OPTS, "-xf", str(saved_shm)], "restore the shared /dev/shm")
     # Side by side, as ``up`` starts nodes (each has its own journal, folder,
     # namespaces and veth: hpvc.concurrent) and as the saves run: one after the
     # other, 4 nodes of 4 GiB took 2.0x Podman's side-by-side restores

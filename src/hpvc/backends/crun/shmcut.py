@@ -1,0 +1,114 @@
+"""Checkpoint of container nodes sharing their cluster's namespaces (``locality = "shm"``).
+
+Such nodes join one PID and one IPC namespace, whose init is the cluster's
+namespace holder, and share one host tmpfs as /dev/shm (docs/checkpoint.md
+"Nodes sharing namespaces"). CRIU cannot dump that PID namespace whole (the
+nodes' hostnames are nested UTS namespaces, which CRIU 4.2 refuses), so each
+node is dumped as its own tree, from its init, with the PID namespace named
+external (``--external pid[INODE]``); the restore re-creates the holder (the
+cluster's ``prepare``) and CRIU puts every node's tasks back into its PID
+namespace with their saved PIDs (``--inherit-fd``) and into its IPC namespace
+(``--join-ns ipc``). That takes every node whole because each node's init is
+``hpvc-nodeinit`` (``hpvc.backends.crun.nodeinit``): every command of the node
+starts under it and what a command leaves running stays below it.
+
+The shared /dev/shm is saved once (``shm.tar``, with the first node, while
+every node is frozen) and unpacked before any node comes back: CRIU reopens
+and maps its files by name, so nodes that mapped one file share it again.
+
+Refused in one line before anything is frozen (``refuse``):
+
+- a cluster started before ``hpvc-nodeinit`` (its jobs may sit under the holder);
+- processes of the shared PID namespace in no node's tree: an ``hpvc exec``
+  still attached (its client, started by ``crun exec`` from outside), a
+  running Slurm step's tasks or what they left;
+- SysV IPC objects in the shared IPC namespace (per-node dumps would carry
+  them once per node, and a joined namespace gets none of them back);
+- a deleted /dev/shm file mapped in more than one node (CRIU would give each
+  node its own copy: the nodes would no longer share it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpvc.errors import HpvcError, InputError
+from hpvc.host import nodeprocs, procfs, sharedns
+
+if TYPE_CHECKING:
+    from hpvc.backends.base import ClusterEnv
+
+SHM_TAR = "shm.tar"  # the shared /dev/shm, with the first node
+PIDNS_KEY = "hpvc-pidns"  # CRIU's name of the shared PID namespace
+
+
+def holder(env: ClusterEnv) -> int | None:
+    """The shared namespaces' init (None: the nodes do not share them)."""
+    pid = getattr(env.state, "holder_pid", None)
+    return int(pid) if pid else None
+
+
+def shm_dir(env: ClusterEnv) -> Path | None:
+    shm = getattr(env.state, "shm", None)
+    return Path(shm) if shm else None
+
+
+def refuse(env: ClusterEnv, inits: dict[str, int]) -> None:
+    """Every refusal of a cut of nodes sharing namespaces, in one line (exit 2);
+    none for nodes with namespaces of their own."""
+    what = f"checkpoint of {env.name}"
+    init = holder(env)
+    if init is None:
+        return  # nodes with namespaces of their own
+    if not getattr(env.state, "node_init", False):
+        raise InputError(
+            what,
+            "its nodes share one PID namespace and were started before their init was"
+            " hpvc-nodeinit: a job a node runs in the background may belong to the"
+            " namespace's init, in no node's process tree",
+            "take the cluster down and up again with this hpvc (docs/checkpoint.md)",
+        )
+    if not procfs.running(init):
+        raise HpvcError(what, "the cluster's namespace holder is gone", "hpvc down, then up")
+    left = sharedns.strays(init, list(inits.values()))
+    if left:
+        raise InputError(
+            what,
+            f"its shared PID namespace runs processes in no node's tree:"
+            f" {nodeprocs.describe(left)} (an hpvc exec still attached, or a Slurm"
+            " step's tasks)",
+            "cut when those have ended; start long work in the background"
+            " (setsid prog &) (docs/checkpoint.md)",
+        )
+    objects = sharedns.sysv_objects(init)
+    if objects:
+        raise InputError(
+            what,
+            f"its shared IPC namespace holds SysV IPC objects ({', '.join(objects[:3])}),"
+            " which are not saved for nodes sharing it",
+            'remove them (ipcrm), use POSIX shared memory in /dev/shm, or locality = "none"',
+        )
+    both = sharedns.shared_deleted({n: nodeprocs.tree(p) for n, p in inits.items()})
+    if both:
+        raise InputError(
+            what,
+            f"a deleted file of the shared /dev/shm is mapped in several nodes: {both[0]};"
+            " a restore would give each node a copy of its own",
+            "keep such files linked until the job ends (docs/checkpoint.md)",
+        )
+
+
+def dump_ns(env: ClusterEnv) -> tuple[Path, str] | None:
+    """The shared PID namespace a node's dump names external (None: its own)."""
+    init = holder(env)
+    return (sharedns.ns_path(init, "pid"), PIDNS_KEY) if init is not None else None
+
+
+def restore_ns(env: ClusterEnv) -> tuple[Path, str, Path] | None:
+    """The re-created holder's PID namespace (with its key) and IPC namespace a
+    node goes back into; None for nodes with namespaces of their own."""
+    init = holder(env)
+    if init is None:
+        return None
+    return (sharedns.ns_path(init, "pid"), PIDNS_KEY, sharedns.ns_path(init, "ipc"))

@@ -1,0 +1,77 @@
+"""What co-resident container nodes share, read from the host: their cluster's
+PID and IPC namespaces and /dev/shm (``locality = "shm"``).
+
+Read by the cut of such nodes (``hpvc.backends.crun.shmcut``, docs/checkpoint.md
+"Nodes sharing namespaces"): what runs in the shared PID namespace outside every
+node's process tree, the SysV IPC objects of the shared IPC namespace, and the
+deleted /dev/shm files several nodes map.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from hpvc.errors import HpvcError
+from hpvc.host import nodeprocs, procfs
+
+SYSVIPC = ("shm", "sem", "msg")
+
+
+def ns_path(pid: int, kind: str) -> Path:
+    """A process's namespace of ``kind`` (pid, ipc, ...), as /proc names it."""
+    return Path(f"/proc/{pid}/ns/{kind}")
+
+
+def strays(init: int, node_inits: list[int], proc: Path = nodeprocs.PROC) -> list[int]:
+    """Live processes of the shared PID namespace of ``init`` (the holder's) in
+    no node's tree, the holder's init aside."""
+    inside = {init}
+    for n in node_inits:
+        inside |= nodeprocs.tree(n, proc)
+    return sorted(p for p in nodeprocs.namespace(init, proc) - inside if procfs.running(p, proc))
+
+
+def sysv_objects(init: int) -> list[str]:
+    """``shm id 3`` per SysV IPC object of the IPC namespace of ``init``:
+    /proc/sysvipc shows the reader's namespace, so a child reads it there."""
+    argv = ["nsenter", f"--ipc={ns_path(init, 'ipc')}", "--"]
+    each = f'for k in {" ".join(SYSVIPC)}; do sed 1d /proc/sysvipc/$k | sed "s/^/$k /"; done'
+    argv += ["sh", "-c", each]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise HpvcError("the shared IPC namespace", done.stderr.strip() or "nsenter failed")
+    words = [ln.split() for ln in done.stdout.splitlines()]
+    return [f"{w[0]} id {w[2]}" for w in words if len(w) > 2]
+
+
+_DELETED = re.compile(r"^\S+ \S+ \S+ (\S+) (\d+)\s+(/dev/shm/\S.*) \(deleted\)$")
+
+
+def deleted_shm_maps(pid: int, proc: Path = nodeprocs.PROC) -> dict[tuple[str, int], str]:
+    """(device, inode) -> path of every deleted /dev/shm file ``pid`` maps."""
+    out: dict[tuple[str, int], str] = {}
+    try:
+        text = (proc / str(pid) / "maps").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = _DELETED.match(line)
+        if m:
+            out[(m.group(1), int(m.group(2)))] = m.group(3)
+    return out
+
+
+def shared_deleted(trees: dict[str, set[int]], proc: Path = nodeprocs.PROC) -> list[str]:
+    """``path (nodes a, b)`` per deleted /dev/shm file mapped in more than one node."""
+    seen: dict[tuple[str, int], tuple[str, set[str]]] = {}
+    for name, pids in trees.items():
+        for pid in pids:
+            for key, path in deleted_shm_maps(pid, proc).items():
+                seen.setdefault(key, (path, set()))[1].add(name)
+    return sorted(
+        f"{path} (nodes {', '.join(sorted(nodes))})"
+        for path, nodes in seen.values()
+        if len(nodes) > 1
+    )

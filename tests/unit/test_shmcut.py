@@ -1,0 +1,104 @@
+"""Nodes sharing their cluster's namespaces (locality "shm"): what their cut
+refuses, on a made-up /proc (hpvc.host.sharedns, hpvc.backends.crun.shmcut), and how their
+commands reach the node's init (hpvc.backends.crun.nodeinit, the rank script)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hpvc.backends.crun import nodeinit, shmcut
+from hpvc.backends.crun.backend import RANK_SCRIPT
+from hpvc.errors import InputError
+from hpvc.host import sharedns
+from tests.unit.test_nodeprocs import NODE, _proc
+
+
+def _shared(tmp: Path) -> Path:
+    """holder init 1 (namespace 50); node inits 2 (head0: a session 10 and its
+    command 11, a job 12 it left) and 3 (compute0: job 13); 20 an attached
+    client (crun exec's, parent outside); 21 a zombie orphan of the holder;
+    99 another cluster's process (namespace 51)."""
+    _proc(tmp, 1, [21], "50", "", ["sleep", "infinity"])
+    _proc(tmp, 2, [10, 12], "50", NODE, ["/dev/hpvc-nodeinit", "serve"])
+    _proc(tmp, 10, [11], "50", NODE, ["/dev/hpvc-nodeinit", "serve"])
+    _proc(tmp, 11, [], "50", NODE, ["sleep", "20"])
+    _proc(tmp, 12, [], "50", NODE, ["python3", "job.py"])
+    _proc(tmp, 3, [13], "50", NODE, ["/dev/hpvc-nodeinit", "serve"])
+    _proc(tmp, 13, [], "50", NODE, ["python3", "server.py"])
+    _proc(tmp, 20, [], "50", NODE, ["/dev/hpvc-nodeinit", "run", "--", "sleep", "20"])
+    _proc(tmp, 21, [], "50", "", ["gone"], state="Z")
+    _proc(tmp, 99, [], "51", "", ["other"])
+    return tmp
+
+
+def test_strays_are_the_shared_namespace_outside_every_node(tmp_path: Path) -> None:
+    proc = _shared(tmp_path)
+    assert sharedns.strays(1, [2, 3], proc) == [20]  # the zombie and the holder aside
+    assert sharedns.strays(1, [2], proc) == [3, 13, 20]  # a node left out is a stray
+
+
+def _maps(tmp: Path, pid: int, lines: list[str]) -> None:
+    (tmp / str(pid) / "maps").write_text("".join(ln + "\n" for ln in lines))
+
+
+DELETED = "7f00-7f01 rw-s 00000000 00:2a 4242                       /dev/shm/mpi seg (deleted)"
+LINKED = "7f02-7f03 rw-s 00000000 00:2a 4343                       /dev/shm/kept"
+OTHER = "7f04-7f05 rw-s 00000000 00:05 99                         /memfd:x (deleted)"
+
+
+def test_a_deleted_shm_file_mapped_by_two_nodes_is_named(tmp_path: Path) -> None:
+    proc = _shared(tmp_path)
+    _maps(proc, 12, [DELETED, LINKED, OTHER])
+    _maps(proc, 13, [DELETED, LINKED])
+    _maps(proc, 11, [DELETED])
+    assert sharedns.deleted_shm_maps(12, proc) == {("00:2a", 4242): "/dev/shm/mpi seg"}
+    trees = {"head0": {2, 10, 11, 12}, "compute0": {3, 13}}
+    assert sharedns.shared_deleted(trees, proc) == ["/dev/shm/mpi seg (nodes compute0, head0)"]
+    # One node alone: CRIU restores its one copy for all of its processes.
+    assert sharedns.shared_deleted({"head0": {2, 10, 11, 12}}, proc) == []
+    _maps(proc, 13, [LINKED])  # a linked file is opened again by name: shared again
+    assert sharedns.shared_deleted(trees, proc) == []
+
+
+def test_commands_go_through_the_client_in_the_node() -> None:
+    assert nodeinit.client(["sh", "-c", "x y"]) == [
+        nodeinit.IN_NODE,
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "x y",
+    ]
+    assert nodeinit.COMMAND == (nodeinit.IN_NODE, "serve")
+
+
+@pytest.mark.parametrize("client", ["", " " + nodeinit.client_words()])
+def test_the_rank_script_puts_the_client_between_node_and_command(
+    tmp_path: Path, client: str
+) -> None:
+    script = tmp_path / "rank.sh"
+    script.write_text(RANK_SCRIPT.format(crun="echo", path="PATH=/bin", client=client))
+    (tmp_path / "ranks").write_text("hpvc-c-head0\nhpvc-c-compute0\n")
+    env = {"PATH": "/usr/bin:/bin", "OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1"}
+    done = subprocess.run(
+        ["sh", str(script), "./a.out", "x y"], env=env, capture_output=True, text=True, check=True
+    )
+    words = done.stdout.split()
+    node = words.index("hpvc-c-compute0")
+    assert words[:1] == ["exec"] and "--env" in words[:node]
+    assert words[node + 1 :] == [*client.split(), "./a.out", "x", "y"]
+
+
+def test_nodes_started_before_their_init_was_hpvc_nodeinit_are_refused() -> None:
+    env: Any = SimpleNamespace(name="c", state=SimpleNamespace(node_init=False, holder_pid=1))
+    with pytest.raises(InputError) as e:
+        shmcut.refuse(env, {"head0": 2})
+    assert e.value.exit_code == 2 and "down and up again" in e.value.line()
+    env.state.holder_pid = None  # nodes of their own: nothing shared to refuse or name
+    assert shmcut.holder(env) is None and shmcut.dump_ns(env) is None
+    assert shmcut.restore_ns(env) is None
