@@ -109,6 +109,12 @@ def test_bad_arguments_are_refused_in_one_line(
     assert e.value.line().startswith(word) and e.value.exit_code == 2
 
 
+def test_a_locality_other_than_none_or_shm_is_refused() -> None:
+    with pytest.raises(InputError) as e:
+        runner.preflight(["container"], [2], [1024], 1, 0.5, "numa")
+    assert e.value.line().startswith("--locality") and e.value.exit_code == 2
+
+
 def test_cli_parses_sizes() -> None:
     assert cli.parse_memories("1GiB, 4GiB,512MiB") == [1024, 4096, 512]
     assert cli.parse_counts("2,4") == [2, 4]

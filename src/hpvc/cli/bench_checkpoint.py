@@ -21,7 +21,9 @@ containers, Podman's checkpoint and restore (runc with CRIU) of as many
 containers of the same image. Reports checkpoint time, the time the job is
 paused, the longest pause of one node, size, restore time and whether the
 job went on, min / median / max. The fill is sized down where the host's
-memory cannot hold it (said in the report).
+memory cannot hold it (said in the report). --locality shm: hpvc's container
+nodes share the cluster's PID and IPC namespaces and /dev/shm (the default of
+container clusters; the figures before 2026-11-28 are "none").
 
 Writes results.json and report.md into --out.
 
@@ -30,6 +32,8 @@ Examples:
   hpvc bench checkpoint --nodes 2,4 --memory 1GiB,4GiB --reps 3
 
   hpvc bench checkpoint --kind container --nodes 2 --memory 1GiB --reps 1
+
+  hpvc bench checkpoint --kind container --locality shm --nodes 2,4 --memory 1GiB
 """
 
 
@@ -59,6 +63,7 @@ def checkpoint_cmd(
     reps: int = typer.Option(3, help="Repetitions of each method per size."),
     fill: float = typer.Option(0.5, help="Fraction of each node's memory the job holds."),
     kind: str = typer.Option("vm,container", help="vm, container or both, comma-separated."),
+    locality: str = typer.Option("none", help="none, or shm: nodes sharing memory."),
     out: Path = typer.Option(Path("bench/results/checkpoint"), help="Where results go."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json to stdout."),
 ) -> None:
@@ -66,11 +71,10 @@ def checkpoint_cmd(
 
     sizes, memories = parse_counts(nodes), parse_memories(memory)
     kinds = [k.strip() for k in kind.split(",") if k.strip()]
-    runner.preflight(kinds, sizes, memories, reps, fill)
+    runner.preflight(kinds, sizes, memories, reps, fill, locality)
     out.mkdir(parents=True, exist_ok=True)
-    doc = runner.run(
-        kinds, sizes, memories, reps, fill, _progress, partial=out / "results.partial.json"
-    )
+    partial = out / "results.partial.json"
+    doc = runner.run(kinds, sizes, memories, reps, fill, _progress, partial, locality)
     show_results(out, doc, report.report_md(doc), as_json)
 
 

@@ -188,7 +188,8 @@ def report_md(doc: dict[str, Any]) -> str:
         f" {doc['accelerator'].get('vm')}; load average at start {h['loadavg_start']}"
         + (f", at the end {h['loadavg_end']}." if h.get("loadavg_end") else "."),
         f"{doc['reps']} repetitions per size, methods alternated"
-        f" (hpvc first in odd repetitions); min / median / max.",
+        f" (hpvc first in odd repetitions); min / median / max; hpvc's nodes with"
+        f' locality "{doc.get("locality", "none")}".',
     ]
     for kind in ("vm", "container"):
         if doc.get(kind):

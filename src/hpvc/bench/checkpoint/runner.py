@@ -2,7 +2,8 @@
 consistent cut against pcocc's one-by-one saves (VMs) and Podman (containers).
 
 Per kind and cluster size (nodes x memory per node): one cluster is brought
-up (1 vCPU per node, the ``hpc`` image; locality "none"), the job
+up (1 vCPU per node, the ``hpc`` image; locality "none", or "shm" with
+``--locality shm``: container nodes sharing the cluster's namespaces), the job
 (``job.py``) holds part of each node's memory and runs a ping-pong between
 the first two nodes; then each repetition runs both methods, their order
 swapped every other repetition:
@@ -55,7 +56,12 @@ DOWN_AGAIN_S = 3
 
 
 def preflight(
-    kinds: list[str], sizes: list[int], memories_mib: list[int], reps: int, fill: float
+    kinds: list[str],
+    sizes: list[int],
+    memories_mib: list[int],
+    reps: int,
+    fill: float,
+    locality: str = "none",
 ) -> None:
     """Refuse bad arguments in one line before anything starts."""
     bad = [k for k in kinds if k not in report.METHODS_OF]
@@ -68,6 +74,8 @@ def preflight(
         raise InputError("--memory", "each node needs at least 256 MiB", "--memory 1GiB,4GiB")
     if reps < 1:
         raise InputError("--reps", "at least one repetition", "--reps 3")
+    if locality not in ("none", "shm"):
+        raise InputError("--locality", f"{locality} is not none or shm", "--locality shm")
     if not 0 < fill < 0.9:
         raise InputError("--fill", f"{fill} is not a fraction above 0 and below 0.9", "--fill 0.5")
     tools = ["ip", *(["qemu-system-x86_64", "ssh"] if "vm" in kinds else [])]
@@ -80,15 +88,15 @@ def available_mib() -> int:
     return sum(n.free_mib for n in read_topology().numa_nodes)
 
 
-def _spec(tmp: Path, name: str, nodes: int, memory: str, kind: str) -> Path:
+def _spec(tmp: Path, name: str, nodes: int, memory: str, kind: str, locality: str) -> Path:
     groups: list[dict[str, Any]] = [{"role": "head", "count": 1, "memory": memory}]
     groups.append({"role": "compute", "count": nodes - 1, "memory": memory})
     path = tmp / f"{name}.toml"
     subnet = common.free_subnets(1)[0]
-    # Locality "none": container nodes sharing the cluster's PID and IPC
-    # namespaces cannot be dumped node by node (docs/checkpoint.md); VMs get no
-    # ivshmem region, so both kinds' nodes talk over the cluster network alike.
-    text = common.cluster_spec(name, subnet, groups, locality="none", kind=kind, image=IMAGE)
+    # Locality "none" by default, as the figures before 2026-11-28 (container
+    # nodes sharing namespaces could not be cut then): VMs get no ivshmem region,
+    # so both kinds' nodes talk over the cluster network alike.
+    text = common.cluster_spec(name, subnet, groups, locality=locality, kind=kind, image=IMAGE)
     path.write_text(text)
     return path
 
@@ -201,7 +209,8 @@ def _podman_timed(ck: podman_peer.CheckpointPeer, s: dict[str, list[Any]],
 
 
 def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, reps: int,
-             fill: float, progress: Progress = quiet) -> dict[str, Any]:  # fmt: skip
+             fill: float, progress: Progress = quiet,
+             locality: str = "none") -> dict[str, Any]:  # fmt: skip
     """Both methods of ``kind``, ``reps`` times alternated, on one cluster of
     ``nodes`` x ``memory_mib``; the cluster is taken down at the end."""
     methods = report.METHODS_OF[kind]
@@ -219,7 +228,8 @@ def one_size(tmp: Path, store: Store, kind: str, nodes: int, memory_mib: int, re
     holders = nodes * (2 if kind == "container" else 1)
     fill_mib, note = report.fill_mib(holders, memory_mib, fill, free)
     progress(f"{name}: up ({nodes} {kind}s x {memory_mib} MiB), the job holds {fill_mib} MiB each")
-    lifecycle.up(str(_spec(tmp, name, nodes, f"{memory_mib}MiB", kind)), store, progress)
+    spec = _spec(tmp, name, nodes, f"{memory_mib}MiB", kind, locality)
+    lifecycle.up(str(spec), store, progress)
     plan = store.get(name).the_plan()
     job.start(name, [(n.name, n.ip) for n in plan.nodes], fill_mib, store)
     head = plan.nodes[0].name
@@ -261,11 +271,11 @@ def _peer(kind: str, nodes: int, memory_mib: int, fill_mib: int,
 
 def run(kinds: list[str], sizes: list[int], memories_mib: list[int], reps: int,
         fill: float = 0.5, progress: Progress = quiet,
-        partial: Path | None = None) -> dict[str, Any]:  # fmt: skip
+        partial: Path | None = None, locality: str = "none") -> dict[str, Any]:  # fmt: skip
     """The whole benchmark; results.json's document (written to ``partial`` as
     well after each size, so a run cut short keeps what it measured). A size
     the host cannot hold (the planner's refusal) is recorded as skipped."""
-    preflight(kinds, sizes, memories_mib, reps, fill)
+    preflight(kinds, sizes, memories_mib, reps, fill, locality)
     if "vm" in kinds:
         common.ensure_guest(IMAGE, progress)
     else:
@@ -275,6 +285,7 @@ def run(kinds: list[str], sizes: list[int], memories_mib: list[int], reps: int,
         "accelerator": common.accelerator(),
         "reps": reps,
         "fill_fraction": fill,
+        "locality": locality,
         "runc": common.tool_version(["runc", "--version"]),
         "criu": common.tool_version(["criu", "--version"]),
         "vm": [],
@@ -285,7 +296,7 @@ def run(kinds: list[str], sizes: list[int], memories_mib: list[int], reps: int,
             for n in sizes:
                 for mem in memories_mib:
                     try:
-                        cfg = one_size(tmp, store, kind, n, mem, reps, fill, progress)
+                        cfg = one_size(tmp, store, kind, n, mem, reps, fill, progress, locality)
                     except DoesNotFit as e:
                         progress(f"{kind} {n} x {mem} MiB: {e.line()}")
                         cfg = {"kind": kind, "nodes": n, "memory_mib": mem, "skipped": e.line()}
