@@ -17,6 +17,7 @@ attached, and SysV IPC objects in the shared IPC namespace.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -25,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from hpvc.backends.crun.container import HOLDER_ENV
 from hpvc.cluster import checkpoint as ck
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.restore import restore
+from hpvc.errors import HpvcError
 from hpvc.host import criu
 from hpvc.store import Store
 from tests.helpers import requires
@@ -158,6 +161,48 @@ def test_nodes_sharing_namespaces_come_back_whole_with_their_jobs(
     assert _sh(store, name, "compute0", "hostname").strip() == "compute0"
     lifecycle.down(name, store)
     assert leftovers(name) == []
+
+
+def test_a_failed_restore_leaves_nothing_and_another_name_takes_the_cut(
+    store: Store, tmp_path: Path
+) -> None:
+    """CRIU failing on the second node leaves nothing half-restored (neither
+    the first node nor the new holder); under another name the nodes come
+    back into the new cluster's shared namespace and /dev/shm."""
+    old, new = "cknf", "cknn"
+    lifecycle.up(spec_file(tmp_path, old, computes=1), store)
+    _background(store, old, "compute0", PINGER)
+    _background(store, old, "head0", PONGER)
+    at = _pongs_go_on(store, old)
+    out = tmp_path / "ckpt"
+    ck.checkpoint(old, out, stop=True, store=store)
+    os.environ["HPVC_FAIL_AT"] = "restore:compute0"
+    try:
+        with pytest.raises(HpvcError) as e:
+            restore(out, store=store)
+    finally:
+        del os.environ["HPVC_FAIL_AT"]
+    assert e.value.exit_code == 1 and leftovers(old) == [] and old not in store.names()
+    assert not _holders(old)  # the new holder went with the rest
+    restore(out, name=new, store=store)
+    assert _pongs_go_on(store, new, at) > at  # the shared page, in the new cluster's /dev/shm
+    shm = store.root / "clusters" / new / "shm" / "hpvc-pp"
+    assert shm.is_file()
+    assert _holders(new) and not _holders(old)
+    lifecycle.down(new, store)
+    assert leftovers(new) == [] and not _holders(new)
+
+
+def _holders(name: str) -> list[int]:
+    """Live namespace holders of cluster ``name`` (by the variable they carry)."""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"{HOLDER_ENV}={name}\0".encode() in env.read_bytes() + b"\0":
+                found.append(int(env.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def _checkpoint_cli(store: Store, name: str, out: Path) -> subprocess.CompletedProcess[str]:
