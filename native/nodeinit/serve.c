@@ -133,7 +133,17 @@ static void session(int c) {
   if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0 || read_request(c, &rq) != 0)
     _exit(1);
   gid_t groups[MAX_GROUPS];
-  int ngroups = -1; /* -1: keep the init's own (the caller is root, as the init is) */
+  if (peer.uid == 0) { /* root: only with every capability the init has */
+    char mine[64], theirs[64];
+    cap_eff(getpid(), mine, sizeof mine);
+    cap_eff(peer.pid, theirs, sizeof theirs);
+    unsigned long long m = strtoull(mine, NULL, 16), t = strtoull(theirs, NULL, 16);
+    if (!mine[0] || !theirs[0] || (m & ~t) != 0) {
+      reply(c, KIND_REFUSED, EPERM);
+      _exit(1);
+    }
+  }
+  int ngroups = -1; /* -1: keep the init's own (root's, as the init's) */
   if (peer.uid != 0 || peer.gid != getgid()) {
     socklen_t glen = sizeof groups;
     if (getsockopt(c, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) != 0) {
@@ -141,14 +151,6 @@ static void session(int c) {
       _exit(1);
     }
     ngroups = (int)(glen / sizeof(gid_t));
-  } else {
-    char mine[64], theirs[64];
-    cap_eff(getpid(), mine, sizeof mine);
-    cap_eff(peer.pid, theirs, sizeof theirs);
-    if (!mine[0] || strcmp(mine, theirs) != 0) { /* root with fewer capabilities */
-      reply(c, KIND_REFUSED, EPERM);
-      _exit(1);
-    }
   }
   const int sigs[] = {SIGCHLD};
   int sfd = signal_fd(sigs, 1);

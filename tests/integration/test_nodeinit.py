@@ -111,9 +111,10 @@ def test_the_caller_s_user_and_no_more_than_its_capabilities(netns: list[str]) -
         [*netns[:3], *nobody, *netns[3:], "id", "-u"], capture_output=True, text=True, timeout=20
     )
     assert (done.returncode, done.stdout.strip()) == (0, "65534"), done.stderr
-    fewer = [*netns[:3], "setpriv", "--bounding-set=-sys_admin", "--", *netns[3:], "id"]
-    done = subprocess.run(fewer, capture_output=True, text=True, timeout=20)
-    assert done.returncode == 126 and "lacks capabilities" in done.stderr, done.stderr
+    for group in ([], ["--regid=65534", "--keep-groups"]):  # root, in its group or another
+        fewer = [*netns[:3], "setpriv", *group, "--bounding-set=-sys_admin", "--", *netns[3:]]
+        done = subprocess.run([*fewer, "id"], capture_output=True, text=True, timeout=20)
+        assert done.returncode == 126 and "lacks capabilities" in done.stderr, done.stderr
 
 
 def test_a_terminal_is_handed_to_the_command(netns: list[str]) -> None:
