@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import hpvc
 from hpvc import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR
 
 PRIVATE = 0o700  # the mode of every folder hpvc makes in its state directory
@@ -167,3 +169,18 @@ class Layout:
         except ValueError:
             return None
         return rel.parts[0] if rel.parts else None
+
+
+INSTALLED_LIB = Path("/usr/local/lib/hpvc")  # `make -C native/<folder> install`
+
+
+def native_binary(folder: str, name: str) -> Path | None:
+    """A C program of ``native/<folder>``: this checkout's build, else a site
+    install's (``<prefix>/lib`` beside its virtualenv, scripts/slurm/install.sh),
+    else ``make install``'s; None when none of them is executable."""
+    repo = Path(hpvc.__file__).resolve().parents[2]
+    site = Path(sys.prefix).parent / "lib" / name
+    for candidate in (repo / "native" / folder / name, site, INSTALLED_LIB / name):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None

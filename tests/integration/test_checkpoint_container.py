@@ -85,18 +85,23 @@ def _background(store: Store, name: str, node: str, code: str) -> None:
     _sh(store, name, node, f"setsid python3 -c '{q}' </dev/null >>/root/job.log 2>&1 &")
 
 
-def _count(store: Store, name: str) -> int:
-    out = _sh(store, name, "head0", "cat /root/count 2>/dev/null; echo; cat /root/job.log")
+def _count(store: Store, name: str, node: str = "head0", path: str = "/root/count") -> int:
+    """The number a job keeps in ``path`` of ``node`` (0 before the first); fails
+    on an error in the node's job log."""
+    out = _sh(store, name, node, f"cat {path} 2>/dev/null; echo; cat /root/job.log")
     assert "BAD" not in out and "Error" not in out, out
     first = out.split("\n", 1)[0].strip()
     return int(first) if first.isdigit() else 0
 
 
-def _goes_on(store: Store, name: str, past: int = 0) -> int:
+def _goes_on(
+    store: Store, name: str, past: int = 0, node: str = "head0", path: str = "/root/count"
+) -> int:
+    """Wait (30 s at most) until that number rises above ``past`` and what it was."""
     deadline = time.monotonic() + 30
-    start = max(_count(store, name), past)
-    while (now := _count(store, name)) <= start:
-        assert time.monotonic() < deadline, f"the count stayed at {now}"
+    start = max(_count(store, name, node, path), past)
+    while (now := _count(store, name, node, path)) <= start:
+        assert time.monotonic() < deadline, f"the count in {node}:{path} stayed at {now}"
         time.sleep(0.2)
     return now
 

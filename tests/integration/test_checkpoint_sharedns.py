@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,17 +30,17 @@ from hpvc.cluster import checkpoint as ck
 from hpvc.cluster import lifecycle, ops
 from hpvc.cluster.restore import restore
 from hpvc.errors import HpvcError
-from hpvc.host import criu
 from hpvc.store import Store
-from tests.helpers import requires
 from tests.integration.test_checkpoint_container import (
     CLIENT,
     SERVER,
     _background,
+    _count,
     _goes_on,
     _sh,
 )
-from tests.integration.test_cluster import clean_up, cli_env, image_ready, leftovers, spec_file
+from tests.integration.test_checkpoint_container import store as store  # the fixture
+from tests.integration.test_cluster import cli_env, leftovers, spec_file
 
 PINGER = """
 import mmap, os, struct, time
@@ -68,31 +67,12 @@ while True:
 """
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    requires("root", "crun", "ip")
-    if not criu.check().ok:  # not a skip: make setup installs CRIU 4.2 (scripts/setup-criu.sh)
-        pytest.fail(f"CRIU cannot run here: {criu.check().error}")
-    image_ready()
-    s = Store(tmp_path / "state")
-    yield s
-    clean_up(s)
-
-
 def _pongs(store: Store, name: str) -> int:
-    out = _sh(store, name, "compute0", "cat /root/pp 2>/dev/null; echo; cat /root/job.log")
-    assert "Error" not in out, out
-    first = out.split("\n", 1)[0].strip()
-    return int(first) if first.isdigit() else 0
+    return _count(store, name, "compute0", "/root/pp")
 
 
 def _pongs_go_on(store: Store, name: str, past: int = 0) -> int:
-    deadline = time.monotonic() + 30
-    start = max(_pongs(store, name), past)
-    while (now := _pongs(store, name)) <= start:
-        assert time.monotonic() < deadline, f"the ping-pong stayed at {now}"
-        time.sleep(0.2)
-    return now
+    return _goes_on(store, name, past, "compute0", "/root/pp")
 
 
 def _jobs(store: Store, name: str) -> dict[str, str]:

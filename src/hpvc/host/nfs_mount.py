@@ -29,33 +29,28 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import hpvc
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import procfs
 from hpvc.host.journal import Args, Journal, undoer
 from hpvc.host.nfs_server import MOUNT_PORT, NFS_PORT
 from hpvc.host.probe import read_mounts
+from hpvc.paths import native_binary
 
 BINARY = "hpvc-nfsfuse"
 FSTYPE = "fuse.hpvc-nfs"  # FUSE's "fuse." + the client's subtype
-INSTALLED = Path("/usr/local/lib/hpvc")  # `make -C native/nfsfuse install`
 STOP_WAIT_S = (3.0, 2.0)  # after SIGTERM, after SIGKILL
 RETRY_S = 0.5  # a server not answering yet (mount's wait_s) is asked again this often
 
 
 def client_binary() -> Path:
-    """The built ``hpvc-nfsfuse``: this checkout's build, else the site
-    install's (``<prefix>/lib`` beside its virtualenv, scripts/slurm/install.sh),
-    else the installed one."""
-    repo = Path(hpvc.__file__).resolve().parents[2]
-    site = Path(sys.prefix).parent / "lib" / BINARY
-    for candidate in (repo / "native" / "nfsfuse" / BINARY, site, INSTALLED / BINARY):
-        if os.access(candidate, os.X_OK):
-            return candidate
+    """The built ``hpvc-nfsfuse`` (``paths.native_binary``: this checkout's
+    build, else the site install's, else the installed one)."""
+    found = native_binary("nfsfuse", BINARY)
+    if found is not None:
+        return found
     raise MissingDependency(
         "NFS client",
         f"{BINARY} is not built",

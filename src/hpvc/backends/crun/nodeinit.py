@@ -19,16 +19,13 @@ A cluster started before this existed keeps its ``sh`` init and plain
 
 from __future__ import annotations
 
-import os
 import shlex
-import sys
 from pathlib import Path
 
-import hpvc
 from hpvc.errors import MissingDependency
+from hpvc.paths import native_binary
 
 BINARY = "hpvc-nodeinit"
-INSTALLED = Path("/usr/local/lib/hpvc")  # `make -C native/nodeinit install`
 # Where a node sees it: /dev is the node's own tmpfs, so nothing of the image
 # (nor its writable layer) is touched, and no image can hide it.
 IN_NODE = "/dev/hpvc-nodeinit"
@@ -36,14 +33,11 @@ COMMAND = (IN_NODE, "serve")
 
 
 def binary() -> Path:
-    """The built ``hpvc-nodeinit``: this checkout's, else the site install's
-    (``<prefix>/lib`` beside its virtualenv, scripts/slurm/install.sh), else
-    the installed one."""
-    repo = Path(hpvc.__file__).resolve().parents[2]
-    site = Path(sys.prefix).parent / "lib" / BINARY
-    for candidate in (repo / "native" / "nodeinit" / BINARY, site, INSTALLED / BINARY):
-        if os.access(candidate, os.X_OK):
-            return candidate
+    """The built ``hpvc-nodeinit`` (``paths.native_binary``: this checkout's,
+    else the site install's, else the installed one)."""
+    found = native_binary("nodeinit", BINARY)
+    if found is not None:
+        return found
     raise MissingDependency(
         'container nodes sharing memory (locality = "shm")',
         f"{BINARY} is not built",
