@@ -366,3 +366,44 @@ def test_container_shares_are_cut_with_what_their_steps_left_running(slurm: Env)
         slurm.run("scancel", str(job))
         slurm.wait_clean(job, timeout=90)
     wait_done(slurm, job, timeout=60)
+
+
+def test_what_a_step_left_in_nodes_sharing_namespaces_is_refused(slurm: Env) -> None:
+    """Container shares with ``locality = "shm"``: a step's task enters its node
+    from outside, so the counter it left running in the background is adopted
+    by the shared PID namespace's init, in no node's tree: the cut across the
+    job's hosts is refused in one line naming it (exit 2), no cut is left and
+    nothing stays frozen (docs/checkpoint.md "Under Slurm")."""
+    spec = slurm.work / "ckcs.toml"
+    spec.write_text(
+        CT_SPEC.replace('locality = "none"', 'locality = "shm"').replace("10.88.66.", "10.88.67.")
+    )
+    prog = base64.b64encode(PROG.encode()).decode()
+    # The program goes in through the environment: `srun --input=all` into
+    # these nodes left `cat` waiting for an end of input (seen 2026-11-28).
+    start = START.replace(
+        "srun -N2 -n2 --input=all sh -c 'mkdir -p /tmp/ck; cat > /tmp/ck/p.py' < p.py",
+        "srun -N2 -n2 sh -c 'mkdir -p /tmp/ck; echo $PROG | base64 -d > /tmp/ck/p.py'",
+    )
+    assert start != START
+    (slurm.work / "cs.sh").write_text(JOB.format(prog=prog, start=start))
+    out = slurm.work / "cs.out"
+    r = slurm.run("sbatch", "--parsable", "-N2", "-x", "n3", f"--hpvc={spec}", "-o", str(out),
+                  str(slurm.work / "cs.sh"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    job = int(r.stdout.strip().split(";")[0])
+    try:
+        _wait_for(out, "loop running")
+        _goes_on(slurm, job)
+        refused = _checkpoint(slurm, job)
+        assert refused.returncode == 2, refused.stderr
+        errors = [ln for ln in refused.stderr.splitlines() if ln.startswith("hpvc: ")]
+        assert len(errors) == 1 and "in no node's tree" in errors[0], refused.stderr
+        assert "/tmp/ck/p.py" in errors[0], errors  # the counter, named by its command
+        assert jck.cuts(_job_dir(slurm, job)) == []
+        _goes_on(slurm, job)  # nothing was left frozen
+    finally:
+        print(out.read_text()[-2000:] if out.exists() else "(no output)")
+        slurm.run("scancel", str(job))
+        slurm.wait_clean(job, timeout=90)
+    wait_done(slurm, job, timeout=60)
