@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpvc.backends.vm import guest as g
+from hpvc.backends import agentkey
 from hpvc.errors import MissingDependency
 from hpvc.plan.overlay import Overlay
 from hpvc.render import qemu_argv
@@ -48,10 +48,10 @@ def _store(tmp_path: Path, cluster: str) -> Store:
 def test_a_cluster_gets_its_own_random_key_made_once(tmp_path: Path) -> None:
     store = _store(tmp_path, "a")
     store.cluster_dir("b").mkdir(parents=True)
-    path = g.agent_key(store, "a")
+    path = agentkey.agent_key(store, "a")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_bytes()) == 32
-    assert g.agent_key(store, "a").read_bytes() == path.read_bytes()  # kept
-    assert g.agent_key(store, "b").read_bytes() != path.read_bytes()
+    assert agentkey.agent_key(store, "a").read_bytes() == path.read_bytes()  # kept
+    assert agentkey.agent_key(store, "b").read_bytes() != path.read_bytes()
 
 
 def test_a_jobs_shares_derive_one_key_from_the_sites(tmp_path: Path) -> None:
@@ -60,18 +60,18 @@ def test_a_jobs_shares_derive_one_key_from_the_sites(tmp_path: Path) -> None:
     keys = []
     for i, root in enumerate(hosts):
         store = _store(root, f"j7-{i}")
-        (root / g.SITE_AGENT_KEY).write_bytes(site)
-        keys.append(g.agent_key(store, f"j7-{i}", "slurm-job-7").read_bytes())
+        (root / agentkey.SITE_AGENT_KEY).write_bytes(site)
+        keys.append(agentkey.agent_key(store, f"j7-{i}", "slurm-job-7").read_bytes())
     assert keys[0] == keys[1]
     assert keys[0] == hmac.new(site, b"hpvc-agent-key slurm-job-7", hashlib.sha256).digest()
     store = _store(hosts[0], "j8-0")  # another job on the same host: another key
-    assert g.agent_key(store, "j8-0", "slurm-job-8").read_bytes() != keys[0]
+    assert agentkey.agent_key(store, "j8-0", "slurm-job-8").read_bytes() != keys[0]
 
 
 def test_a_job_across_hosts_without_the_site_key_is_refused(tmp_path: Path) -> None:
     store = _store(tmp_path, "j8-0")
     with pytest.raises(MissingDependency, match=r"agent-site\.key"):
-        g.agent_key(store, "j8-0", "slurm-job-8")
+        agentkey.agent_key(store, "j8-0", "slurm-job-8")
 
 
 def test_the_overlay_carries_the_key_id() -> None:

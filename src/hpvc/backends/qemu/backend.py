@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hpvc.backends import agentkey
 from hpvc.backends.base import (
     Capabilities,
     ClusterEnv,
@@ -180,7 +181,7 @@ class QemuBackend:
         ctx = replace(ctx, qemu_uid=qemu_user.claim(env.journal(), env.store.root, plan.cluster))
         # The agents' key (fw_cfg: read by QEMU as root, before it drops to that uid).
         overlay = Overlay.from_json(env.rec.overlay) if env.rec.overlay else None
-        key = g.agent_key(env.store, plan.cluster, overlay.key_id if overlay else "")
+        key = agentkey.agent_key(env.store, plan.cluster, overlay.key_id if overlay else "")
         ctx = replace(ctx, agent_key=str(key))
         return guest_shared.context(env, plan, guest, ctx)  # NFS: its initramfs and disk
 

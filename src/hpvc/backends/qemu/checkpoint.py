@@ -33,12 +33,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpvc.backends.agentkey import AGENT_KEY
 from hpvc.backends.base import ClusterEnv
 from hpvc.backends.qemu import process as vm_qemu
 from hpvc.backends.qemu import snapshot
 from hpvc.backends.vm import guest as g
 from hpvc.backends.vm import guest_shared
-from hpvc.backends.vm.tasks import AGENT_KEY
 from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
 from hpvc.host import net, qemu_access, qemu_user

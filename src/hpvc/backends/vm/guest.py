@@ -18,9 +18,6 @@ for ``hpvc exec`` and the configuration pushes alike (``guest_argv``).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
 import shlex
 import shutil
 import subprocess
@@ -29,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from hpvc.backends.agentkey import AGENT_KEY
 from hpvc.backends.vm.console import wait_ready
-from hpvc.backends.vm.tasks import AGENT_KEY
 from hpvc.errors import HpvcError, MissingDependency
 from hpvc.host import ivshmem, tree
 from hpvc.host.journal import Args, Journal, undoer
@@ -90,46 +87,6 @@ def ssh_key(cluster_dir: Path) -> Path:
                 "VM nodes", "ssh-keygen not found", "apt-get install openssh-client"
             ) from None
     return key
-
-
-# In the state folder, the same file on every host of a site that runs VM jobs
-# across hosts (handed out as munge's key is): what each host derives a job's
-# agent key from, so that hpvc-rsh reaches the job's guests on every host.
-SITE_AGENT_KEY = "agent-site.key"
-
-
-def agent_key(store: Store, cluster: str, key_id: str = "") -> Path:
-    """The cluster's agent key file (root's alone), which QEMU hands its guests
-    (fw_cfg) and the Slurm task relay reads: 32 random bytes, made once; for a
-    cluster across hosts (``key_id``: a Slurm job's), HMAC-SHA256 of the site's
-    key and ``key_id``, the same on every host (docs/slurm.md)."""
-    path = store.cluster_dir(cluster) / AGENT_KEY
-    if key_id:
-        site = store.root / SITE_AGENT_KEY
-        try:
-            secret = site.read_bytes()
-        except OSError as e:
-            secret, why = b"", e.strerror or str(e)
-        else:
-            why = f"{len(secret)} bytes, fewer than 16"
-        if len(secret) < 16:
-            raise MissingDependency(
-                f"VM nodes across hosts ({key_id})",
-                f"the site's agent key {site}: {why}",
-                f"make it once (head -c 32 /dev/urandom > {site}; chmod 600 {site}) and copy"
-                " it to every host's state folder, as munge's key (docs/slurm.md)",
-            )
-        key = hmac.new(secret, f"hpvc-agent-key {key_id}".encode(), hashlib.sha256).digest()
-    elif path.exists():
-        return path
-    else:
-        key = os.urandom(32)
-    tmp = path.with_name(f".{AGENT_KEY}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
-    os.replace(tmp, path)
-    return path
 
 
 def ssh_argv(

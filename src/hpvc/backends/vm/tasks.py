@@ -11,12 +11,12 @@ Slurm MPI plugin is refused before anything changes.
 
 from __future__ import annotations
 
+from hpvc.backends.agentkey import AGENT_KEY
 from hpvc.backends.base import TaskEntry
 from hpvc.errors import InputError
 
-# The cluster's agent key, in its folder (``hpvc.backends.vm.guest.agent_key``):
-# the task relay reads it as root and proves to the agent it holds it.
-AGENT_KEY = "agent.key"
+# The cluster's agent key, in its folder (``hpvc.backends.agentkey``): the task
+# relay reads it as root and proves to the agent it holds it.
 
 # What a task in a VM node gets besides Slurm's variables: Open MPI's mpirun,
 # run in a guest, starts its daemons on the other guests through their agents
