@@ -50,6 +50,8 @@
 #define HPVC_AGENT_KEY_MAX 64  /* and at most (hpvc writes 32) */
 #define HPVC_AGENT_NONCE 32
 #define HPVC_AGENT_KEY_FILE "/run/hpvc/agent-key" /* in the guest, root's alone */
+/* In a container node (native/nodeinit): the cluster's agent.key, bound read-only. */
+#define HPVC_AGENT_KEY_NODE "/dev/hpvc-agent-key"
 
 /* frames.c */
 /* All n bytes, through partial writes and EINTR: 0, or -1. */

@@ -15,6 +15,10 @@
  * directory of -C: how `hpvc exec` reaches a VM node from the host, with the
  * cluster's agent.key, when the node's image has no sshd (docs/vms.md).
  *
+ * In a container node there is no /run/hpvc/agent-key: the cluster's key is
+ * bound at HPVC_AGENT_KEY_NODE, read when the first is missing (and no -k).
+ * hpvc-nodeinit carries this same program (HPVC_RSH_MAIN names its main).
+ *
  * With -t, and stdin a terminal, the command gets a terminal in the guest
  * (a pty; tty.c, pty.c): `hpvc exec -t` and `hpvc console`. As with ssh -t,
  * a stdin that is no terminal gets none.
@@ -79,7 +83,11 @@ static char *join_words(char *const words[])
 	return line;
 }
 
-int main(int argc, char **argv)
+#ifndef HPVC_RSH_MAIN
+#define HPVC_RSH_MAIN main
+#endif
+
+int HPVC_RSH_MAIN(int argc, char **argv)
 {
 	int i = 1, as_argv = 0, envc = 0, tty = 0;
 	const char *key_file = HPVC_AGENT_KEY_FILE, *cwd = NULL;
@@ -127,6 +135,10 @@ int main(int argc, char **argv)
 	const char *why = "";
 	unsigned char key[HPVC_AGENT_KEY_MAX];
 	int klen = hpvc_agent_read_key(key_file, key);
+	if (klen < 0 && errno == ENOENT && strcmp(key_file, HPVC_AGENT_KEY_FILE) == 0) {
+		key_file = HPVC_AGENT_KEY_NODE; /* a container node's */
+		klen = hpvc_agent_read_key(key_file, key);
+	}
 	if (klen < 0) {
 		fprintf(stderr, "hpvc-rsh: %s: %s\n", key_file, strerror(errno));
 		return 255;

@@ -1,5 +1,6 @@
-/* hpvc-nodeinit: the init of a container node that shares its cluster's PID
- * namespace (locality = "shm"), and the client that starts commands under it.
+/* hpvc-nodeinit: the init of a container node (first made for nodes sharing
+ * their cluster's PID namespace, locality = "shm"; every new container node's
+ * since 2026-11-28), and the client that starts commands under it.
  * One static binary in two roles (docs/containers.md "Commands under the
  * node's init", docs/checkpoint.md "Nodes sharing namespaces").
  *
@@ -18,6 +19,10 @@
  *                              so a node reaches only its own init), forks a
  *                              session per connection, reaps whatever is
  *                              re-parented to it, exits 0 on SIGTERM.
+ *   hpvc-nodeinit serve --agent  the same, with the node's hpvc-agent on eth0
+ *                              started first (agent.c), for mpirun inside the
+ *                              nodes; the binary called as hpvc-rsh (its
+ *                              bind at /dev/hpvc-rsh) is native/agent's rsh.c.
  *   hpvc-nodeinit run ARGV...  the client (what `crun exec` runs): hands the
  *                              init its argv, environment, working directory,
  *                              umask and stdin/stdout/stderr (SCM_RIGHTS, so
@@ -65,7 +70,9 @@ socklen_t sock_addr(struct sockaddr_un *sa);
 int read_full(int fd, void *buf, size_t n);
 int write_full(int fd, const void *buf, size_t n);
 int signal_fd(const int *sigs, int n);
-int serve(void);
+int serve(int agent);
+int start_agent(void);
+int hpvc_rsh_main(int argc, char **argv);
 int run(int argc, char **argv);
 
 #endif

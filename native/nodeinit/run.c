@@ -151,12 +151,15 @@ int run(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  if (argc >= 2 && strcmp(argv[1], "serve") == 0) return serve();
+  const char *base = strrchr(argv[0], '/');
+  if (strcmp(base ? base + 1 : argv[0], "hpvc-rsh") == 0) return hpvc_rsh_main(argc, argv);
+  if (argc >= 2 && strcmp(argv[1], "serve") == 0)
+    return serve(argc >= 3 && strcmp(argv[2], "--agent") == 0);
   if (argc >= 2 && strcmp(argv[1], "run") == 0) {
     int first = 2;
     if (argc > first && strcmp(argv[first], "--") == 0) first++;
     return run(argc - first, argv + first);
   }
-  fprintf(stderr, "usage: hpvc-nodeinit serve | hpvc-nodeinit run [--] ARGV...\n");
+  fprintf(stderr, "usage: hpvc-nodeinit serve [--agent] | hpvc-nodeinit run [--] ARGV...\n");
   return 2;
 }

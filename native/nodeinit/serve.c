@@ -199,11 +199,12 @@ static void session(int c) {
 
 /* ---- serve: the node's init ---------------------------------------------- */
 
-int serve(void) {
+int serve(int agent) {
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
     say("%s%s", "cannot become a child subreaper: ", strerror(errno));
     return 1;
   }
+  if (agent && start_agent() != 0) return 1; /* before any descriptor it must not hold */
   const int sigs[] = {SIGCHLD, SIGTERM};
   int sfd = signal_fd(sigs, 2);
   int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

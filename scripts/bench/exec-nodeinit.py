@@ -7,7 +7,7 @@ round by round:
 
 - crun: `crun exec CID true`, the command forked by crun from outside the
   node (how hpvc started every command before 2026-11-28, and still does in
-  nodes with namespaces of their own);
+  clusters started before);
 - nodeinit: `crun exec CID /dev/hpvc-nodeinit run -- true`, the client
   handing the command to the node's init (hpvc since 2026-11-28 for such
   nodes);

@@ -5,7 +5,7 @@
 #   PREFIX/venv/bin/hpvc        hpvc in a virtualenv made with a Python that
 #                               every user may execute (Debian's python3)
 #   PREFIX/lib/hpvc_spank.so    the SPANK plugin plugstack.conf names
-#   PREFIX/lib/hpvc-nodeinit    the init of container nodes sharing a PID namespace
+#   PREFIX/lib/hpvc-nodeinit    the init of container nodes (and their hpvc-rsh)
 #   PREFIX/venv/share/hpvc/native  the guest's C sources (VM jobs build guests)
 #
 # srun/sbatch run `hpvc node check` as the submitting user, so the whole path
@@ -120,7 +120,7 @@ if [ -x "$nfs" ] && ! cmp -s "$nfs" "$PREFIX/lib/hpvc-nfsfuse"; then
   mv -f "$PREFIX/lib/hpvc-nfsfuse.new" "$PREFIX/lib/hpvc-nfsfuse"
 fi
 
-# The init of container nodes sharing their cluster's PID namespace (docs/containers.md):
+# The init of container nodes (docs/containers.md):
 # hpvc looks for it beside its virtualenv (hpvc.backends.crun.nodeinit.binary).
 ni=$repo/native/nodeinit/hpvc-nodeinit
 [ -x "$ni" ] || die "$ni is not built: run 'make -C native/nodeinit'"

@@ -232,6 +232,16 @@ def test_dump_names_each_cgroup_mount_by_its_host_hierarchy(
               cgroups={"/sys/fs/cgroup/cpu": "/sys/fs/cgroup/cpu"})  # fmt: skip
     maps = _pairs(out.read_text().splitlines(), "--ext-mount-map")
     assert maps == ["/etc/hosts:/etc/hosts", "/sys/fs/cgroup/cpu:hpvc-cgroup/sys/fs/cgroup/cpu"]
+    assert _pairs(out.read_text().splitlines(), "--ghost-limit") == []  # CRIU's own default
+
+
+def test_dump_keeps_deleted_files_up_to_the_limit_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _recording_criu(tmp_path, monkeypatch)
+    criu.dump(1, tmp_path / "img", netns=Path("/proc/self/ns/net"), binds=[], stdio={},
+              freezer=tmp_path, root=tmp_path, ghost_mib=256)  # fmt: skip
+    assert _pairs(out.read_text().splitlines(), "--ghost-limit") == ["256M"]
 
 
 def test_restore_under_another_name_moves_the_cgroups_and_their_mounts(

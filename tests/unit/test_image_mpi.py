@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpvc.backends.crun.backend import RANK_SCRIPT
+from hpvc.backends.crun.ranks import RANK_SCRIPT
 from hpvc.cluster import hydra, ops
 from hpvc.errors import HpvcError, InputError
 from hpvc.image.mpi import MPICH, OPEN_MPI, find_mpi

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hpvc.backends.crun import nodeinit, shmcut
-from hpvc.backends.crun.backend import RANK_SCRIPT
+from hpvc.backends.crun.ranks import RANK_SCRIPT
 from hpvc.errors import InputError
 from hpvc.host import sharedns
 from tests.unit.test_nodeprocs import NODE, _proc
@@ -102,3 +102,61 @@ def test_nodes_started_before_their_init_was_hpvc_nodeinit_are_refused() -> None
     env.state.holder_pid = None  # nodes of their own: nothing shared to refuse or name
     assert shmcut.holder(env) is None and shmcut.dump_ns(env) is None
     assert shmcut.restore_ns(env) is None
+
+
+def test_the_highest_pid_counts_threads_of_the_shared_namespace_only(tmp_path: Path) -> None:
+    proc = _shared(tmp_path)
+    for pid, tids in {12: {12: 12, 40: 40}, 13: {13: 13}, 99: {99: 500}}.items():
+        for host_tid, inner in tids.items():
+            task = proc / str(pid) / "task" / str(host_tid)
+            task.mkdir(parents=True, exist_ok=True)
+            (task / "status").write_text(f"Name:\tx\nNSpid:\t{host_tid + 1000}\t{inner}\n")
+    assert sharedns.highest_pid(1, proc) == 40  # a thread of 12; 99's 500 is another namespace's
+
+
+def test_a_root_cluster_s_nodes_get_the_agent_the_rsh_and_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    init = tmp_path / "hpvc-nodeinit"
+    monkeypatch.setattr(nodeinit, "binary", lambda: init)
+    key = tmp_path / "agent.key"
+    with_agent = nodeinit.node_init(True, key)
+    assert with_agent.command == ("/dev/hpvc-nodeinit", "serve", "--agent")
+    assert with_agent.binds == (
+        (str(init), "/dev/hpvc-nodeinit", True),
+        (str(init), "/dev/hpvc-rsh", True),  # the same binary, hpvc-rsh by that name
+        (str(key), "/dev/hpvc-agent-key", True),
+    )
+    assert "OMPI_MCA_plm_rsh_agent=/dev/hpvc-rsh" in with_agent.env
+    assert "HYDRA_LAUNCHER_EXEC=/dev/hpvc-rsh" in with_agent.env
+    plain = nodeinit.node_init(True, None)  # a tenant's, or across hosts: no agent
+    assert plain.command == ("/dev/hpvc-nodeinit", "serve") and plain.env == ()
+    assert plain.binds == ((str(init), "/dev/hpvc-nodeinit", True),)
+    old = nodeinit.node_init(False, None)  # a cluster from before hpvc-nodeinit
+    assert old.command[0] == "/bin/sh" and old.binds == ()
+
+
+def test_only_root_s_own_clusters_on_one_host_get_an_agent() -> None:
+    assert nodeinit.wanted(tenant=False, across_hosts=False)
+    assert not nodeinit.wanted(tenant=True, across_hosts=False)  # not root in its nodes
+    assert not nodeinit.wanted(tenant=False, across_hosts=True)
+
+
+def test_the_agent_key_goes_with_the_checkpoint_and_comes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpvc.backends.crun import clusterfiles
+
+    monkeypatch.setattr(clusterfiles, "shared_folder", lambda env, plan: None)
+    old, new, dest = tmp_path / "old", tmp_path / "new", tmp_path / "ck"
+    for d in (old, new, dest):
+        d.mkdir()
+    (old / "agent.key").write_bytes(b"k" * 32)
+    (new / "agent.key").write_bytes(b"n" * 32)  # the restored cluster's prepare made its own
+    state: Any = SimpleNamespace(agent=True, holder_pid=None, shm=None)
+    clusterfiles.save(SimpleNamespace(dir=old, state=state), None, dest, lambda m: None)
+    assert (dest / "agent.key").read_bytes() == b"k" * 32
+    assert (dest / "agent.key").stat().st_mode & 0o777 == 0o600
+    clusterfiles.restore(SimpleNamespace(dir=new, state=state), None, dest, lambda m: None)
+    assert (new / "agent.key").read_bytes() == b"k" * 32  # what the restored agents hold
+    assert (new / "agent.key").stat().st_mode & 0o777 == 0o600

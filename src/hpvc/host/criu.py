@@ -205,13 +205,15 @@ def dump(
     root: Path,
     cgroups: dict[str, str] | None = None,
     pidns: tuple[Path, str] | None = None,
+    ghost_mib: int | None = None,
 ) -> None:
     """``criu dump`` of the process tree of ``pid`` (a frozen node's init) into
     ``images``; the tasks stay, frozen. ``binds``: mount points inside the node
     of folders bound from the host; ``cgroups``: its cgroup mounts (mount point
     -> the host's mount point of that hierarchy, ``cgroup_mounts``); ``pidns``:
     a PID namespace the tree shares with others (its path, CRIU's key for it),
-    kept outside the images."""
+    kept outside the images; ``ghost_mib``: the largest deleted file still open
+    whose contents go into the images (CRIU's default: 1 MiB)."""
     images.mkdir(parents=True, exist_ok=True)
     argv = [_criu(), "dump", "-t", str(pid), "-D", str(images), "-o", DUMP_LOG, "-v4"]
     argv += ["--tcp-established", "--file-locks", "-R", "--root", str(root)]
@@ -227,6 +229,8 @@ def dump(
             argv += ["--external", key]
     if pidns is not None:
         argv += ["--external", f"pid[{os.stat(pidns[0]).st_ino}]:{pidns[1]}"]
+    if ghost_mib is not None:
+        argv += ["--ghost-limit", f"{ghost_mib}M"]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise _fail(f"criu dump of PID {pid}", images / DUMP_LOG, done.returncode)

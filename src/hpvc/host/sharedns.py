@@ -3,8 +3,9 @@ PID and IPC namespaces and /dev/shm (``locality = "shm"``).
 
 Read by the cut of such nodes (``hpvc.backends.crun.shmcut``, docs/checkpoint.md
 "Nodes sharing namespaces"): what runs in the shared PID namespace outside every
-node's process tree, the SysV IPC objects of the shared IPC namespace, and the
-deleted /dev/shm files several nodes map.
+node's process tree, the SysV IPC objects of the shared IPC namespace, the
+deleted /dev/shm files several nodes map, and the highest PID in use; and
+written by their restore: where the new namespace's next PID starts.
 """
 
 from __future__ import annotations
@@ -75,3 +76,28 @@ def shared_deleted(trees: dict[str, set[int]], proc: Path = nodeprocs.PROC) -> l
         for path, nodes in seen.values()
         if len(nodes) > 1
     )
+
+
+def highest_pid(init: int, proc: Path = nodeprocs.PROC) -> int:
+    """The highest PID a process or thread of ``init``'s PID namespace has there."""
+    top = 1
+    for pid in nodeprocs.namespace(init, proc):
+        for status in (proc / str(pid) / "task").glob("*/status"):
+            try:
+                text = status.read_text()
+            except OSError:
+                continue  # gone meanwhile
+            for line in text.splitlines():
+                if line.startswith("NSpid:"):
+                    top = max(top, int(line.split()[-1]))
+    return top
+
+
+def set_last_pid(init: int, last: int) -> None:
+    """Make ``init``'s PID namespace hand out PIDs above ``last`` from now on
+    (its ns_last_pid, which only a process inside it can write: a child there)."""
+    write = f"echo {int(last)} > /proc/sys/kernel/ns_last_pid"
+    argv = ["nsenter", f"--pid={ns_path(init, 'pid')}", "--", "sh", "-c", write]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise HpvcError("the new shared PID namespace", done.stderr.strip() or "nsenter failed")

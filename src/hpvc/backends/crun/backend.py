@@ -18,13 +18,13 @@ binaries (su, mount, passwd) give a user inside nothing. Root's own clusters
 
 from __future__ import annotations
 
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from hpvc.backends import shared
+from hpvc.backends import agentkey, shared
+from hpvc.backends.agentkey import AGENT_KEY
 from hpvc.backends.base import (
     Capabilities,
     ClusterEnv,
@@ -35,12 +35,13 @@ from hpvc.backends.base import (
     undo_nodes,
 )
 from hpvc.backends.crun import container as ct
-from hpvc.backends.crun import nodeinit
+from hpvc.backends.crun import nodeinit, ranks
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError, InputError
 from hpvc.faults import inject
 from hpvc.host import blkio, cgroups, layer, net, procfs, tree
 from hpvc.image import oci, resolve_image
+from hpvc.image.mpi import DEFAULT_PATH
 from hpvc.image.rootfs import missing_for_node
 from hpvc.plan import Plan, PlannedNode
 from hpvc.plan.overlay import Overlay
@@ -55,30 +56,6 @@ if TYPE_CHECKING:  # the spec's schema (pydantic), gc's netlink: not on status's
 
 SHM_MIB = 1024
 
-# POSIX sh, no bash: the job's variables go in as --env, then the node, its init's
-# client (locality "shm"), the command (rotated behind); PATH: the image's own.
-RANK_SCRIPT = """#!/bin/sh
-# hpvc: start MPI rank $OMPI_COMM_WORLD_RANK inside its node (see ranks beside this file).
-set -e
-here=$(dirname "$0")
-node=$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$here/ranks")
-n=$#
-IFS='
-'
-for kv in $(env | grep -E '^(OMPI|PMIX|PMI|OPAL|ORTE|HPVC)_[A-Za-z0-9_]*='); do
-  set -- "$@" --env "$kv"
-done
-unset IFS
-set -- "$@" --env {path} "$node"{client}
-while [ "$n" -gt 0 ]; do
-  set -- "$@" "$1"
-  shift
-  n=$((n - 1))
-done
-exec {crun} exec "$@"
-"""
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
 
 @dataclass
 class CrunState(State):
@@ -88,6 +65,7 @@ class CrunState(State):
     holder_pid: int | None = None  # init of the IPC+PID namespaces they join
     block_device: list[int] | None = None  # (major, minor) the I/O limits apply to
     node_init: bool = False  # init hpvc-nodeinit, commands under it (crun.nodeinit)
+    agent: bool = False  # and an hpvc-agent in each node, hpvc-rsh bound (crun.nodeinit)
 
 
 def _state(env: ClusterEnv) -> CrunState:
@@ -100,14 +78,14 @@ def render_context(env: ClusterEnv) -> RenderContext:
     st = _state(env)
     dev = st.block_device
     plan = env.rec.the_plan()
-    init = ((str(nodeinit.binary()), nodeinit.IN_NODE, True),) if st.node_init else ()
+    init = nodeinit.node_init(st.node_init, env.dir / AGENT_KEY if st.agent else None)
     return RenderContext(
         base_dir=str(env.store.root),
         node_rootfs=True,
-        command=nodeinit.COMMAND if st.node_init else ct.INIT,
+        command=init.command,
         # An imported image's Env (hpvc image import): the init's and, as crun
-        # exec inherits it, every `hpvc exec`'s.
-        env=oci.merged_env(resolve_image(plan.image).env, DEFAULT_ENV),
+        # exec inherits it, every `hpvc exec`'s; mpirun's way to the other nodes.
+        env=oci.merged_env(resolve_image(plan.image).env, (*DEFAULT_ENV, *init.env)),
         hugetlbfs=tuple((int(k), v) for k, v in env.rec.hugetlbfs.items()),
         shared_ns_pid=st.holder_pid,
         shared_shm=st.shm,
@@ -120,7 +98,7 @@ def render_context(env: ClusterEnv) -> RenderContext:
             *shared.binds(env, plan),
             # Host directories a site shares with Slurm jobs' nodes (hpvc.slurm).
             *((p, p, False) for p in env.rec.binds),
-            *init,  # the nodes' init, read-only (locality "shm")
+            *init.binds,  # the nodes' init (and hpvc-rsh, the agent's key), read-only
         ),
         node_binds=shared.node_binds(plan),
         block_device=(int(dev[0]), int(dev[1])) if dev else None,
@@ -173,7 +151,7 @@ class CrunBackend:
 
     def preflight(self, spec: Spec) -> None:
         ct.runtime()
-        nodeinit.preflight(spec.tuning.locality)  # MissingDependency, nothing changed
+        nodeinit.preflight()  # MissingDependency, nothing changed
         shared.preflight(spec)
 
     def build_image(self, spec: Spec, progress: Progress) -> None:
@@ -209,7 +187,10 @@ class CrunBackend:
             ct.mount_tmpfs(j, env.dir / "shm", SHM_MIB, tenant=env.rec.tenant)
             st.shm = str(env.dir / "shm")
             st.holder_pid = ct.start_holder(j, env.dir / "holder.pid", env.name)
-            st.node_init = True
+        st.node_init = True
+        st.agent = nodeinit.wanted(env.rec.tenant, bool(env.rec.overlay))  # in each node
+        if st.agent:  # its key in the cluster's folder, gone with it at down
+            agentkey.agent_key(env.store, env.name)
         dev = blkio.block_device(env.store.root)
         st.block_device = list(dev) if dev else None
         warning = io_warning(env, plan)
@@ -343,16 +324,7 @@ class CrunBackend:
         return rc if mapped is None else mapped
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
-        image_env = resolve_image(plan.image).env
-        path = next((kv for kv in image_env if kv.startswith("PATH=")), f"PATH={DEFAULT_PATH}")
-        return MpiLaunch(
-            script=RANK_SCRIPT.format(
-                crun=shlex.quote(ct.runtime()),
-                path=shlex.quote(path),
-                client=" " + nodeinit.client_words() if _state(env).node_init else "",
-            ),
-            targets={n.name: ct.container_id(plan.cluster, n.name) for n in plan.nodes},
-        )
+        return ranks.mpi_launch(plan, ct.runtime(), _state(env).node_init)
 
     def task_entry(self, mpi: str) -> TaskEntry:
         """Tasks enter the node's namespaces (which ones: hpvc.slurm's policy)."""

@@ -14,8 +14,9 @@ crun 1.8 (Debian's) is built without CRIU, so hpvc drives CRIU itself
   and /dev/shm tmpfs), ``upper.tar`` (the overlay's upper folder: the node's
   writable layer, whiteouts and xattrs kept), ``crun-state.json`` (crun's
   record of the container, to hand the restored node back to crun); with the
-  first node, ``shared.tar``: the shared directory's host folder where it
-  lives in the cluster's folder (restored before any node);
+  first node, the cluster's own files (``hpvc.backends.crun.clusterfiles``:
+  the shared directory's host folder, the shared /dev/shm, the agent key),
+  put back before any node;
 - restore, per node (the nodes side by side, ``hpvc.concurrent``): what
   ``start`` makes before ``crun run`` (folder, layer with the saved upper
   folder, overlay root, network namespace and veth with the same address and
@@ -48,13 +49,13 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpvc.backends import shared
+from hpvc.backends.crun import clusterfiles, shmcut
 from hpvc.backends.crun import container as ct
-from hpvc.backends.crun import shmcut
+from hpvc.backends.crun.clusterfiles import TAR_OPTS, tar
 from hpvc.concurrent import each
 from hpvc.errors import HpvcError, InputError, MissingDependency
 from hpvc.faults import inject
@@ -71,7 +72,6 @@ WHAT = "checkpoint of crun (container) nodes"
 DOC = "docs/checkpoint.md, Containers"
 CRIU_DIR = "criu"
 UPPER_TAR = "upper.tar"
-SHARED_TAR = "shared.tar"  # the shared directory's host folder, with the first node
 CRUN_STATE = "crun-state.json"
 STDIO = "stdio.json"  # CRIU's names of the init's stdio, which restore hands new ones for
 CRUN_RUN = Path("/run/crun")
@@ -212,24 +212,6 @@ def _upper(env: ClusterEnv, plan: Plan, name: str) -> Path:
     return top / "upper"
 
 
-def _tar(argv: list[str], what: str) -> None:
-    done = subprocess.run(["tar", *argv], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()
-        raise HpvcError(what, lines[-1] if lines else f"tar exit {done.returncode}")
-
-
-def _shared_folder(env: ClusterEnv, plan: Plan) -> Path | None:
-    """The host folder of the cluster's shared directory where it lives in the
-    cluster's folder (``server = "host"``, gone at ``down``); None otherwise
-    (``keep = true``: it outlives the cluster and is bound again as it is)."""
-    sh = shared.shared_of(plan)
-    return shared.host_folder(env, sh) if sh.server == "host" and not sh.keep else None
-
-
-TAR_OPTS = ["--xattrs", "--xattrs-include=*", "--acls", "--numeric-owner", "--sparse"]
-
-
 def save(
     env: ClusterEnv, plan: Plan, name: str, dest_dir: Path, progress: Progress
 ) -> dict[str, Any]:
@@ -250,21 +232,16 @@ def save(
         root=node_dir / "rootfs",
         cgroups=criu.cgroup_mounts(pid, _rel(plan, name)),
         pidns=shmcut.dump_ns(env),
+        # A deleted file still open (UCX's /dev/shm segment, 4 MiB, under MPICH)
+        # is saved whole; one in /dev/shm counts against the node's memory.
+        ghost_mib=plan.node(name).memory_mib,
     )
     inject(f"save:{name}")
     progress(f"node {name}: writable layer")
-    _tar(["-C", str(_upper(env, plan, name)), *TAR_OPTS, "-cf", str(dest_dir / UPPER_TAR), "."],
+    tar(["-C", str(_upper(env, plan, name)), *TAR_OPTS, "-cf", str(dest_dir / UPPER_TAR), "."],
          f"save the writable layer of {name}")  # fmt: skip
-    folder = _shared_folder(env, plan)
-    if folder is not None and name == plan.nodes[0].name:  # once, with the first node
-        progress("the shared directory")
-        _tar(["-C", str(folder), *TAR_OPTS, "-cf", str(dest_dir / SHARED_TAR), "."],
-             "save the shared directory")  # fmt: skip
-    shm = shmcut.shm_dir(env)
-    if shm is not None and name == plan.nodes[0].name:  # the nodes' shared /dev/shm, once
-        progress("the shared /dev/shm")
-        _tar(["-C", str(shm), *TAR_OPTS, "-cf", str(dest_dir / shmcut.SHM_TAR), "."],
-             "save the shared /dev/shm")  # fmt: skip
+    if name == plan.nodes[0].name:  # the cluster's own files, once (crun.clusterfiles)
+        clusterfiles.save(env, plan, dest_dir, progress)
     state = json.loads((CRUN_RUN / cid / "status").read_text())
     (dest_dir / CRUN_STATE).write_text(json.dumps(state, indent=1) + "\n")
     (dest_dir / STDIO).write_text(json.dumps({str(k): v for k, v in stdio.items()}) + "\n")
@@ -317,7 +294,10 @@ def _restore_one(
     top = layer.mount_layer(j, env.store.root, node_dir, node.disk_mib) if node.disk_mib else None
     upper = (top or node_dir) / "upper"
     upper.mkdir(mode=0o700, exist_ok=True)
-    _tar(["-C", str(upper), *TAR_OPTS, "-xf", str(src / UPPER_TAR)], f"restore the layer of {name}")
+    tar(
+        ["-C", str(upper), *TAR_OPTS, "-xf", str(src / UPPER_TAR)],
+        f"restore the layer of {name}",
+    )
     rootfs = resolve_image(plan.image).rootfs
     ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant, layer=top)
     ct.wire_node(j, plan, node, remote_arp(env))
@@ -381,14 +361,7 @@ def restore_nodes(
     refuse_unsupported(env, plan)
     if shutil.which("tar") is None:
         raise MissingDependency(WHAT, "tar not found", "apt-get install tar")
-    folder, saved = _shared_folder(env, plan), src_dir / plan.nodes[0].name / SHARED_TAR
-    if folder is not None and saved.exists():  # before any node reopens its files there
-        progress("the shared directory")
-        _tar(["-C", str(folder), *TAR_OPTS, "-xf", str(saved)], "restore the shared directory")
-    shm, saved_shm = shmcut.shm_dir(env), src_dir / plan.nodes[0].name / shmcut.SHM_TAR
-    if shm is not None and saved_shm.exists():  # before any node maps its files again
-        progress("the shared /dev/shm")
-        _tar(["-C", str(shm), *TAR_OPTS, "-xf", str(saved_shm)], "restore the shared /dev/shm")
+    clusterfiles.restore(env, plan, src_dir / plan.nodes[0].name, progress)
     # Side by side, as ``up`` starts nodes (each has its own journal, folder,
     # namespaces and veth: hpvc.concurrent) and as the saves run: one after the
     # other, 4 nodes of 4 GiB took 2.0x Podman's side-by-side restores

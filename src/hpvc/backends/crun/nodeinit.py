@@ -14,14 +14,28 @@ as the command does. Whatever a command leaves running stays below its
 node's init (docs/containers.md "Commands under the node's init").
 
 A cluster started before this existed keeps its ``sh`` init and plain
-``crun exec`` (``CrunState.node_init`` False).
+``crun exec`` (``CrunState.node_init`` False). Since 2026-11-28 every node of
+a new container cluster has this init, ``locality = "none"`` included.
+
+Root's own clusters (not a Slurm tenant's, not across hosts) also get an
+hpvc-agent in each node (``serve --agent``: native/agent's server, forked by
+the init, in the node's tree), and the same binary bound at ``RSH_IN_NODE``
+is hpvc-rsh: so ``mpirun`` run inside one node starts its daemons in the
+others as in VM guests, with no sshd in the image, and a job so started is
+the nodes' own and is checkpointed with them (docs/containers.md "MPI
+started inside the nodes"). The agent runs commands as root for whoever
+proves they hold the cluster's key (``hpvc.backends.agentkey``), bound at
+``KEY_IN_NODE`` for root alone; a tenant is not root in its nodes, so its
+clusters get no agent.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
+from hpvc.backends.crun.container import INIT
 from hpvc.errors import MissingDependency
 from hpvc.paths import native_binary
 
@@ -30,6 +44,17 @@ BINARY = "hpvc-nodeinit"
 # (nor its writable layer) is touched, and no image can hide it.
 IN_NODE = "/dev/hpvc-nodeinit"
 COMMAND = (IN_NODE, "serve")
+AGENT_COMMAND = (*COMMAND, "--agent")  # with the node's hpvc-agent (native/nodeinit/agent.c)
+RSH_IN_NODE = "/dev/hpvc-rsh"  # the same binary: hpvc-rsh when called so
+KEY_IN_NODE = "/dev/hpvc-agent-key"  # the cluster's agent.key (native/agent/agent.h)
+
+# What mpirun (Open MPI) and mpiexec (MPICH's hydra) run inside a node with an
+# agent find in their environment: the other nodes are reached through it.
+AGENT_ENV = (
+    f"OMPI_MCA_plm_rsh_agent={RSH_IN_NODE}",
+    "HYDRA_LAUNCHER=rsh",
+    f"HYDRA_LAUNCHER_EXEC={RSH_IN_NODE}",
+)
 
 
 def binary() -> Path:
@@ -39,16 +64,42 @@ def binary() -> Path:
     if found is not None:
         return found
     raise MissingDependency(
-        'container nodes sharing memory (locality = "shm")',
-        f"{BINARY} is not built",
-        "make setup (or make -C native/nodeinit)",
+        "container nodes", f"{BINARY} is not built", "make setup (or make -C native/nodeinit)"
     )
 
 
-def preflight(locality: str) -> None:
-    """Refuse (MissingDependency) nodes sharing memory where the init is not built."""
-    if locality == "shm":
-        binary()
+def preflight() -> None:
+    """Refuse (MissingDependency) container nodes where their init is not built."""
+    binary()
+
+
+@dataclass(frozen=True)
+class NodeInit:
+    """What a node's OCI config gets for its init."""
+
+    command: tuple[str, ...]
+    binds: tuple[tuple[str, str, bool], ...] = ()  # (host path, path in the node, read-only)
+    env: tuple[str, ...] = ()
+
+
+def wanted(tenant: bool, across_hosts: bool) -> bool:
+    """Whether a new cluster's nodes get an agent: root's own, on this host only
+    (a tenant is not root in its nodes; across hosts the key would have to be
+    the site's, as VM jobs' is: not done for containers)."""
+    return not tenant and not across_hosts
+
+
+def node_init(enabled: bool, key: Path | None) -> NodeInit:
+    """The init of a cluster's nodes: ``sh`` (a cluster from before, ``enabled``
+    False), else this binary, and with the cluster's agent ``key`` the agent,
+    the same binary bound as hpvc-rsh and the key (``AGENT_ENV`` set)."""
+    if not enabled:
+        return NodeInit(INIT)
+    init = str(binary())
+    if key is None:
+        return NodeInit(COMMAND, ((init, IN_NODE, True),))
+    binds = ((init, IN_NODE, True), (init, RSH_IN_NODE, True), (str(key), KEY_IN_NODE, True))
+    return NodeInit(AGENT_COMMAND, binds, AGENT_ENV)
 
 
 def client(argv: list[str]) -> list[str]:

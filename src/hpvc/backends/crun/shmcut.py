@@ -30,6 +30,7 @@ Refused in one line before anything is frozen (``refuse``):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from hpvc.backends.base import ClusterEnv
 
 SHM_TAR = "shm.tar"  # the shared /dev/shm, with the first node
+PIDS = "pidns.json"  # the highest PID in use in the shared namespace, with it
 PIDNS_KEY = "hpvc-pidns"  # CRIU's name of the shared PID namespace
 
 
@@ -112,3 +114,22 @@ def restore_ns(env: ClusterEnv) -> tuple[Path, str, Path] | None:
     if init is None:
         return None
     return (sharedns.ns_path(init, "pid"), PIDNS_KEY, sharedns.ns_path(init, "ipc"))
+
+
+def save_pids(env: ClusterEnv, dest: Path) -> None:
+    """The highest PID in use in the shared namespace (all nodes frozen), beside
+    ``shm.tar``."""
+    init = holder(env)
+    if init is not None:
+        (dest / PIDS).write_text(json.dumps({"highest": sharedns.highest_pid(init)}) + "\n")
+
+
+def restore_pids(env: ClusterEnv, src: Path) -> None:
+    """Before any node is restored into the new namespace: its next PIDs above
+    every saved one. CRIU gives each restored task its saved PID, but the short
+    helpers a node's restore forks there take the next free one, which another
+    node restored beside it may need (``Can't fork for 31: File exists``, seen
+    with an MPI job's processes across three nodes)."""
+    init = holder(env)
+    if init is not None and (src / PIDS).exists():
+        sharedns.set_last_pid(init, int(json.loads((src / PIDS).read_text())["highest"]))
