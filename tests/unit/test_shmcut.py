@@ -4,6 +4,7 @@ commands reach the node's init (hpvc.backends.crun.nodeinit, the rank script).""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from hpvc.backends.crun import nodeinit, shmcut
+from hpvc.backends.crun.backend import CrunState
 from hpvc.backends.crun.ranks import RANK_SCRIPT
 from hpvc.errors import InputError
 from hpvc.host import sharedns
@@ -153,10 +155,42 @@ def test_the_agent_key_goes_with_the_checkpoint_and_comes_back(
         d.mkdir()
     (old / "agent.key").write_bytes(b"k" * 32)
     (new / "agent.key").write_bytes(b"n" * 32)  # the restored cluster's prepare made its own
-    state: Any = SimpleNamespace(agent=True, holder_pid=None, shm=None)
-    clusterfiles.save(SimpleNamespace(dir=old, state=state), None, dest, lambda m: None)
+    saved = CrunState(node_init=True, agent=True)
+    clusterfiles.save(SimpleNamespace(dir=old, state=saved), None, dest, lambda m: None)
     assert (dest / "agent.key").read_bytes() == b"k" * 32
     assert (dest / "agent.key").stat().st_mode & 0o777 == 0o600
-    clusterfiles.restore(SimpleNamespace(dir=new, state=state), None, dest, lambda m: None)
+    restored = CrunState(node_init=True, agent=True)
+    clusterfiles.restore(SimpleNamespace(dir=new, state=restored), None, dest, lambda m: None)
     assert (new / "agent.key").read_bytes() == b"k" * 32  # what the restored agents hold
     assert (new / "agent.key").stat().st_mode & 0o777 == 0o600
+    assert restored.node_init and restored.agent
+
+
+@pytest.mark.parametrize(
+    ("shared_ns", "saved", "node_init", "agent"),
+    [
+        (False, None, False, False),  # locality "none" from before: the sh init
+        (True, None, True, False),  # sharing namespaces from before: hpvc-nodeinit, no agent
+        (False, {"node_init": True, "agent": False}, True, False),  # a tenant's
+        (False, {"node_init": True, "agent": True}, True, True),
+    ],
+)
+def test_restored_nodes_are_reached_as_they_were_made(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shared_ns: bool,
+    saved: dict[str, bool] | None,
+    node_init: bool,
+    agent: bool,
+) -> None:
+    """The new cluster's prepare says what a node started now gets; the nodes
+    restored into it are the saved ones (init.json, or a checkpoint from before)."""
+    from hpvc.backends.crun import clusterfiles
+
+    monkeypatch.setattr(clusterfiles, "shared_folder", lambda env, plan: None)
+    if saved is not None:
+        (tmp_path / "init.json").write_text(json.dumps(saved))
+    state = CrunState(node_init=True, agent=True, holder_pid=1 if shared_ns else None)
+    monkeypatch.setattr(shmcut, "shm_dir", lambda env: None)
+    clusterfiles.restore(SimpleNamespace(dir=tmp_path, state=state), None, tmp_path, print)
+    assert (state.node_init, state.agent) == (node_init, agent)

@@ -12,11 +12,17 @@ is frozen and put back before any node is restored:
   ``pidns.json``: the highest PID in use in their shared PID namespace;
 - ``agent.key``: the key of the nodes' hpvc-agents (``hpvc.backends.agentkey``):
   the restored agents hold the saved one in memory, so hpvc-rsh in the nodes
-  must read the same one (the new cluster's folder made a new key).
+  must read the same one (the new cluster's folder made a new key);
+- ``init.json``: whether the nodes' init is hpvc-nodeinit and runs an agent.
+  The new cluster's ``prepare`` says what a node started now gets, but the
+  restored nodes are the saved ones: ``hpvc exec`` must reach them as they
+  were made (a checkpoint from before has none: its nodes sharing
+  namespaces had hpvc-nodeinit, the others ``sh``, none an agent).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
     from hpvc.backends.base import ClusterEnv
 
 SHARED_TAR = "shared.tar"
+INIT = "init.json"
 TAR_OPTS = ["--xattrs", "--xattrs-include=*", "--acls", "--numeric-owner", "--sparse"]
 
 
@@ -66,11 +73,21 @@ def save(env: ClusterEnv, plan: Plan, dest_dir: Path, progress: Progress) -> Non
     key = env.dir / AGENT_KEY
     if getattr(env.state, "agent", False) and key.exists():
         write_key(dest_dir / AGENT_KEY, key.read_bytes())
+    init = {k: bool(getattr(env.state, k, False)) for k in ("node_init", "agent")}
+    (dest_dir / INIT).write_text(json.dumps(init) + "\n")
 
 
 def restore(env: ClusterEnv, plan: Plan, src: Path, progress: Progress) -> None:
     """The saved cluster's files (``src``: its first node's folder) into the new
     cluster, before any node is restored (before any opens its files again)."""
+    if (src / INIT).exists():
+        init = json.loads((src / INIT).read_text())
+    else:  # from before 2026-11-28: hpvc-nodeinit in nodes sharing namespaces only
+        init = {"node_init": shmcut.holder(env) is not None, "agent": False}
+    from hpvc.backends.crun.backend import CrunState  # which imports this module's user
+
+    assert isinstance(env.state, CrunState)
+    env.state.node_init, env.state.agent = bool(init["node_init"]), bool(init["agent"])
     folder = shared_folder(env, plan)
     if folder is not None and (src / SHARED_TAR).exists():
         progress("the shared directory")
