@@ -276,6 +276,14 @@ def set_static_neighbors(
             ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=index, state=NUD_PERMANENT)
 
 
+def set_link_up(ifname: str, up: bool) -> None:
+    """Bring the host's ``ifname`` (a node's veth end) up or down: down, its
+    node sends and receives nothing (no carrier), and nothing answers for it."""
+    what = f"veth {ifname}"
+    with _rtnl(what) as ipr:
+        ipr.link("set", index=_require_index(ipr, ifname, what), state="up" if up else "down")
+
+
 def _delete_link(ifname: str, kind: str) -> None:
     """Delete ``ifname`` if it exists and is of ``kind``; anything else of that name is not ours."""
     with _rtnl(f"{kind} {ifname}") as ipr:

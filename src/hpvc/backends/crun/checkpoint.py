@@ -193,6 +193,8 @@ def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
 
 
 def thaw(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
+    for name in names:  # restored nodes' links come up now (``_restore_one``)
+        net.set_link_up(ct.host_ifname(plan.cluster, name), True)
     for name in names:
         freezer.thaw(_rel(plan, name))
 
@@ -300,7 +302,12 @@ def _restore_one(
     )
     rootfs = resolve_image(plan.image).rootfs
     ct.mount_overlay(j, rootfs, node_dir, tenant=env.rec.tenant, layer=top)
-    ct.wire_node(j, plan, node, remote_arp(env))
+    # Its link down until the thaw: CRIU opens each node's network as its restore
+    # ends, and a restored socket's retransmission then reached a node wired but
+    # not yet restored, whose kernel reset the connection (ECONNRESET in an MPI
+    # job, scripts/bench/checkpoint-mpi.py); with no carrier it is lost, and sent
+    # again after the thaw (docs/checkpoint.md "Restore").
+    net.set_link_up(ct.wire_node(j, plan, node, remote_arp(env)).host_ifname, False)
     netns = net.netns_path(ct.netns_name(plan.cluster, name))
     shared.before_container(env, plan, name, netns)
     config = render_oci_config(plan, node, render_context(env))

@@ -215,6 +215,11 @@ def mount_overlay(
     return merged
 
 
+def host_ifname(cluster: str, node: str) -> str:
+    """The host's end of a node's veth, on the cluster bridge."""
+    return net.short_ifname("hc", cluster, node)
+
+
 def wire_node(
     journal: Journal, plan: Plan, node: PlannedNode, remote_arp: list[tuple[str, str]]
 ) -> NodeHandle:
@@ -222,7 +227,7 @@ def wire_node(
     for the plan's nodes and ``remote_arp`` (the cluster's nodes on other hosts)."""
     ns_name = netns_name(plan.cluster, node.name)
     net.create_netns(journal, ns_name)
-    ifname = net.short_ifname("hc", plan.cluster, node.name)
+    ifname = host_ifname(plan.cluster, node.name)
     net.add_node_link(
         journal,
         bridge=plan.network.bridge,
