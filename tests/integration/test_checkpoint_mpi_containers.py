@@ -21,6 +21,7 @@ back with them).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -111,6 +112,9 @@ def test_mpi_job_inside_container_nodes_completes_after_checkpoint_down_restore(
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert name not in store.names() and leftovers(name) == []  # taken down
+    if locality == "shm":  # Open MPI's deleted /dev/shm/open_mpi.0000 in both: one at a time
+        pids = json.loads((out_dir / "nodes" / "head0" / "pidns.json").read_text())
+        assert pids["ghosts"] == ["compute0", "compute1"], pids
     restore(out_dir, store=store)
     out = _wait_for(store, name, r"DONE \d+ \d+")
     assert f"DONE {ROUNDS} {ROUNDS * ROUNDS}\n" in out, out[-600:]  # every answer right

@@ -194,3 +194,27 @@ def test_restored_nodes_are_reached_as_they_were_made(
     monkeypatch.setattr(shmcut, "shm_dir", lambda env: None)
     clusterfiles.restore(SimpleNamespace(dir=tmp_path, state=state), None, tmp_path, print)
     assert (state.node_init, state.agent) == (node_init, agent)
+
+
+def test_nodes_holding_a_deleted_shm_file_are_found_by_map_or_descriptor(tmp_path: Path) -> None:
+    proc = _shared(tmp_path)
+    (proc / "12" / "fd").mkdir()
+    (proc / "12" / "fd" / "6").symlink_to("/dev/shm/open_mpi.0000 (deleted)")
+    (proc / "13" / "fd").mkdir()
+    (proc / "13" / "fd" / "3").symlink_to("/tmp/x (deleted)")  # not in /dev/shm
+    (proc / "13" / "fd" / "4").symlink_to("/dev/shm/kept")  # not deleted
+    assert sharedns.holds_deleted_shm({2, 10, 11, 12}, proc)
+    assert not sharedns.holds_deleted_shm({3, 13}, proc)
+    _maps(proc, 13, [DELETED])
+    assert sharedns.holds_deleted_shm({3, 13}, proc)
+
+
+def test_nodes_with_deleted_shm_files_are_restored_one_at_a_time(tmp_path: Path) -> None:
+    names = ["head0", "compute0", "compute1"]
+    assert shmcut.restore_order(tmp_path, names) == ([], names)  # none saved: all side by side
+    (tmp_path / shmcut.PIDS).write_text(json.dumps({"highest": 40}))  # before ghosts were kept
+    assert shmcut.restore_order(tmp_path, names) == ([], names)
+    (tmp_path / shmcut.PIDS).write_text(
+        json.dumps({"highest": 40, "ghosts": ["compute1", "head0"]})
+    )
+    assert shmcut.restore_order(tmp_path, names) == (["head0", "compute1"], ["compute0"])

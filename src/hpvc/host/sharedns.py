@@ -10,6 +10,7 @@ written by their restore: where the new namespace's next PID starts.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -62,6 +63,21 @@ def deleted_shm_maps(pid: int, proc: Path = nodeprocs.PROC) -> dict[tuple[str, i
         if m:
             out[(m.group(1), int(m.group(2)))] = m.group(3)
     return out
+
+
+def holds_deleted_shm(pids: set[int], proc: Path = nodeprocs.PROC) -> bool:
+    """Does any of ``pids`` map or hold open a deleted /dev/shm file?"""
+    for pid in pids:
+        if deleted_shm_maps(pid, proc):
+            return True
+        fds = proc / str(pid) / "fd"
+        try:
+            links = [os.readlink(fd) for fd in fds.iterdir()]
+        except OSError:
+            continue  # gone, or a descriptor closed meanwhile
+        if any(t.startswith("/dev/shm/") and t.endswith(" (deleted)") for t in links):
+            return True
+    return False
 
 
 def shared_deleted(trees: dict[str, set[int]], proc: Path = nodeprocs.PROC) -> list[str]:

@@ -377,4 +377,7 @@ def restore_nodes(
     # change the host's mount table (``criu.stable_mountinfo``).
     mounts = criu.host_cgroup_mounts()
     workers = max(1, os.cpu_count() or 1)
-    each(names, lambda n: _restore_one(env, plan, n, src_dir / n, progress, mounts), workers)
+    one_by_one, side_by_side = shmcut.restore_order(src_dir / plan.nodes[0].name, names)
+    for n in one_by_one:
+        _restore_one(env, plan, n, src_dir / n, progress, mounts)
+    each(side_by_side, lambda n: _restore_one(env, plan, n, src_dir / n, progress, mounts), workers)

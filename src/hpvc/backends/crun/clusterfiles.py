@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from hpvc.backends import shared
 from hpvc.backends.agentkey import AGENT_KEY, write_key
+from hpvc.backends.crun import container as ct
 from hpvc.backends.crun import shmcut
 from hpvc.errors import HpvcError
 from hpvc.plan import Plan
@@ -57,6 +58,11 @@ def shared_folder(env: ClusterEnv, plan: Plan) -> Path | None:
     return shared.host_folder(env, sh) if sh.server == "host" and not sh.keep else None
 
 
+def node_pid(plan: Plan, name: str) -> int:
+    """A running node's init, on the host."""
+    return ct.container_pid(ct.container_id(plan.cluster, name))
+
+
 def save(env: ClusterEnv, plan: Plan, dest_dir: Path, progress: Progress) -> None:
     """The cluster's files into the first node's folder of the checkpoint."""
     folder = shared_folder(env, plan)
@@ -69,7 +75,7 @@ def save(env: ClusterEnv, plan: Plan, dest_dir: Path, progress: Progress) -> Non
         progress("the shared /dev/shm")
         tar(["-C", str(shm), *TAR_OPTS, "-cf", str(dest_dir / shmcut.SHM_TAR), "."],
             "save the shared /dev/shm")  # fmt: skip
-        shmcut.save_pids(env, dest_dir)
+        shmcut.save_pids(env, dest_dir, {n.name: node_pid(plan, n.name) for n in plan.nodes})
     key = env.dir / AGENT_KEY
     if getattr(env.state, "agent", False) and key.exists():
         write_key(dest_dir / AGENT_KEY, key.read_bytes())

@@ -116,12 +116,29 @@ def restore_ns(env: ClusterEnv) -> tuple[Path, str, Path] | None:
     return (sharedns.ns_path(init, "pid"), PIDNS_KEY, sharedns.ns_path(init, "ipc"))
 
 
-def save_pids(env: ClusterEnv, dest: Path) -> None:
-    """The highest PID in use in the shared namespace (all nodes frozen), beside
+def save_pids(env: ClusterEnv, dest: Path, inits: dict[str, int]) -> None:
+    """The highest PID in use in the shared namespace (all nodes frozen), and the
+    nodes (``inits``: node -> its init) holding a deleted /dev/shm file, beside
     ``shm.tar``."""
     init = holder(env)
-    if init is not None:
-        (dest / PIDS).write_text(json.dumps({"highest": sharedns.highest_pid(init)}) + "\n")
+    if init is None:
+        return
+    ghosts = [n for n, p in inits.items() if sharedns.holds_deleted_shm(nodeprocs.tree(p))]
+    doc = {"highest": sharedns.highest_pid(init), "ghosts": sorted(ghosts)}
+    (dest / PIDS).write_text(json.dumps(doc) + "\n")
+
+
+def restore_order(src: Path, names: list[str]) -> tuple[list[str], list[str]]:
+    """(nodes to restore one after the other, the rest, side by side). CRIU
+    gives a deleted file a node holds a temporary name beside it while it
+    restores it (``open_mpi.0000.cr.1.ghost``): in the /dev/shm the nodes
+    share, two nodes holding a deleted file of one name (Open MPI makes one in
+    every node) took the same temporary name side by side, and one's restore
+    removed the other's (``Couldn't unlink remap``, seen in the README's flow).
+    Such nodes come back one at a time."""
+    path = src / PIDS
+    ghosts = set(json.loads(path.read_text()).get("ghosts", [])) if path.exists() else set()
+    return [n for n in names if n in ghosts], [n for n in names if n not in ghosts]
 
 
 def restore_pids(env: ClusterEnv, src: Path) -> None:
