@@ -2,12 +2,13 @@
 
 Two tiny guests (1 vCPU, 256 MiB, TCG here) run a long MPI ping-pong
 (tests/data/mpi/pingpong.c: every answer checked, a known sum at the end),
-started by mpirun inside one guest (its daemons on the other through the
-guests' agents). Mid-run the cluster is checkpointed with --stop (taken down
-after the cut), restored, and the job completes with the right result: no
-message was lost across the cut. Then the refusals: a restore whose name or
-subnet is taken (exit 2, nothing changed), a QEMU failing mid-restore (exit 1,
-nothing left), and ``checkpoint rm``.
+started by ``hpvc run --detach``: mpirun inside one guest, its daemon on the
+other through the guests' agents (hpvc.cluster.jobs). Mid-run the cluster is
+checkpointed with --stop (taken down after the cut), restored, and the job
+completes with the right result: no message was lost across the cut. Then
+the refusals: a restore whose name or subnet is taken (exit 2, nothing
+changed), a QEMU failing mid-restore (exit 1, nothing left), and
+``checkpoint rm``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 from hpvc.cluster import checkpoint as ck
 from hpvc.cluster import checkpoint_format as cf
-from hpvc.cluster import lifecycle, ops
+from hpvc.cluster import jobs, lifecycle, ops
 from hpvc.cluster.restore import restore
 from hpvc.errors import HpvcError, InputError
 from hpvc.store import Store
@@ -34,11 +35,7 @@ from tests.integration.test_cluster import clean_up, image_ready
 from tests.integration.test_vm_cluster import vm_leftovers
 
 ROUNDS, DELAY_US = 600, 20000  # about 12 s of ping-pong under TCG
-MPI_ENV = (
-    "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh OMPI_MCA_btl_tcp_if_include=eth0"
-    " OMPI_MCA_oob_tcp_if_include=eth0 OMPI_ALLOW_RUN_AS_ROOT=1"
-    " OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-)
+OUT = "/root/.hpvc/jobs/1/out"  # the first detached job's output, in compute0
 
 
 @pytest.fixture
@@ -72,7 +69,7 @@ def _wait_for(store: Store, name: str, pattern: str, seconds: float) -> str:
     deadline = time.monotonic() + seconds
     out = ""
     while time.monotonic() < deadline:
-        out = _in(store, name, "compute0", "cat /root/pp.out 2>/dev/null || true")
+        out = _in(store, name, "compute0", f"cat {OUT} 2>/dev/null || true")
         if re.search(pattern, out) or "BAD" in out:
             return out
         time.sleep(1.0)
@@ -88,13 +85,8 @@ def _start_job(store: Store, name: str, tmp_path: Path) -> None:
         _in(
             store, name, node, f"echo {b64} | base64 -d > /root/pingpong && chmod +x /root/pingpong"
         )
-    _in(
-        store,
-        name,
-        "compute0",
-        f"cd /root && {MPI_ENV} setsid nohup mpirun -np 2 --host compute0,compute1"
-        f" /root/pingpong {ROUNDS} {DELAY_US} > /root/pp.out 2>&1 < /dev/null &",
-    )
+    job = ops.run_detached(name, ["/root/pingpong", str(ROUNDS), str(DELAY_US)], store=store)
+    assert (job.job, job.node) == (1, "compute0")
 
 
 def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -137,6 +129,8 @@ def test_mpi_job_completes_after_checkpoint_down_restore(store: Store, tmp_path:
     out = _wait_for(store, name, r"DONE \d+ \d+", 240)
     assert f"DONE {ROUNDS} {ROUNDS * ROUNDS}\n" in out, out[-400:]
     assert "BAD" not in out
+    ended = jobs.wait(store, name, 1, poll_s=0.5)  # mpirun's exit code, kept in the guest
+    assert (ended.state, ended.exit_code) == ("exited", 0), ended
     # The job went on from where it was saved, not from the start.
     assert out.count("round 0\n") == 1 and saved_rounds >= 100
 

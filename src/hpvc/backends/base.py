@@ -88,6 +88,17 @@ class MpiLaunch:
 
 
 @dataclass(frozen=True)
+class InNodeLaunch:
+    """How an MPI launcher started inside one node reaches the others
+    (``hpvc run --detach``, hpvc.cluster.jobs): the node's hpvc-rsh, which
+    starts the launcher's daemon in another node through that node's agent, and
+    the variables the launcher needs there besides the node's own."""
+
+    rsh: str  # hpvc-rsh's path inside the nodes
+    env: tuple[str, ...] = ()  # K=V, put in front of the launcher
+
+
+@dataclass(frozen=True)
 class TaskEntry:
     """How a task started on the host (a Slurm step's, by hpvc's SPANK plugin)
     runs in one of a backend's nodes."""
@@ -219,6 +230,11 @@ class Backend(Protocol):
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         """How ``hpvc run`` reaches the nodes' ranks."""
+        ...
+
+    def in_node_launch(self, env: ClusterEnv, plan: Plan) -> InNodeLaunch | None:
+        """How an MPI launcher run inside a node reaches the other nodes; None
+        where nodes cannot start anything in each other (no agent in them)."""
         ...
 
     def task_entry(self, mpi: str) -> TaskEntry:

@@ -1,4 +1,7 @@
-"""``hpvc up | ls | status | exec | run | scale | down``: running clusters."""
+"""``hpvc up | ls | status | exec | run | scale | down``: running clusters.
+
+``hpvc jobs``, which follows what ``run --detach`` started, is hpvc.cli.jobs.
+"""
 
 from __future__ import annotations
 
@@ -168,6 +171,14 @@ def run_cmd(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Say which transport each pair of nodes' ranks uses."
     ),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        "-d",
+        help="Run the image's launcher in the first MPI node, in the background, and"
+        " return: the job can be checkpointed with the cluster (hpvc jobs follows it).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --detach: the job as JSON."),
 ) -> None:
     """Launch an MPI job over the cluster's compute nodes, one rank per vCPU.
 
@@ -176,10 +187,32 @@ def run_cmd(
     shared ivshmem region (UCX) where their image has hpvc's module; --verbose
     says so per pair of nodes, and has each rank's UCX name its transports.
 
-    Example: hpvc run small -n 2 -- hostname
+    With --detach the image's own mpirun or mpiexec runs inside the first MPI
+    node (in /shared when the nodes have it, else in root's home) and reaches
+    the other nodes through their hpvc-agent; its output goes to a file in that
+    node. `hpvc jobs NAME` lists such jobs, `hpvc jobs NAME ID --wait` waits for
+    one and prints its output. Nothing stays attached, so `hpvc checkpoint`
+    cuts the running job with the cluster (docs/checkpoint.md).
+
+    Examples:
+
+      hpvc run small -n 2 -- hostname
+
+      hpvc run small --detach -- ./pingpong 1000     (prints the job's number)
+
+      hpvc jobs small 1 --wait
     """
     from hpvc.cluster import ops
 
+    if as_json and not detach:
+        raise InputError("hpvc run --json", "is for --detach", "add --detach, or drop --json")
+    if detach:
+        job = ops.run_detached(name, list(cmd or []), n, progress=_progress, verbose=verbose)
+        if as_json:
+            print_json({"cluster": name, **job.to_json()})
+        else:
+            console.print(f"job {job.job} started in {job.node}: hpvc jobs {name} {job.job} --wait")
+        return
     rc = ops.run(name, list(cmd or []), n, progress=_progress, verbose=verbose)
     raise typer.Exit(rc if isinstance(rc, int) else rc.returncode)
 

@@ -60,6 +60,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cluster",
         "Launch an MPI job over the cluster's compute nodes, one rank per vCPU.",
     ),
+    "jobs": (
+        "jobs",
+        "List the MPI jobs hpvc run --detach started in a cluster; show or wait for one.",
+    ),
     "scale": ("cluster", "Add or remove nodes while the cluster runs."),
     "restart": ("restart", "Bring back nodes whose container or VM died."),
     "migrate": (

@@ -11,13 +11,14 @@ hpvc.cluster.status, which loads less than this module (issue 33 item 4).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpvc.backends.base import ClusterEnv
-from hpvc.cluster import hydra, pmi, ucx
+from hpvc.cluster import hydra, jobs, pmi, ucx
 from hpvc.cluster.status import open_cluster as _open
 from hpvc.cluster.status import open_env
 from hpvc.cluster.status import status as status
@@ -28,7 +29,7 @@ from hpvc.image.mpi import MPICH, ImageMpi, find_mpi
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
-from hpvc.store import Store
+from hpvc.store import ClusterRecord, Store
 
 MPIRUN = "mpirun.openmpi"
 
@@ -196,23 +197,11 @@ def no_compute_notice(plan: Plan) -> str | None:
     return f"cluster {plan.cluster} has no compute nodes: the ranks run on {where}"
 
 
-def run(
-    name: str,
-    argv: list[str],
-    n: int | None = None,
-    store: Store | None = None,
-    capture: bool = False,
-    progress: Progress = quiet,
-    verbose: bool = False,
-) -> int | subprocess.CompletedProcess[str]:
-    """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code
-    (or, with ``capture``, the finished process with its stdout and stderr).
-    A cluster without compute nodes runs the job on the nodes it has, and
-    says so (``progress``). Co-resident VM guests talk through their ivshmem
-    region where they can (``hpvc.cluster.ucx``); ``verbose`` says which
-    transport each pair of the job's nodes uses, and has UCX say it too."""
+def _job(
+    store: Store, name: str, argv: list[str], n: int | None, progress: Progress
+) -> tuple[ClusterRecord, Plan, ImageMpi, int]:
+    """What every job checks first: a running cluster, a command, ranks that fit."""
     require_root("hpvc run")
-    store = store or Store()
     rec = store.get(name)
     if rec.status != "running":
         raise InputError(f"cluster {name!r}", f"is {rec.status}", "wait for it, or hpvc up")
@@ -238,6 +227,26 @@ def run(
     notice = no_compute_notice(plan)
     if notice is not None:
         progress(notice)
+    return rec, plan, mpi, total
+
+
+def run(
+    name: str,
+    argv: list[str],
+    n: int | None = None,
+    store: Store | None = None,
+    capture: bool = False,
+    progress: Progress = quiet,
+    verbose: bool = False,
+) -> int | subprocess.CompletedProcess[str]:
+    """Launch ``argv`` as an MPI job over the cluster's nodes; return its exit code
+    (or, with ``capture``, the finished process with its stdout and stderr).
+    A cluster without compute nodes runs the job on the nodes it has, and
+    says so (``progress``). Co-resident VM guests talk through their ivshmem
+    region where they can (``hpvc.cluster.ucx``); ``verbose`` says which
+    transport each pair of the job's nodes uses, and has UCX say it too."""
+    store = store or Store()
+    rec, plan, mpi, total = _job(store, name, argv, n, progress)
     backend, env = open_env(store, rec)
     # whether co-resident nodes share memory: the backend says (architecture rule 3)
     shm = backend.capabilities.shared_memory
@@ -281,6 +290,23 @@ def run(
     if capture:
         return subprocess.run(cmd, env=child_env, capture_output=True, text=True, check=False)
     return subprocess.run(cmd, env=child_env, check=False).returncode
+
+
+def run_detached(
+    name: str,
+    argv: list[str],
+    n: int | None = None,
+    store: Store | None = None,
+    progress: Progress = quiet,
+    verbose: bool = False,
+) -> jobs.Job:
+    """Start ``argv`` as an MPI job whose launcher runs in the cluster's first MPI
+    node, in the background (``hpvc run --detach``, hpvc.cluster.jobs); its record."""
+    store = store or Store()
+    rec, plan, mpi, total = _job(store, name, argv, n, progress)
+    backend, env = open_env(store, rec)
+    layout = node_counts(plan, n or total)
+    return jobs.start(backend, env, plan, mpi, layout, argv, shlex.join(argv), verbose, progress)
 
 
 def rank_file(store: Store, name: str) -> Path:

@@ -28,6 +28,7 @@ from hpvc.backends.agentkey import AGENT_KEY
 from hpvc.backends.base import (
     Capabilities,
     ClusterEnv,
+    InNodeLaunch,
     MpiLaunch,
     Phases,
     State,
@@ -325,6 +326,11 @@ class CrunBackend:
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         return ranks.mpi_launch(plan, ct.runtime(), _state(env).node_init)
+
+    def in_node_launch(self, env: ClusterEnv, plan: Plan) -> InNodeLaunch | None:
+        """Root's own nodes run an agent and see hpvc-rsh (hpvc.backends.crun.nodeinit);
+        a tenant's, one across hosts or one made before the agent do not."""
+        return InNodeLaunch(nodeinit.RSH_IN_NODE) if _state(env).agent else None
 
     def task_entry(self, mpi: str) -> TaskEntry:
         """Tasks enter the node's namespaces (which ones: hpvc.slurm's policy)."""

@@ -22,6 +22,7 @@ from hpvc.backends import agentkey
 from hpvc.backends.base import (
     Capabilities,
     ClusterEnv,
+    InNodeLaunch,
     MpiLaunch,
     Phases,
     State,
@@ -336,6 +337,11 @@ class QemuBackend:
         self, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str], rc: int
     ) -> int:
         return rc  # ssh passes the guest shell's 127/126 through, the agent its own
+
+    def in_node_launch(self, env: ClusterEnv, plan: Plan) -> InNodeLaunch | None:
+        """Every guest runs the agent (native/guest/init.c) and has hpvc-rsh; mpirun
+        there gets what a Slurm task's does (hpvc.backends.vm.tasks: eth0, root)."""
+        return InNodeLaunch(tasks.RSH, tasks.TASK_ENV)
 
     def mpi_launch(self, env: ClusterEnv, plan: Plan) -> MpiLaunch:
         if vm_state(env).agent_rsh:  # the rank script below is ssh's

@@ -22,9 +22,10 @@ from hpvc.errors import InputError
 # run in a guest, starts its daemons on the other guests through their agents
 # (hpvc-rsh, not ssh: no keys to hand out) over the cluster network, never
 # through Slurm (the guests have no srun), and as root (the guest is the job's).
+RSH = "/usr/local/sbin/hpvc-rsh"  # hpvc.image.guest_disk.RSH_TOOL_PATH
 TASK_ENV = (
     "OMPI_MCA_plm=rsh",
-    "OMPI_MCA_plm_rsh_agent=/usr/local/sbin/hpvc-rsh",
+    f"OMPI_MCA_plm_rsh_agent={RSH}",
     "OMPI_MCA_ras=^slurm",
     "OMPI_MCA_btl_tcp_if_include=eth0",
     "OMPI_MCA_oob_tcp_if_include=eth0",

@@ -1,0 +1,143 @@
+"""``hpvc run --detach`` and ``hpvc jobs`` in container nodes (hpvc.cluster.jobs).
+
+The image's own launcher runs in the first MPI node, in the background,
+reaching the other nodes through their hpvc-agent: nothing of the job stays
+on the host or attached to a node, so ``hpvc checkpoint --stop`` cuts it
+mid-run and after ``hpvc restore`` ``hpvc jobs NAME ID --wait`` sees it end
+with the right result (the ping-pong of test_checkpoint_mpi_containers, every
+answer checked). The job's record (command, output, exit code) lives in that
+node and comes back with it. All through the CLI, as a user types it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpvc.store import Store
+from tests.integration.test_checkpoint_container import store as store  # the fixture
+from tests.integration.test_checkpoint_mpi_containers import PINGPONG
+from tests.integration.test_cluster import cli_env, leftovers, spec_file
+from tests.integration.test_run_mpi import mpich_ready
+
+ROUNDS, DELAY_US = 400, 10000  # about 4 s of ping-pong
+
+
+def _hpvc(store: Store, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpvc", *argv],
+        capture_output=True, text=True, env=cli_env(store), timeout=180, check=False,
+    )  # fmt: skip
+
+
+def _jobs(store: Store, name: str) -> list[dict[str, object]]:
+    r = _hpvc(store, "jobs", name, "--json")
+    assert r.returncode == 0, r.stderr
+    jobs: list[dict[str, object]] = json.loads(r.stdout)["jobs"]
+    return jobs
+
+
+def _output(store: Store, name: str, job: int) -> str:
+    r = _hpvc(store, "jobs", name, str(job))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _wait_for(store: Store, name: str, job: int, pattern: str, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while not re.search(pattern, out := _output(store, name, job)):
+        assert time.monotonic() < deadline, f"no {pattern!r} in job {job}'s output: {out[-600:]}"
+        time.sleep(0.3)
+    return out
+
+
+def test_detached_job_is_cut_restored_and_waited_for(store: Store, tmp_path: Path) -> None:
+    name = "rdetach"
+    spec = Path(spec_file(tmp_path, name))  # head0, compute0, compute1; shared namespaces
+    assert _hpvc(store, "up", str(spec)).returncode == 0
+    shared = store.cluster_dir(name) / "shared"
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(shared / "pingpong"), str(PINGPONG)],
+                   check=True)  # fmt: skip
+
+    # Bad input first: exit 2, no job started.
+    no_cmd = _hpvc(store, "run", name, "--detach")
+    assert no_cmd.returncode == 2 and "no command given" in no_cmd.stderr, no_cmd.stderr
+    too_many = _hpvc(store, "run", name, "--detach", "-n", "3", "--", "true")
+    assert too_many.returncode == 2 and "have 2 vCPUs" in too_many.stderr, too_many.stderr
+    attached_json = _hpvc(store, "run", name, "--json", "--", "true")
+    assert attached_json.returncode == 2 and "is for --detach" in attached_json.stderr
+    missing = _hpvc(store, "jobs", name, "7")
+    assert missing.returncode == 2 and "not a detached job" in missing.stderr, missing.stderr
+    assert _jobs(store, name) == []
+
+    started = _hpvc(store, "run", name, "--detach", "--json", "--",
+                    "./pingpong", str(ROUNDS), str(DELAY_US))  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    job = json.loads(started.stdout)
+    assert (job["job"], job["node"], job["state"]) == (1, "compute0", "running"), job
+    assert job["command"] == f"./pingpong {ROUNDS} {DELAY_US}"
+    _wait_for(store, name, 1, r"round 100\b")
+    [listed] = _jobs(store, name)
+    assert (listed["job"], listed["state"], listed["exit_code"]) == (1, "running", None)
+    # The launcher and a rank in compute0, the other rank in compute1: none on the host.
+    procs = _hpvc(store, "exec", name, "compute1", "--", "ps", "-eo", "args=").stdout
+    assert "pingpong" in procs, procs
+
+    ck = tmp_path / "ck"
+    cut = _hpvc(store, "checkpoint", name, "--out", str(ck), "--stop")
+    assert cut.returncode == 0, cut.stderr  # nothing attached: the cut takes the job
+    assert leftovers(name) == []
+    gone = _hpvc(store, "jobs", name)
+    assert gone.returncode == 2 and "no such cluster" in gone.stderr, gone.stderr
+    assert _hpvc(store, "restore", str(ck)).returncode == 0
+
+    waited = _hpvc(store, "jobs", name, "1", "--wait", "--json")
+    assert waited.returncode == 0, waited.stderr
+    done = json.loads(waited.stdout)
+    assert (done["state"], done["exit_code"]) == ("exited", 0), done
+    assert f"DONE {ROUNDS} {ROUNDS * ROUNDS}\n" in done["output"], done["output"][-600:]
+    rounds = re.findall(r"round (\d+)", done["output"])
+    assert rounds == [str(r) for r in range(0, ROUNDS, 50)], rounds  # went on, not again
+
+    # A failing job: its exit code is the launcher's, and --wait exits with it.
+    bad = _hpvc(store, "run", name, "-d", "--", "sh", "-c", "exit 3")
+    assert bad.returncode == 0 and "job 2 started in compute0" in bad.stdout, bad
+    waited = _hpvc(store, "jobs", name, "2", "--wait")
+    assert waited.returncode != 0, waited
+    assert [(j["job"], j["state"]) for j in _jobs(store, name)] == [(1, "exited"), (2, "exited")]
+    assert _hpvc(store, "down", name).returncode == 0
+    assert leftovers(name) == []
+
+
+def test_detached_mpich_job_and_a_cluster_without_agents(store: Store, tmp_path: Path) -> None:
+    """MPICH's hydra in nodes sharing namespaces; then a cluster whose record says
+    its nodes have no agent (one made before it, as a tenant's has none): refused
+    in one line, exit 2, nothing started."""
+    mpich_ready()
+    name = "rdetachm"
+    spec = Path(spec_file(tmp_path, name))
+    spec.write_text('image = "mpich"\n' + spec.read_text())
+    assert _hpvc(store, "up", str(spec)).returncode == 0
+    shared = store.cluster_dir(name) / "shared"
+    subprocess.run(["mpicc.mpich", "-O2", "-o", str(shared / "pingpong"), str(PINGPONG)],
+                   check=True)  # fmt: skip
+    started = _hpvc(store, "run", name, "-d", "--", "./pingpong", "30", "0")
+    assert started.returncode == 0 and "job 1 started" in started.stdout, started
+    waited = _hpvc(store, "jobs", name, "1", "--wait")
+    assert waited.returncode == 0, waited
+    assert "DONE 30 900\n" in waited.stdout, waited.stdout[-600:]
+
+    rec = store.get(name)
+    rec.backend_state["agent"] = False
+    store.save(rec)
+    refused = _hpvc(store, "run", name, "--detach", "--", "./pingpong", "3", "0")
+    assert refused.returncode == 2, refused
+    assert "run no hpvc-agent" in refused.stderr and len(refused.stderr.splitlines()) <= 2
+    assert [j["job"] for j in _jobs(store, name)] == [1]
+    assert _hpvc(store, "down", name).returncode == 0
+    assert leftovers(name) == []
+
