@@ -141,3 +141,45 @@ def test_detached_mpich_job_and_a_cluster_without_agents(store: Store, tmp_path:
     assert _hpvc(store, "down", name).returncode == 0
     assert leftovers(name) == []
 
+
+def test_attached_job_is_refused_by_the_cut_and_a_detached_one_taken(
+    store: Store, tmp_path: Path
+) -> None:
+    """Nodes of their own (``locality = "none"``): ranks ``hpvc run`` started through
+    ``crun exec`` have their client outside the node's tree and the host's stdio,
+    on which CRIU failed after the freeze (exit 1); the cut now refuses them before
+    it (exit 2, nothing written, the job goes on). The same job detached is cut
+    without ``--stop`` and ends right."""
+    name = "rdetachn"
+    spec = Path(spec_file(tmp_path, name, 'locality = "none"\n'))
+    assert _hpvc(store, "up", str(spec)).returncode == 0
+    shared = store.cluster_dir(name) / "shared"
+    subprocess.run(["mpicc.openmpi", "-O2", "-o", str(shared / "pingpong"), str(PINGPONG)],
+                   check=True)  # fmt: skip
+    attached = subprocess.Popen(
+        [sys.executable, "-m", "hpvc", "run", name, "--", "/shared/pingpong", "300", "10000"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=cli_env(store),
+    )  # fmt: skip
+    try:
+        assert attached.stdout is not None
+        assert attached.stdout.readline() == "round 0\n"
+        ck = tmp_path / "ck"
+        refused = _hpvc(store, "checkpoint", name, "--out", str(ck))
+        assert refused.returncode == 2, refused.stderr
+        assert "still attached" in refused.stderr and "--detach" in refused.stderr, refused
+        assert not ck.exists()
+        rest, _ = attached.communicate(timeout=60)
+        assert attached.returncode == 0 and "DONE 300 90000\n" in rest, rest[-400:]
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+            attached.wait()
+
+    assert _hpvc(store, "run", name, "-d", "--", "./pingpong", "300", "10000").returncode == 0
+    _wait_for(store, name, 1, r"round 50\b")
+    cut = _hpvc(store, "checkpoint", name, "--out", str(tmp_path / "ck2"))
+    assert cut.returncode == 0, cut.stderr  # not stopped: the job goes on
+    waited = _hpvc(store, "jobs", name, "1", "--wait")
+    assert waited.returncode == 0 and "DONE 300 90000\n" in waited.stdout, waited
+    assert _hpvc(store, "down", name).returncode == 0
+    assert leftovers(name) == []

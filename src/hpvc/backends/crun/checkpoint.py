@@ -119,10 +119,23 @@ def _unstoppable(env: ClusterEnv, plan: Plan, name: str, init: int, kind: type[H
     """Refuse a node whose PID namespace holds processes its freeze would not
     stop: a running Slurm step's tasks (``hpvc.host.nodeprocs``)."""
     members = freezer.members(_rel(plan, name))
+    attached: list[int] = []
     if shmcut.holder(env) is not None:  # a shared namespace: the tree (shmcut takes the rest)
         left = sorted(p for p in nodeprocs.tree(init) - members if procfs.running(p))
     else:
         left = nodeprocs.outside(init, members)
+        # In the freezer cgroup but in no tree of the init's: an exec's client (crun
+        # exec entered the namespace from outside; hpvc run's ranks are such), whose
+        # program's stdio is the host's: CRIU fails on it after the freeze.
+        attached = nodeprocs.outside(init, nodeprocs.tree(init) | set(left))
+    if attached and not left:
+        raise kind(
+            f"checkpoint of {env.name}",
+            f"node {name} runs processes in no tree of its init's: {nodeprocs.describe(attached)}"
+            " (an hpvc exec or hpvc run still attached)",
+            "cut when those have ended; start long work in the background (setsid prog &),"
+            " an MPI job with hpvc run --detach (docs/checkpoint.md)",
+        )
     if left:
         raise kind(
             f"checkpoint of {env.name}",

@@ -81,7 +81,7 @@ def refuse(env: ClusterEnv, inits: dict[str, int]) -> None:
             f" {nodeprocs.describe(left)} (an hpvc exec still attached, or a Slurm"
             " step's tasks)",
             "cut when those have ended; start long work in the background"
-            " (setsid prog &) (docs/checkpoint.md)",
+            " (setsid prog &), an MPI job with hpvc run --detach (docs/checkpoint.md)",
         )
     objects = sharedns.sysv_objects(init)
     if objects:
