@@ -65,6 +65,9 @@ int hpvc_batch_restored(spank_t sp, const struct hpvc_config *cfg);
  * slurmstepd's or the user's. Without, it keeps the caller's (the user's)
  * environment, directory and ids, with the env entries added. */
 int hpvc_run(char *const argv[], char *const env[], int timeout_s, int as_root, char **out);
+/* Close every file descriptor above 2 (close_range; a loop where the kernel
+ * lacks it): what hpvc's children and the task relay start with (run.c). */
+void hpvc_close_above_stderr(void);
 extern double hpvc_progress_after; /* run.c: -1, or show hpvc_run's progress after s */
 /* Seconds on the monotonic clock (run.c). */
 double hpvc_now(void);

@@ -121,7 +121,7 @@ static char **child_env(char *const extra[], int inherit)
 
 /* Nothing of the caller's open files (slurmstepd's sockets, srun's) beyond
  * stdin, stdout and stderr. */
-static void close_above_stderr(void)
+void hpvc_close_above_stderr(void)
 {
 	if (syscall(SYS_close_range, 3, ~0U, 0) == 0)
 		return;
@@ -167,7 +167,7 @@ static void __attribute__((noreturn)) exec_child(char *const argv[], char **env,
 	}
 	if (as_root)
 		umask(022);
-	close_above_stderr();
+	hpvc_close_above_stderr();
 	default_signals();
 	/* New session: on a timeout the whole group is killed, nothing else. */
 	setsid();

@@ -17,7 +17,9 @@
  * child (PID inside the node) goes on to exec the program; this process stays
  * as a small relay (root, named hpvc-relay) that forwards signals, exits as
  * the child did, and SIGKILLs the child if slurmstepd dies first (the child's
- * own parent-death signal does not survive its change to the user's ids). */
+ * own parent-death signal does not survive its change to the user's ids). The
+ * relay keeps no descriptor above stderr: it must not hold the writer of the
+ * program's stdin pipe (then the program never sees its end of input). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -145,6 +147,13 @@ static void set_env(spank_t sp, const struct hpvc_join *j)
 
 static void relay(pid_t child, pid_t stepd)
 {
+	/* The relay never execs, so nothing closes for it what slurmstepd marked
+	 * close-on-exec: the write end of this task's stdin pipe (and of the
+	 * other local tasks'), the other ends of their stdout and stderr,
+	 * slurmstepd's own sockets and pipes. Held here, the program would never
+	 * see the end of its input (`srun --input=all ... cat`) once slurmstepd
+	 * closed its own copy. It needs none of them: it only waits and signals. */
+	hpvc_close_above_stderr();
 	int sigs[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGALRM };
 	struct sigaction sa;
 	sigset_t set;

@@ -379,14 +379,10 @@ def test_what_a_step_left_in_nodes_sharing_namespaces_is_refused(slurm: Env) -> 
         CT_SPEC.replace('locality = "none"', 'locality = "shm"').replace("10.88.66.", "10.88.67.")
     )
     prog = base64.b64encode(PROG.encode()).decode()
-    # The program goes in through the environment: `srun --input=all` into
-    # these nodes left `cat` waiting for an end of input (seen 2026-11-28).
-    start = START.replace(
-        "srun -N2 -n2 --input=all sh -c 'mkdir -p /tmp/ck; cat > /tmp/ck/p.py' < p.py",
-        "srun -N2 -n2 sh -c 'mkdir -p /tmp/ck; echo $PROG | base64 -d > /tmp/ck/p.py'",
-    )
-    assert start != START
-    (slurm.work / "cs.sh").write_text(JOB.format(prog=prog, start=start))
+    # The program goes in with `srun --input=all` in a later step of the job,
+    # as in the VM job (its tasks' relays used to hold their stdin pipes'
+    # writers: test_slurm_stdin_shm.py).
+    (slurm.work / "cs.sh").write_text(JOB.format(prog=prog, start=START))
     out = slurm.work / "cs.out"
     r = slurm.run("sbatch", "--parsable", "-N2", "-x", "n3", f"--hpvc={spec}", "-o", str(out),
                   str(slurm.work / "cs.sh"))  # fmt: skip
