@@ -29,7 +29,7 @@ def test_open_mpi_launcher_reaches_the_nodes_through_hpvc_rsh() -> None:
     )
     assert argv == [
         "/usr/bin/mpiexec", "--allow-run-as-root", "--mca", "plm_rsh_agent", "/dev/hpvc-rsh",
-        "-np", "3", "--host", "c0:2,c1:1", "./a", "x y",
+        "--bind-to", "none", "-np", "3", "--host", "c0:2,c1:1", "./a", "x y",
     ]  # fmt: skip
 
 

@@ -115,7 +115,11 @@ def launcher_argv(
     if mpi.kind == MPICH:  # hydra
         rsh = ["-launcher", "rsh", "-launcher-exec", launch.rsh]
         return [*env, mpi.launcher, *rsh, "-hosts", hosts, "-n", n, *argv]
-    rsh = ["--mca", "plm_rsh_agent", launch.rsh]
+    # Not bound to cores: each node's mpirun numbers its own node's cores from 0, so
+    # co-resident nodes' ranks were bound to one host CPU and took turns on it
+    # (4.2 ms a round trip, the scheduler's tick); hpvc pins the nodes itself, as
+    # hpvc run's host mpirun is told too (``ops.mpirun_argv``).
+    rsh = ["--mca", "plm_rsh_agent", launch.rsh, "--bind-to", "none"]
     return [*env, mpi.launcher, "--allow-run-as-root", *rsh, "-np", n, "--host", hosts, *argv]
 
 
