@@ -25,6 +25,7 @@ from tests.integration.test_cluster import cli_env, leftovers, spec_file
 from tests.integration.test_run_mpi import mpich_ready
 
 ROUNDS, DELAY_US = 400, 10000  # about 4 s of ping-pong
+VADER = "OMPI_MCA_btl=vader,self"  # shared memory, no network
 
 
 def _hpvc(store: Store, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -74,12 +75,17 @@ def test_detached_job_is_cut_restored_and_waited_for(store: Store, tmp_path: Pat
     assert missing.returncode == 2 and "not a detached job" in missing.stderr, missing.stderr
     assert _jobs(store, name) == []
 
-    started = _hpvc(store, "run", name, "--detach", "--json", "--",
+    # Shared memory only (vader): the ranks, in two nodes sharing /dev/shm, are one
+    # host's to Open MPI (hpvc.cluster.jobs_onehost), or the job fails.
+    started = _hpvc(store, "run", name, "--detach", "--json", "--", "env", VADER,
                     "./pingpong", str(ROUNDS), str(DELAY_US))  # fmt: skip
     assert started.returncode == 0, started.stderr
     job = json.loads(started.stdout)
     assert (job["job"], job["node"], job["state"]) == (1, "compute0", "running"), job
-    assert job["command"] == f"./pingpong {ROUNDS} {DELAY_US}"
+    assert job["command"] == f"env {VADER} ./pingpong {ROUNDS} {DELAY_US}"
+    ranks = _hpvc(store, "exec", name, "compute0", "--", "cat", "/root/.hpvc/jobs/1/ranks")
+    ip = {n.name: n.ip for n in store.get(name).the_plan().nodes}["compute1"]
+    assert ranks.stdout == f"self\n{ip}\n", ranks  # rank 1 sent to compute1's agent
     _wait_for(store, name, 1, r"round 100\b")
     [listed] = _jobs(store, name)
     assert (listed["job"], listed["state"], listed["exit_code"]) == (1, "running", None)
@@ -177,6 +183,9 @@ def test_attached_job_is_refused_by_the_cut_and_a_detached_one_taken(
 
     assert _hpvc(store, "run", name, "-d", "--", "./pingpong", "300", "10000").returncode == 0
     _wait_for(store, name, 1, r"round 50\b")
+    # Nodes of their own: each a host to Open MPI (TCP), no rank script.
+    solo = _hpvc(store, "exec", name, "compute0", "--", "ls", "/root/.hpvc/jobs/1")
+    assert solo.stdout.split() == ["cmd", "cwd", "out", "pid", "started"], solo
     cut = _hpvc(store, "checkpoint", name, "--out", str(tmp_path / "ck2"))
     assert cut.returncode == 0, cut.stderr  # not stopped: the job goes on
     waited = _hpvc(store, "jobs", name, "1", "--wait")

@@ -92,10 +92,10 @@ def test_start_list_and_show_in_a_real_shell(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     assert _list(base, env) == []  # no folder yet: no jobs, no error
     job = ["sh", "-c", "echo out; echo err >&2; exit 4"]
-    first = _sh(jobs.START, str(base), "123.5", "first", *job, env=env)
+    first = _sh(jobs.START, str(base), "123.5", "first", "", "", *job, env=env)
     assert first.returncode == 0 and first.stdout == "1\n", first
     # (sleep 3 outlives its shell's kill below, and ends by itself)
-    second = _sh(jobs.START, str(base), "124", "second", "sleep", "3", env=env)
+    second = _sh(jobs.START, str(base), "124", "second", "", "", "sleep", "3", env=env)
     assert second.stdout == "2\n", second
     done = _until(base, env, 1, "exited")
     assert (done.exit_code, done.started, done.command) == (4, 123.5, "first")

@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv, InNodeLaunch
+from hpvc.cluster import jobs_onehost as onehost
 from hpvc.cluster import ucx
 from hpvc.errors import HpvcError, InputError, require_root
-from hpvc.image.mpi import MPICH, ImageMpi
+from hpvc.image.mpi import MPICH, OPEN_MPI, ImageMpi
 from hpvc.plan import Plan, PlannedNode
 from hpvc.progress import Progress, quiet
 from hpvc.render.files import mpi_nodes
@@ -43,16 +44,26 @@ from hpvc.store import Store
 JOBS_DIR = "/root/.hpvc/jobs"
 EXEC_TIMEOUT_S = 60  # one short command in a node (a guest's agent under TCG included)
 
-# $1: the jobs' folder, $2: when (host clock), $3: the command as shown; then the
-# launcher's argv. Prints the job's number. mkdir is the lock: two at once get two.
+# $1: the jobs' folder, $2: when (host clock), $3: the command as shown, $4 and
+# $5: the ranks file and rank script of a job over nodes sharing memory ('' for
+# none, hpvc.cluster.jobs_onehost; the script's path replaces @RANKEXEC@ in the
+# launcher's argv); then the launcher's argv. Prints the job's number. mkdir is
+# the lock: two at once get two.
 START = r"""
-base=$1 started=$2 shown=$3; shift 3
+base=$1 started=$2 shown=$3 ranks=$4 rankexec=$5; shift 5
 mkdir -p "$base" || exit 1
 i=1
 while ! mkdir "$base/$i" 2>/dev/null; do
   i=$((i + 1)); [ "$i" -le 100000 ] || exit 1
 done
 d=$base/$i
+if [ -n "$rankexec" ]; then
+  printf '%s' "$ranks" > "$d/ranks"; printf '%s' "$rankexec" > "$d/rankexec"
+  n=$#
+  while [ "$n" -gt 0 ]; do
+    a=$1; shift; [ "$a" = @RANKEXEC@ ] && a=$d/rankexec; set -- "$@" "$a"; n=$((n - 1))
+  done
+fi
 cd /shared 2>/dev/null || cd "${HOME:-/root}" 2>/dev/null || cd /
 printf '%s\n' "$shown" > "$d/cmd"; printf '%s\n' "$started" > "$d/started"; pwd > "$d/cwd"
 s=; command -v setsid > /dev/null 2>&1 && s=setsid
@@ -156,6 +167,15 @@ def _in_node(
         ) from None
 
 
+def one_host(backend: Backend, env: ClusterEnv, mpi: ImageMpi) -> bool:
+    """Whether the job's ranks may share memory across nodes, as ``hpvc run``'s do
+    (the backend says; the spec's locality): Open MPI is then told they are one
+    host's. MPICH's hydra keeps each node a host (its PMI is an inherited socket)."""
+    if mpi.kind != OPEN_MPI or not backend.capabilities.shared_memory:
+        return False
+    return bool(env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm")
+
+
 def launch_node(plan: Plan) -> PlannedNode:
     """Where a detached job's launcher runs, and its folder is: the first MPI node."""
     return mpi_nodes(plan)[0]
@@ -190,8 +210,14 @@ def start(
         progress(f"mpi transport: {line}")
     node = launch_node(plan)
     now = time.time()
-    script = ["sh", "-c", START, "hpvc-run", JOBS_DIR, f"{now:.3f}", shown]
-    r = _in_node(backend, env, plan, node, [*script, *launcher_argv(mpi, launch, layout, argv)])
+    ranks = rankexec = ""
+    if one_host(backend, env, mpi) and len(layout) > 1:  # ranks share memory (jobs_onehost)
+        ranks, rankexec = onehost.ranks_text(layout, node), onehost.rank_script(launch)
+        launcher = onehost.launcher_argv(mpi, launch, layout, node, argv)
+    else:
+        launcher = launcher_argv(mpi, launch, layout, argv)
+    script = ["sh", "-c", START, "hpvc-run", JOBS_DIR, f"{now:.3f}", shown, ranks, rankexec]
+    r = _in_node(backend, env, plan, node, [*script, *launcher])
     num = r.stdout.strip().splitlines()[-1:] if r.returncode == 0 else []
     if not num or not num[0].isdigit():
         said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
