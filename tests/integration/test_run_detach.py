@@ -17,6 +17,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hpvc.store import Store
@@ -57,6 +59,20 @@ def _wait_for(store: Store, name: str, job: int, pattern: str, seconds: float = 
     return out
 
 
+@contextmanager
+def _brief_exec(store: Store, name: str, node: str) -> Iterator[None]:
+    """An ``hpvc exec`` of a second, running as the block starts: the cut waits for
+    its client to end (hpvc.backends.crun.cutcheck) instead of refusing."""
+    argv = [sys.executable, "-m", "hpvc", "exec", name, node, "--", "sleep", "1"]
+    brief = subprocess.Popen(argv, env=cli_env(store))
+    try:
+        time.sleep(0.5)  # the client started (Python and crun exec: about 0.3 s)
+        assert brief.poll() is None, "the exec ended before the cut"
+        yield
+    finally:
+        assert brief.wait(timeout=30) == 0
+
+
 def test_detached_job_is_cut_restored_and_waited_for(store: Store, tmp_path: Path) -> None:
     name = "rdetach"
     spec = Path(spec_file(tmp_path, name))  # head0, compute0, compute1; shared namespaces
@@ -95,7 +111,8 @@ def test_detached_job_is_cut_restored_and_waited_for(store: Store, tmp_path: Pat
     assert "pingpong" in procs, procs
 
     ck = tmp_path / "ck"
-    cut = _hpvc(store, "checkpoint", name, "--out", str(ck), "--stop")
+    with _brief_exec(store, name, "head0"):  # as a look of hpvc jobs --wait: waited out
+        cut = _hpvc(store, "checkpoint", name, "--out", str(ck), "--stop")
     assert cut.returncode == 0, cut.stderr  # nothing attached: the cut takes the job
     assert leftovers(name) == []
     gone = _hpvc(store, "jobs", name)
@@ -173,7 +190,7 @@ def test_attached_job_is_refused_by_the_cut_and_a_detached_one_taken(
     subprocess.run(["mpicc.openmpi", "-O2", "-o", str(shared / "pingpong"), str(PINGPONG)],
                    check=True)  # fmt: skip
     attached = subprocess.Popen(
-        [sys.executable, "-m", "hpvc", "run", name, "--", "/shared/pingpong", "300", "10000"],
+        [sys.executable, "-m", "hpvc", "run", name, "--", "/shared/pingpong", "800", "10000"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=cli_env(store),
     )  # fmt: skip
     try:
@@ -185,7 +202,7 @@ def test_attached_job_is_refused_by_the_cut_and_a_detached_one_taken(
         assert "still attached" in refused.stderr and "--detach" in refused.stderr, refused
         assert not ck.exists()
         rest, _ = attached.communicate(timeout=60)
-        assert attached.returncode == 0 and "DONE 300 90000\n" in rest, rest[-400:]
+        assert attached.returncode == 0 and "DONE 800 640000\n" in rest, rest[-400:]
     finally:
         if attached.poll() is None:
             attached.kill()
@@ -193,11 +210,12 @@ def test_attached_job_is_refused_by_the_cut_and_a_detached_one_taken(
 
     assert _hpvc(store, "run", name, "-d", "--", "./pingpong", "300", "10000").returncode == 0
     _wait_for(store, name, 1, r"round 50\b")
+    with _brief_exec(store, name, "compute1"):  # waited out here too
+        cut = _hpvc(store, "checkpoint", name, "--out", str(tmp_path / "ck2"))
+    assert cut.returncode == 0, cut.stderr  # not stopped: the job goes on
     # Nodes of their own: each a host to Open MPI (TCP), no rank script.
     solo = _hpvc(store, "exec", name, "compute0", "--", "ls", "/root/.hpvc/jobs/1")
     assert solo.stdout.split() == ["cmd", "cwd", "out", "pid", "started"], solo
-    cut = _hpvc(store, "checkpoint", name, "--out", str(tmp_path / "ck2"))
-    assert cut.returncode == 0, cut.stderr  # not stopped: the job goes on
     waited = _hpvc(store, "jobs", name, "1", "--wait")
     assert waited.returncode == 0 and "DONE 300 90000\n" in waited.stdout, waited
     assert _hpvc(store, "down", name).returncode == 0

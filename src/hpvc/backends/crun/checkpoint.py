@@ -6,8 +6,8 @@ crun 1.8 (Debian's) is built without CRIU, so hpvc drives CRIU itself
 - freeze: every node's cgroup frozen (``hpvc.host.freezer``: v1 freezer, v2
   ``cgroup.freeze``); the cluster layer freezes all nodes before saving any.
   What a Slurm step left running in a node is first moved into the node's
-  cgroups, and a node running a step's tasks is refused
-  (``hpvc.host.nodeprocs``; docs/checkpoint.md "Under Slurm");
+  cgroups, and a node running a step's tasks, or an exec still attached, is
+  refused (``hpvc.backends.crun.cutcheck``; docs/checkpoint.md "Under Slurm");
 - save, per frozen node, into its folder of the checkpoint: ``criu/`` (CRIU's
   images of the node's process tree: memory, namespaces, TCP connections in
   repair mode, SysV IPC of its own IPC namespace, the contents of its /dev
@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpvc.backends import shared
-from hpvc.backends.crun import clusterfiles, shmcut
+from hpvc.backends.crun import clusterfiles, cutcheck, shmcut
 from hpvc.backends.crun import container as ct
 from hpvc.backends.crun.clusterfiles import TAR_OPTS, tar
 from hpvc.concurrent import each
@@ -115,57 +115,6 @@ def _rel(plan: Plan, name: str) -> str:
     return cgroups.node_path(plan.cluster, name)
 
 
-def _unstoppable(env: ClusterEnv, plan: Plan, name: str, init: int, kind: type[HpvcError]) -> None:
-    """Refuse a node whose PID namespace holds processes its freeze would not
-    stop: a running Slurm step's tasks (``hpvc.host.nodeprocs``)."""
-    members = freezer.members(_rel(plan, name))
-    attached: list[int] = []
-    if shmcut.holder(env) is not None:  # a shared namespace: the tree (shmcut takes the rest)
-        left = sorted(p for p in nodeprocs.tree(init) - members if procfs.running(p))
-    else:
-        left = nodeprocs.outside(init, members)
-        # In the freezer cgroup but in no tree of the init's: an exec's client (crun
-        # exec entered the namespace from outside; hpvc run's ranks are such), whose
-        # program's stdio is the host's: CRIU fails on it after the freeze.
-        attached = nodeprocs.outside(init, nodeprocs.tree(init) | set(left))
-    if attached and not left:
-        raise kind(
-            f"checkpoint of {env.name}",
-            f"node {name} runs processes in no tree of its init's: {nodeprocs.describe(attached)}"
-            " (an hpvc exec or hpvc run still attached)",
-            "cut when those have ended; start long work in the background (setsid prog &),"
-            " an MPI job with hpvc run --detach (docs/checkpoint.md)",
-        )
-    if left:
-        raise kind(
-            f"checkpoint of {env.name}",
-            f"node {name} runs processes its freeze would not stop: {nodeprocs.describe(left)}"
-            " (a running Slurm step's tasks stay in Slurm's freezer cgroup)",
-            "cut when the job's steps in the node have ended; work left running in the"
-            " background (setsid prog &) is taken (docs/checkpoint.md, Under Slurm)",
-        )
-
-
-def _rlimits_readable(env: ClusterEnv, name: str, init: int) -> None:
-    """CRIU reads every dumped process's resource limits with ``prlimit``, which
-    needs CAP_SYS_RESOURCE for a process of another user: refuse before the
-    freeze where this hpvc lacks it (a container sandbox may drop it; this
-    machine's root has it not), instead of CRIU failing mid-cut with
-    ``Can't get rlimit 0: Operation not permitted``."""
-    if nodeprocs.has_capability(nodeprocs.CAP_SYS_RESOURCE):
-        return
-    left = nodeprocs.others(init, os.getuid(), os.getgid())
-    if left:
-        uids = sorted(nodeprocs.user_of(p) for p in left)
-        raise InputError(
-            f"checkpoint of {env.name}",
-            f"node {name} runs processes of uid {', '.join(map(str, sorted(set(uids))))}"
-            f" ({nodeprocs.describe(left)}) and this hpvc lacks CAP_SYS_RESOURCE, without"
-            " which CRIU cannot read their resource limits",
-            "checkpoint as root with all capabilities (docs/checkpoint.md, Containers)",
-        )
-
-
 def _inits(plan: Plan, names: list[str]) -> dict[str, int]:
     return {n: ct.container_pid(ct.container_id(plan.cluster, n)) for n in names}
 
@@ -178,11 +127,7 @@ def refuse(env: ClusterEnv, plan: Plan, names: list[str] | None = None) -> None:
     usable()
     refuse_unsupported(env, plan)
     inits = _inits(plan, names or [n.name for n in plan.nodes])
-    for name, init in inits.items():
-        nodeprocs.gather(init)
-        _unstoppable(env, plan, name, init, InputError)
-        _rlimits_readable(env, name, init)
-    shmcut.refuse(env, inits)  # nodes sharing namespaces
+    cutcheck.refuse(env, plan, inits)
 
 
 def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
@@ -197,7 +142,7 @@ def freeze(env: ClusterEnv, plan: Plan, names: list[str]) -> None:
             freezer.freeze(_rel(plan, name))
             frozen.append(name)
             nodeprocs.gather(init)  # forked since the first gather: stopped as they move
-            _unstoppable(env, plan, name, init, HpvcError)
+            cutcheck.unstoppable(env, plan, name, init, HpvcError)
     except BaseException:
         for name in frozen:
             with contextlib.suppress(HpvcError, OSError):

@@ -45,6 +45,11 @@ PIDS = "pidns.json"  # the highest PID in use in the shared namespace, with it
 PIDNS_KEY = "hpvc-pidns"  # CRIU's name of the shared PID namespace
 
 
+class Attached(InputError):
+    """A refusal for processes attached from outside the nodes' trees (an exec's
+    client): ``hpvc.backends.crun.cutcheck`` gives them a moment to end first."""
+
+
 def holder(env: ClusterEnv) -> int | None:
     """The shared namespaces' init (None: the nodes do not share them)."""
     pid = getattr(env.state, "holder_pid", None)
@@ -75,7 +80,7 @@ def refuse(env: ClusterEnv, inits: dict[str, int]) -> None:
         raise HpvcError(what, "the cluster's namespace holder is gone", "hpvc down, then up")
     left = sharedns.strays(init, list(inits.values()))
     if left:
-        raise InputError(
+        raise Attached(
             what,
             f"its shared PID namespace runs processes in no node's tree:"
             f" {nodeprocs.describe(left)} (an hpvc exec still attached, or a Slurm"
