@@ -142,6 +142,20 @@ def _restored_elsewhere(store: Store, name: str, ck: Path) -> None:
     waited = _hpvc(store, "jobs", name, "2", "--wait")
     assert waited.returncode != 0, waited
     assert [(j["job"], j["state"]) for j in _jobs(store, name)] == [(1, "exited"), (2, "exited")]
+
+    # --kill: SIGTERM to the launcher, which ends both ranks (one through compute1's
+    # agent); --wait then sees it end, with the launcher's exit code.
+    long = _hpvc(store, "run", name, "-d", "--", "./pingpong", "100000", "10000")
+    assert "job 3 started" in long.stdout, long
+    _wait_for(store, name, 3, r"round 0\b")
+    killed = _hpvc(store, "jobs", name, "3", "--kill", "--wait")
+    assert killed.returncode != 0 and "SIGTERM sent" in killed.stderr, killed
+    assert [j["state"] for j in _jobs(store, name)] == ["exited"] * 3
+    for node in ("compute0", "compute1"):
+        procs = _hpvc(store, "exec", name, node, "--", "ps", "-eo", "args=").stdout
+        assert "pingpong" not in procs, (node, procs)
+    again = _hpvc(store, "jobs", name, "3", "--kill")
+    assert again.returncode == 2 and "is exited" in again.stderr, again
     assert _hpvc(store, "down", name).returncode == 0
     assert leftovers(name) == []
 
@@ -158,11 +172,13 @@ def test_detached_mpich_job_and_a_cluster_without_agents(store: Store, tmp_path:
     shared = store.cluster_dir(name) / "shared"
     subprocess.run(["mpicc.mpich", "-O2", "-o", str(shared / "pingpong"), str(PINGPONG)],
                    check=True)  # fmt: skip
-    started = _hpvc(store, "run", name, "-d", "--", "./pingpong", "30", "0")
+    started = _hpvc(store, "run", name, "-d", "--", "./pingpong", "200", "15000")
     assert started.returncode == 0 and "job 1 started" in started.stdout, started
+    # Its output shown as it comes (about 3 s: several looks), every line once.
     waited = _hpvc(store, "jobs", name, "1", "--wait")
     assert waited.returncode == 0, waited
-    assert "DONE 30 900\n" in waited.stdout, waited.stdout[-600:]
+    assert waited.stdout.endswith("DONE 200 40000\n"), waited.stdout[-600:]
+    assert re.findall(r"round (\d+)", waited.stdout) == ["0", "50", "100", "150"], waited
 
     rec = store.get(name)
     rec.backend_state["agent"] = False

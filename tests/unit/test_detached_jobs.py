@@ -106,12 +106,31 @@ def test_start_list_and_show_in_a_real_shell(tmp_path: Path) -> None:
     os.kill(pid, 9)  # its shell gone before writing an exit code
     assert _until(base, env, 2, "lost").exit_code is None and running.command == "second"
 
-    shown = _sh(jobs.SHOW, str(base / "1" / "out"), env=env)
+    shown = _sh(jobs.SHOW, str(base / "1" / "out"), "0", env=env)
     assert shown.returncode == 0 and sorted(shown.stdout.splitlines()) == ["err", "out"]
     (tmp_path / "partial").write_text("a\nno newline at the end")
-    no_cat = _sh(jobs.SHOW, str(tmp_path / "partial"), env={"PATH": str(tmp_path / "empty")})
+    bare = {"PATH": str(tmp_path / "empty")}  # no cat, no tail
+    no_cat = _sh(jobs.SHOW, str(tmp_path / "partial"), "0", env=bare)
     assert no_cat.stdout == "a\nno newline at the end\n", no_cat
-    assert _sh(jobs.SHOW, str(base / "9" / "out"), env=env).returncode == 3  # not written yet
+    assert _sh(jobs.SHOW, str(base / "9" / "out"), "0", env=env).returncode == 3  # not yet
+    # Past what was shown already: tail; where there is none, exit 4 (all at the end).
+    assert _sh(jobs.SHOW, str(tmp_path / "partial"), "2", env=env).stdout == "no newline at the end"
+    assert _sh(jobs.SHOW, str(tmp_path / "partial"), "2", env=bare).returncode == 4
+
+
+def test_sigterm_to_a_jobs_shell_ends_the_job_and_keeps_its_exit_code(tmp_path: Path) -> None:
+    """``hpvc jobs --kill``: the launcher's shell hands SIGTERM on to the launcher,
+    waits for it and writes its exit code (143: ended by SIGTERM), not lost."""
+    base = tmp_path / "jobs"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    begun = _sh(jobs.START, str(base), "1", "sleep", "", "", "sleep", "30", env=env)
+    assert begun.stdout == "1\n", begun
+    _until(base, env, 1, "running")
+    t0 = time.monotonic()
+    assert _sh(jobs.KILL, str(base / "1"), env=env).returncode == 0
+    done = _until(base, env, 1, "exited")
+    assert done.exit_code == 143 and time.monotonic() - t0 < 10, done  # not sleep's 30 s
+    assert _sh(jobs.KILL, str(base / "9"), env=env).returncode != 0  # no such job
 
 
 @pytest.mark.parametrize("bad", ["", "x", "-"])

@@ -20,9 +20,11 @@ its exit code), lost (its launcher's shell is gone with no exit code: the
 node was restarted), starting.
 
 With ID: the job's output so far; the exit code is the job's once it ended
-(0 while it runs). With --wait: wait for it to end first (a short command
-in the node each second, nothing attached in between: a checkpoint can cut
-the job meanwhile), then print its output and exit with its exit code.
+(0 while it runs). With --wait: its output as it comes until it ends (a
+short command in the node each second, nothing attached in between: a
+checkpoint can cut the job meanwhile), then exit with its exit code. With
+--kill: SIGTERM to its launcher, which ends the ranks in every node (with
+--wait, then wait for that).
 
 Examples:
 
@@ -31,6 +33,8 @@ Examples:
   hpvc jobs small 1
 
   hpvc jobs small 1 --wait --json
+
+  hpvc jobs small 1 --kill --wait
 """
 
 
@@ -45,7 +49,12 @@ def _when(t: float | None) -> str:
 def jobs_cmd(
     name: str = typer.Argument(..., help="Cluster name."),
     job: int | None = typer.Argument(None, help="A job's number (hpvc run --detach gave it)."),
-    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to end."),
+    wait: bool = typer.Option(
+        False, "--wait", "-w", help="Wait for the job to end, its output shown as it comes."
+    ),
+    kill: bool = typer.Option(
+        False, "--kill", help="Send SIGTERM to the job's launcher (its ranks end with it)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON (the output included)."),
 ) -> None:
     from hpvc.cluster import jobs as j
@@ -53,8 +62,9 @@ def jobs_cmd(
 
     store = Store()
     if job is None:
-        if wait:
-            raise InputError("hpvc jobs --wait", "names no job", f"hpvc jobs {name} ID --wait")
+        if wait or kill:
+            flag = "--wait" if wait else "--kill"
+            raise InputError(f"hpvc jobs {flag}", "names no job", f"hpvc jobs {name} ID {flag}")
         backend, env, plan = j.require(store, name)
         found = j.listing(backend, env, plan)
         if as_json:
@@ -72,17 +82,29 @@ def jobs_cmd(
         return
     backend, env, plan = j.require(store, name)
     found_job = j.find(backend, env, plan, job)
-    if wait and found_job.state not in ("exited", "lost"):
-        found_job = j.wait(store, name, job, progress=_progress)
-        backend, env, plan = j.require(store, name)
-    out = j.output(backend, env, plan, found_job)
-    if as_json:
-        print_json({"cluster": name, **found_job.to_json(), "output": out})
+    if kill:
+        j.kill(backend, env, plan, found_job)
+        _progress(f"job {job} of {name}: SIGTERM sent to its launcher in {found_job.node}")
+    got: list[bytes] = []
+    if wait:
+        # The output as it comes (every byte once), or gathered for --json.
+        def show(part: bytes) -> None:
+            got.append(part)
+            if not as_json:
+                sys.stdout.buffer.write(part)
+                sys.stdout.flush()
+
+        found_job = j.wait(store, name, job, progress=_progress, on_output=show)
     else:
-        sys.stdout.write(out)
-        sys.stdout.flush()
-        if found_job.state != "exited":
-            _progress(f"job {job} of {name} is {found_job.state}")
+        got.append(j.output(backend, env, plan, found_job) or b"")
+        if not as_json:
+            sys.stdout.buffer.write(got[-1])
+            sys.stdout.flush()
+    if as_json:
+        out = b"".join(got).decode(errors="replace")
+        print_json({"cluster": name, **found_job.to_json(), "output": out})
+    elif found_job.state != "exited":
+        _progress(f"job {job} of {name} is {found_job.state}")
     if found_job.state == "lost":
         raise typer.Exit(1)
     raise typer.Exit(found_job.exit_code or 0)

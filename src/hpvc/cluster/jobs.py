@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpvc.backends.base import Backend, ClusterEnv, InNodeLaunch
@@ -67,8 +68,12 @@ fi
 cd /shared 2>/dev/null || cd "${HOME:-/root}" 2>/dev/null || cd /
 printf '%s\n' "$shown" > "$d/cmd"; printf '%s\n' "$started" > "$d/started"; pwd > "$d/cwd"
 s=; command -v setsid > /dev/null 2>&1 && s=setsid
-$s sh -c 'd=$1; shift; "$@" > "$d/out" 2>&1 < /dev/null
-  echo $? > "$d/rc.new"; mv "$d/rc.new" "$d/rc"' sh "$d" "$@" > /dev/null 2>&1 < /dev/null &
+$s sh -c 'd=$1; shift
+  "$@" > "$d/out" 2>&1 < /dev/null &
+  c=$!
+  trap "kill -TERM $c 2> /dev/null" TERM INT HUP
+  while :; do wait "$c"; rc=$?; kill -0 "$c" 2> /dev/null || break; done
+  echo "$rc" > "$d/rc.new"; mv "$d/rc.new" "$d/rc"' sh "$d" "$@" > /dev/null 2>&1 < /dev/null &
 echo $! > "$d/pid.new"; mv "$d/pid.new" "$d/pid"
 echo "$i"
 """
@@ -92,12 +97,21 @@ for d in "$base"/*; do
 done
 """
 
-# $1: a file: written out as it is (cat), or line by line where there is no cat.
+# $1: a file, $2: bytes of it already shown. From there with tail (exit 4 where
+# there is none); all of it with cat, or line by line where there is no cat.
 SHOW = r"""
 [ -f "$1" ] || exit 3
+if [ "${2:-0}" -gt 0 ]; then
+  command -v tail > /dev/null 2>&1 || exit 4
+  exec tail -c "+$(($2 + 1))" "$1"
+fi
 if command -v cat > /dev/null 2>&1; then exec cat "$1"; fi
 while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done < "$1"
 """
+
+# $1: a job's folder: its launcher's shell, which hands SIGTERM on to the launcher.
+KILL = r"""read -r p < "$1/pid" && kill -TERM "$p" """
+STARTING_S = 60.0  # a job still without its pid after this is lost (its start died)
 
 
 @dataclass(frozen=True)
@@ -242,25 +256,63 @@ def find(backend: Backend, env: ClusterEnv, plan: Plan, num: int) -> Job:
     raise InputError(f"job {num}", f"not a detached job of {env.name}", f"hpvc jobs {env.name}")
 
 
-def output(backend: Backend, env: ClusterEnv, plan: Plan, job: Job) -> str:
-    """What the job printed so far (stdout and stderr, as they came)."""
+def output(backend: Backend, env: ClusterEnv, plan: Plan, job: Job, skip: int = 0) -> bytes | None:
+    """What the job printed (stdout and stderr, as they came) past its first ``skip``
+    bytes; None where the node cannot give a part (no ``tail`` in its image)."""
     out = f"{JOBS_DIR}/{job.job}/out"
-    r = _in_node(backend, env, plan, plan.node(job.node), ["sh", "-c", SHOW, "hpvc-jobs", out])
+    cmd = backend.exec_argv(
+        env, plan, plan.node(job.node), ["sh", "-c", SHOW, "hpvc-jobs", out, str(skip)]
+    )
+    try:
+        r = subprocess.run(cmd, capture_output=True, timeout=EXEC_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise HpvcError(
+            f"node {job.node} of {env.name}", f"did not answer within {EXEC_TIMEOUT_S} s", ""
+        ) from None
     if r.returncode == 3:  # not written yet: the launcher is starting
-        return ""
+        return b""
+    if r.returncode == 4 and skip:
+        return None
     if r.returncode != 0:
-        said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        said = (r.stderr.decode(errors="replace").strip().splitlines() or [f"exit {r.returncode}"])[
+            -1
+        ]
         raise HpvcError(f"job {job.job} of {env.name}", f"{job.node} said: {said}", "")
     return r.stdout
 
 
-def wait(store: Store, name: str, num: int, poll_s: float = 1.0, progress: Progress = quiet) -> Job:
+def kill(backend: Backend, env: ClusterEnv, plan: Plan, job: Job) -> None:
+    """SIGTERM to a running job's launcher (mpirun ends its ranks in every node)."""
+    if job.state != "running":
+        raise InputError(f"job {job.job} of {env.name}", f"is {job.state}", f"hpvc jobs {env.name}")
+    r = _in_node(
+        backend,
+        env,
+        plan,
+        plan.node(job.node),
+        ["sh", "-c", KILL, "hpvc-jobs", f"{JOBS_DIR}/{job.job}"],
+    )
+    if r.returncode != 0:
+        said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        raise HpvcError(f"job {job.job} of {env.name}", f"{job.node} said: {said}", "")
+
+
+def wait(
+    store: Store,
+    name: str,
+    num: int,
+    poll_s: float = 1.0,
+    progress: Progress = quiet,
+    on_output: Callable[[bytes], None] | None = None,
+) -> Job:
     """Wait for job ``num`` to end (a short command in its node each ``poll_s``, so
     nothing stays attached to the cluster and a checkpoint can cut it meanwhile);
-    its record once it has. Exit 1 when the cluster goes away meanwhile."""
+    its record once it has. ``on_output`` gets the job's output as it comes, every
+    byte once. Exit 1 when the cluster goes away meanwhile."""
     from hpvc.cluster.status import open_cluster
 
     said = False
+    shown, streaming = 0, True
     while True:
         rec = store.load(name)
         if rec is None or rec.status != "running":
@@ -272,7 +324,20 @@ def wait(store: Store, name: str, num: int, poll_s: float = 1.0, progress: Progr
             )
         backend, env, plan = open_cluster(name, store)
         job = find(backend, env, plan, num)
-        if job.state in ("exited", "lost"):
+        late = job.started is not None and time.time() - job.started > STARTING_S
+        if job.state == "starting" and late:
+            job = replace(job, state="lost")
+        ended = job.state in ("exited", "lost")
+        if on_output is not None and (streaming or ended):
+            part = output(backend, env, plan, job, shown if streaming else 0)
+            if part is None:  # no tail in the image: all of it once it ended
+                streaming = False
+            else:
+                part = part if streaming else part[shown:]
+                shown += len(part)
+                if part:
+                    on_output(part)
+        if ended:
             return job
         if not said:
             progress(f"job {num} of {name} runs in {job.node}: waiting for it to end")
