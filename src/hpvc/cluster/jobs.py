@@ -190,6 +190,11 @@ def one_host(backend: Backend, env: ClusterEnv, mpi: ImageMpi) -> bool:
     return bool(env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm")
 
 
+def _last_line(stderr: str, rc: int) -> str:
+    """What a node said last on stderr, for a one-line error."""
+    return (stderr.strip().splitlines() or [f"exit {rc}"])[-1]
+
+
 def launch_node(plan: Plan) -> PlannedNode:
     """Where a detached job's launcher runs, and its folder is: the first MPI node."""
     return mpi_nodes(plan)[0]
@@ -234,7 +239,7 @@ def start(
     r = _in_node(backend, env, plan, node, [*script, *launcher])
     num = r.stdout.strip().splitlines()[-1:] if r.returncode == 0 else []
     if not num or not num[0].isdigit():
-        said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        said = _last_line(r.stderr, r.returncode)
         raise HpvcError(f"hpvc run --detach {env.name}", f"{node.name} said: {said}", "")
     return Job(int(num[0]), node.name, "running", None, now, shown)
 
@@ -244,7 +249,7 @@ def listing(backend: Backend, env: ClusterEnv, plan: Plan) -> list[Job]:
     node = launch_node(plan)
     r = _in_node(backend, env, plan, node, ["sh", "-c", LIST, "hpvc-jobs", JOBS_DIR])
     if r.returncode != 0:
-        said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        said = _last_line(r.stderr, r.returncode)
         raise HpvcError(f"hpvc jobs {env.name}", f"{node.name} said: {said}", "")
     return parse_list(node.name, r.stdout)
 
@@ -274,9 +279,7 @@ def output(backend: Backend, env: ClusterEnv, plan: Plan, job: Job, skip: int = 
     if r.returncode == 4 and skip:
         return None
     if r.returncode != 0:
-        said = (r.stderr.decode(errors="replace").strip().splitlines() or [f"exit {r.returncode}"])[
-            -1
-        ]
+        said = _last_line(r.stderr.decode(errors="replace"), r.returncode)
         raise HpvcError(f"job {job.job} of {env.name}", f"{job.node} said: {said}", "")
     return r.stdout
 
@@ -293,7 +296,7 @@ def kill(backend: Backend, env: ClusterEnv, plan: Plan, job: Job) -> None:
         ["sh", "-c", KILL, "hpvc-jobs", f"{JOBS_DIR}/{job.job}"],
     )
     if r.returncode != 0:
-        said = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        said = _last_line(r.stderr, r.returncode)
         raise HpvcError(f"job {job.job} of {env.name}", f"{job.node} said: {said}", "")
 
 
