@@ -167,12 +167,11 @@ def parse_list(node: str, text: str) -> list[Job]:
 
 def _in_node(
     backend: Backend, env: ClusterEnv, plan: Plan, node: PlannedNode, argv: list[str]
-) -> subprocess.CompletedProcess[str]:
+) -> subprocess.CompletedProcess[bytes]:
+    """One short command in ``node``, its output as bytes (a job's may be anything)."""
     cmd = backend.exec_argv(env, plan, node, argv)
     try:
-        return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=EXEC_TIMEOUT_S, check=False
-        )
+        return subprocess.run(cmd, capture_output=True, timeout=EXEC_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise HpvcError(
             f"node {node.name} of {env.name}",
@@ -190,9 +189,9 @@ def one_host(backend: Backend, env: ClusterEnv, mpi: ImageMpi) -> bool:
     return bool(env.rec.spec.get("tuning", {}).get("locality", "shm") == "shm")
 
 
-def _last_line(stderr: str, rc: int) -> str:
+def _last_line(stderr: bytes, rc: int) -> str:
     """What a node said last on stderr, for a one-line error."""
-    return (stderr.strip().splitlines() or [f"exit {rc}"])[-1]
+    return (stderr.decode(errors="replace").strip().splitlines() or [f"exit {rc}"])[-1]
 
 
 def launch_node(plan: Plan) -> PlannedNode:
@@ -221,12 +220,7 @@ def start(
             f"run it attached: hpvc run {env.name} -- CMD",
         )
     # Co-resident guests' ivshmem region through UCX, as an attached job gets it.
-    choice = ucx.for_job(env.store.root, plan, layout, verbose)
-    if choice.chosen:
-        progress(f"mpi: UCX over the guests' ivshmem region ({ucx.UCX_TLS})")
-        argv = ["env", *choice.env_list(), *argv]
-    for line in choice.lines if verbose else ():
-        progress(f"mpi transport: {line}")
+    argv = ucx.job_argv(env.store.root, plan, layout, argv, verbose, progress)
     node = launch_node(plan)
     now = time.time()
     ranks = rankexec = ""
@@ -237,7 +231,7 @@ def start(
         launcher = launcher_argv(mpi, launch, layout, argv)
     script = ["sh", "-c", START, "hpvc-run", JOBS_DIR, f"{now:.3f}", shown, ranks, rankexec]
     r = _in_node(backend, env, plan, node, [*script, *launcher])
-    num = r.stdout.strip().splitlines()[-1:] if r.returncode == 0 else []
+    num = r.stdout.decode(errors="replace").strip().splitlines()[-1:] if r.returncode == 0 else []
     if not num or not num[0].isdigit():
         said = _last_line(r.stderr, r.returncode)
         raise HpvcError(f"hpvc run --detach {env.name}", f"{node.name} said: {said}", "")
@@ -251,7 +245,7 @@ def listing(backend: Backend, env: ClusterEnv, plan: Plan) -> list[Job]:
     if r.returncode != 0:
         said = _last_line(r.stderr, r.returncode)
         raise HpvcError(f"hpvc jobs {env.name}", f"{node.name} said: {said}", "")
-    return parse_list(node.name, r.stdout)
+    return parse_list(node.name, r.stdout.decode(errors="replace"))
 
 
 def find(backend: Backend, env: ClusterEnv, plan: Plan, num: int) -> Job:
@@ -265,21 +259,15 @@ def output(backend: Backend, env: ClusterEnv, plan: Plan, job: Job, skip: int = 
     """What the job printed (stdout and stderr, as they came) past its first ``skip``
     bytes; None where the node cannot give a part (no ``tail`` in its image)."""
     out = f"{JOBS_DIR}/{job.job}/out"
-    cmd = backend.exec_argv(
-        env, plan, plan.node(job.node), ["sh", "-c", SHOW, "hpvc-jobs", out, str(skip)]
+    r = _in_node(
+        backend, env, plan, plan.node(job.node), ["sh", "-c", SHOW, "hpvc-jobs", out, str(skip)]
     )
-    try:
-        r = subprocess.run(cmd, capture_output=True, timeout=EXEC_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise HpvcError(
-            f"node {job.node} of {env.name}", f"did not answer within {EXEC_TIMEOUT_S} s", ""
-        ) from None
     if r.returncode == 3:  # not written yet: the launcher is starting
         return b""
     if r.returncode == 4 and skip:
         return None
     if r.returncode != 0:
-        said = _last_line(r.stderr.decode(errors="replace"), r.returncode)
+        said = _last_line(r.stderr, r.returncode)
         raise HpvcError(f"job {job.job} of {env.name}", f"{job.node} said: {said}", "")
     return r.stdout
 

@@ -251,15 +251,9 @@ def run(
     # whether co-resident nodes share memory: the backend says (architecture rule 3)
     shm = backend.capabilities.shared_memory
     shm = shm and rec.spec.get("tuning", {}).get("locality", "shm") == "shm"
-    # Co-resident guests' ivshmem region, through UCX: its variables go in front of
-    # the program (``env K=V ... CMD``), the one way into ranks that every launcher
-    # below passes on as it is (the VM rank script forwards only MPI's own variables).
-    choice = ucx.for_job(store.root, plan, node_counts(plan, n or total), verbose)
-    if choice.chosen:
-        progress(f"mpi: UCX over the guests' ivshmem region ({ucx.UCX_TLS})")
-        argv = ["env", *choice.env_list(), *argv]
-    for line in choice.lines if verbose else ():
-        progress(f"mpi transport: {line}")
+    # Co-resident guests' ivshmem region, through UCX (the VM rank script forwards
+    # only MPI's own variables: the region's go in front of the program).
+    argv = ucx.job_argv(store.root, plan, node_counts(plan, n or total), argv, verbose, progress)
     if mpi.kind == MPICH and shm:  # co-resident nodes one host to MPICH (hpvc.cluster.pmi)
         launch = backend.mpi_launch(env, plan)
         counts = node_counts(plan, n or total)

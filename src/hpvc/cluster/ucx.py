@@ -32,6 +32,7 @@ Decisions here are pure but for ``region_of``, which reads hpvc's region ids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,3 +165,23 @@ def for_job(
 
         verdict = image_ucx.verdict(resolve_image(plan.image).rootfs)
     return choose(layout, regions, verdict, plan.image, verbose)
+
+
+def job_argv(
+    state_root: Path,
+    plan: Plan,
+    layout: list[tuple[PlannedNode, int]],
+    argv: list[str],
+    verbose: bool,
+    progress: Callable[[str], None],
+) -> list[str]:
+    """``argv`` with ``for_job``'s variables in front (``env K=V ... CMD``: the one way
+    into ranks that every launcher passes on as it is), said on ``progress``;
+    with ``verbose``, each pair of nodes' transport too."""
+    choice = for_job(state_root, plan, layout, verbose)
+    if choice.chosen:
+        progress(f"mpi: UCX over the guests' ivshmem region ({UCX_TLS})")
+        argv = ["env", *choice.env_list(), *argv]
+    for line in choice.lines if verbose else ():
+        progress(f"mpi transport: {line}")
+    return argv
